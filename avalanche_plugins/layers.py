@@ -1,0 +1,476 @@
+"""The one shared map of a model's layers, in the order the forward pass runs them.
+
+Every component of this package needs "the layers of a model, in depth order": the
+layer-adaptive EWC assigns a strength per depth, the Hessian spectrum is per layer, ADS sums
+over layers, transport keys cut a model at a stage and grow/prune masks a layer's units.
+:func:`discover_layers` answers that question once, by tracing one example batch with
+forward hooks (registration order is not execution order), and :func:`split_model` cuts a
+model into "everything up to a layer" and "the rest".
+
+Rules (documented once, used everywhere):
+
+* A *layer* is an executed module that owns parameters directly (``recurse=False``), is not a
+  normalisation layer, and has no executed descendant that owns parameters. The last clause
+  makes ``nn.MultiheadAttention`` one layer (its ``out_proj`` is never called as a module; the
+  parameters of never-called descendants of a layer belong to that layer).
+* A normalisation layer (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, LocalResponseNorm)
+  is never a layer. It is reported as the ``norm`` of the layer whose output tensor it
+  receives directly (``Conv2d -> BatchNorm2d``); a pre-norm block's LayerNorm that reads a
+  residual sum follows no layer.
+* Parameters that belong to no layer (a ViT's class token and positional embedding, norm
+  layers' affine parameters, heads not run by the example batch such as other tasks' heads of
+  a ``MultiHeadClassifier``) are listed in :attr:`LayerMap.unassigned`, each with the reason.
+* A layer executed more than once by one forward pass (weight sharing) raises ``ValueError``:
+  depth is then ambiguous, and per-layer quantities would silently double count.
+* Depth is 1-based (``depth = index + 1``), matching the papers' ``ℓ - 1`` exponents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+__all__ = [
+    "NORM_TYPES",
+    "LayerInfo",
+    "LayerMap",
+    "discover_layers",
+    "split_model",
+    "split_points",
+]
+
+NORM_TYPES: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._NormBase,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.LocalResponseNorm,
+)
+
+
+@dataclass(eq=False)
+class LayerInfo:
+    """One parametrised layer of a model.
+
+    Attributes:
+        name: module path (``"features.0"``); stable across runs and processes.
+        index: 0-based position in execution order.
+        module: the live module (not a copy).
+        params: the layer's own parameters, keyed by their full name in ``model.named_parameters()``.
+        in_units: input features (``Linear``), input channels (``Conv``) or embedding width.
+        out_units: output neurons / channels; the units a mask would act on.
+        norm: name of the normalisation layer that directly consumes this layer's output, if any.
+        kind: ``"linear"``, ``"conv"``, ``"attention"``, ``"embedding"`` or ``"other"``.
+    """
+
+    name: str
+    index: int
+    module: nn.Module
+    params: dict[str, nn.Parameter]
+    in_units: int
+    out_units: int
+    norm: str | None = None
+    kind: str = "other"
+
+    @property
+    def depth(self) -> int:
+        """1-based depth ℓ."""
+        return self.index + 1
+
+    @property
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.params.values())
+
+
+@dataclass(eq=False)
+class LayerMap(Sequence):
+    """Layers of a model in execution order; indexable by position or by name."""
+
+    layers: list[LayerInfo]
+    unassigned: dict[str, str] = field(default_factory=dict)
+    norms: dict[str, nn.Module] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __iter__(self) -> Iterator[LayerInfo]:
+        return iter(self.layers)
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            for layer in self.layers:
+                if layer.name == key:
+                    return layer
+            raise KeyError(f"no layer named {key!r}; layers are {self.names}")
+        return self.layers[key]
+
+    @property
+    def names(self) -> list[str]:
+        return [layer.name for layer in self.layers]
+
+    def param_to_layer(self) -> dict[str, int]:
+        """Map every assigned parameter name to its layer index."""
+        return {pname: layer.index for layer in self.layers for pname in layer.params}
+
+
+def _as_args(example_input) -> tuple:
+    return tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
+
+
+def _forward(model: nn.Module, example_input) -> torch.Tensor:
+    """Run ``model`` on ``example_input``; multi-task models get task label 0 when none is given."""
+    args = _as_args(example_input)
+    if len(args) == 1 and hasattr(model, "forward_single_task"):
+        args = (args[0], 0)
+    return model(*args)
+
+
+def _first_tensor(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if isinstance(obj, (tuple, list)):
+        for item in obj:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _kind(module: nn.Module) -> str:
+    if isinstance(module, nn.Linear):
+        return "linear"
+    if isinstance(module, nn.modules.conv._ConvNd):
+        return "conv"
+    if isinstance(module, nn.MultiheadAttention):
+        return "attention"
+    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+        return "embedding"
+    return "other"
+
+
+def _units(module: nn.Module, kind: str, inp: torch.Tensor | None, out: torch.Tensor | None):
+    if kind == "linear":
+        return module.in_features, module.out_features
+    if kind == "conv":
+        return module.in_channels, module.out_channels
+    if kind == "attention":
+        return module.embed_dim, module.embed_dim
+    if kind == "embedding":
+        return module.num_embeddings, module.embedding_dim
+    # Unknown layer: channels are dim 1 of image-like tensors, features the last dim otherwise.
+    def width(t):
+        if t is None or t.dim() == 0:
+            return 0
+        return t.shape[1] if t.dim() >= 3 and any(p.dim() > 2 for p in module.parameters()) else t.shape[-1]
+
+    return width(inp), width(out)
+
+
+def discover_layers(model: nn.Module, example_input) -> LayerMap:
+    """Trace ``model`` on one example batch and return its parametrised layers in execution order.
+
+    Args:
+        model: any ``nn.Module``. Multi-task Avalanche models (``MultiTaskModule``) receive task
+            label 0 for every sample unless ``example_input`` is a tuple ``(x, task_labels)``.
+        example_input: a tensor, or a tuple of positional arguments for ``model.forward``. A couple
+            of samples suffice; the model's train/eval mode is restored afterwards.
+
+    Returns:
+        A :class:`LayerMap`; see the module docstring for the rules.
+
+    Raises:
+        ValueError: the model has no parametrised layer, or a layer runs twice in one forward pass.
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+        >>> lm = discover_layers(net, torch.randn(2, 4))
+        >>> [(layer.name, layer.in_units, layer.out_units, layer.norm) for layer in lm]
+        [('0', 4, 8, '1'), ('3', 8, 3, None)]
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    names = {module: name for name, module in model.named_modules()}
+    calls: list[tuple[nn.Module, torch.Tensor | None, torch.Tensor | None]] = []
+    call_count: dict[nn.Module, int] = {}
+
+    def hook(module, inputs, output):
+        call_count[module] = call_count.get(module, 0) + 1
+        calls.append((module, _first_tensor(inputs), _first_tensor(output)))
+
+    handles = [m.register_forward_hook(hook) for m in names if m is not model]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            _forward(model, example_input)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+
+    executed = set(call_count)
+
+    def owns_params(m):
+        return next(m.parameters(recurse=False), None) is not None
+
+    def is_norm(m):
+        return isinstance(m, NORM_TYPES)
+
+    def has_executed_param_descendant(m):
+        return any(
+            sub is not m and sub in executed and owns_params(sub) and not is_norm(sub)
+            for sub in m.modules()
+        )
+
+    layer_modules = [
+        m for m in executed if owns_params(m) and not is_norm(m) and not has_executed_param_descendant(m)
+    ]
+    if not layer_modules:
+        raise ValueError(
+            f"model {type(model).__name__} has no parametrised layer executed by the example input "
+            "(expected at least one Linear/Conv/attention or other module owning parameters)"
+        )
+    shared = [names[m] for m in layer_modules if call_count[m] > 1]
+    if shared:
+        raise ValueError(
+            f"layers {shared} run more than once per forward pass (weight sharing); "
+            "depth is ambiguous, so discover_layers does not support shared layers"
+        )
+
+    # Order: completion order of hooks, which equals start order for leaf layers.
+    order = {m: i for i, (m, _, _) in enumerate(calls)}
+    layer_modules.sort(key=lambda m: order[m])
+    io = {m: (inp, out) for m, inp, out in calls}
+    norm_of: dict[nn.Module, str] = {}
+    for m, inp, _ in calls:
+        if is_norm(m) and inp is not None:
+            for layer in layer_modules:
+                if io[layer][1] is inp:
+                    norm_of[layer] = names[m]
+
+    layer_set = set(layer_modules)
+    owner: dict[str, nn.Module] = {}
+    unassigned: dict[str, str] = {}
+    for pname, _ in model.named_parameters():
+        mod_path = pname.rsplit(".", 1)[0] if "." in pname else ""
+        module = model.get_submodule(mod_path)
+        # climb to the nearest layer (covers never-called children of a layer, e.g. MHA.out_proj)
+        path = mod_path
+        while module not in layer_set and path:
+            path = path.rsplit(".", 1)[0] if "." in path else ""
+            module = model.get_submodule(path)
+        if module in layer_set:
+            owner[pname] = module
+            continue
+        direct = model.get_submodule(mod_path)
+        if is_norm(direct):
+            unassigned[pname] = "normalisation layer"
+        elif direct not in executed and direct is not model:
+            unassigned[pname] = "module not executed by the example input"
+        else:
+            unassigned[pname] = "parameter of a container, not of a layer"
+
+    params = dict(model.named_parameters())
+    layers = []
+    for index, m in enumerate(layer_modules):
+        kind = _kind(m)
+        in_units, out_units = _units(m, kind, *io[m])
+        layers.append(
+            LayerInfo(
+                name=names[m],
+                index=index,
+                module=m,
+                params={p: params[p] for p, mod in owner.items() if mod is m},
+                in_units=int(in_units),
+                out_units=int(out_units),
+                norm=norm_of.get(m),
+                kind=kind,
+            )
+        )
+    norms = {names[m]: m for m in executed if is_norm(m)}
+    return LayerMap(layers=layers, unassigned=unassigned, norms=norms)
+
+
+# --------------------------------------------------------------------------------------------
+# Splitting a model into "up to a layer" and "the rest"
+# --------------------------------------------------------------------------------------------
+
+
+def _chain(model: nn.Module, x: torch.Tensor):
+    """Return ``[(name, child, input_shape)]`` if ``model``'s forward is exactly
+    ``child_k(... child_1(x))`` with at most reshaping between them, else ``None``."""
+    children = dict(model.named_children())
+    if not children:
+        return None
+    calls: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+    handles = [
+        child.register_forward_hook(
+            lambda mod, inp, out, n=name: calls.append((n, _first_tensor(inp), _first_tensor(out)))
+        )
+        for name, child in children.items()
+    ]
+    try:
+        with torch.no_grad():
+            y = model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    if not calls or len({n for n, _, _ in calls}) != len(calls) or not isinstance(y, torch.Tensor):
+        return None
+
+    def same(a, b):
+        return (
+            a is not None
+            and b is not None
+            and a.numel() == b.numel()
+            and torch.equal(a.reshape(b.shape), b)
+        )
+
+    prev = x
+    for _, inp, out in calls:
+        if not same(prev, inp):
+            return None
+        prev = out
+    if not same(prev, y):
+        return None
+    return [(n, children[n], tuple(inp.shape[1:])) for n, inp, _ in calls]
+
+
+class Reshape(nn.Module):
+    """Reshape every sample to ``shape`` (the batch dimension is kept)."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        super().__init__()
+        self.shape = tuple(shape)
+
+    def forward(self, x):
+        return x.reshape(x.shape[0], *self.shape)
+
+    def extra_repr(self) -> str:
+        return f"shape={self.shape}"
+
+
+@dataclass
+class _Entry:
+    path: str
+    module: nn.Module
+    in_shape: tuple
+    out_shape: tuple
+
+
+def _flat_chain(model: nn.Module, x: torch.Tensor, prefix: str = "") -> list[_Entry]:
+    """Expand chain-like containers recursively into atomic entries."""
+    chain = _chain(model, x)
+    if chain is None:
+        with torch.no_grad():
+            y = model(x)
+        return [_Entry(prefix, model, tuple(x.shape[1:]), tuple(y.shape[1:]))]
+    entries: list[_Entry] = []
+    h = x
+    for name, child, in_shape in chain:
+        path = f"{prefix}.{name}" if prefix else name
+        h = h.reshape(h.shape[0], *in_shape)
+        entries.extend(_flat_chain(child, h, path))
+        with torch.no_grad():
+            h = child(h)
+    return entries
+
+
+def _traced_entries(model: nn.Module, example_input) -> tuple[list[_Entry], tuple]:
+    if not isinstance(example_input, torch.Tensor):
+        raise TypeError(
+            f"example_input must be a single tensor for splitting, got {type(example_input).__name__}"
+        )
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out_shape = tuple(model(example_input).shape[1:])
+        return _flat_chain(model, example_input), out_shape
+    finally:
+        model.train(was_training)
+
+
+def _build(entries: list[_Entry], in_shape: tuple, out_shape: tuple | None) -> nn.Sequential:
+    modules: list[nn.Module] = []
+    shape = in_shape
+    for entry in entries:
+        if entry.in_shape != shape:
+            modules.append(Reshape(entry.in_shape))
+        modules.append(entry.module)
+        shape = entry.out_shape
+    if out_shape is not None and out_shape != shape:
+        modules.append(Reshape(out_shape))
+    return nn.Sequential(*modules)
+
+
+def _covers(at: str, path: str) -> bool:
+    return path == at or path.startswith(at + ".")
+
+
+def split_points(model: nn.Module, example_input: torch.Tensor) -> list[str]:
+    """Names at which :func:`split_model` can cut ``model``, in forward order (e.g. the items of
+    an ``nn.Sequential``, or torchvision ResNet's ``conv1 ... layer1 ... layer4, avgpool``).
+    The last module is excluded: cutting there leaves nothing for the late part."""
+    entries, _ = _traced_entries(model, example_input)
+    points = []
+    for i, entry in enumerate(entries[:-1]):
+        parts = entry.path.split(".")
+        for k in range(len(parts)):
+            name = ".".join(parts[: k + 1])
+            # an ancestor is a split point only if its last entry is entry i
+            if not any(_covers(name, e.path) for e in entries[i + 1 :]):
+                points.append(name)
+    return list(dict.fromkeys(points))
+
+
+def split_model(
+    model: nn.Module, at: str, example_input: torch.Tensor
+) -> tuple[nn.Sequential, nn.Sequential]:
+    """Cut ``model`` after the module named ``at`` into ``(early, late)`` with
+    ``late(early(x)) == model(x)`` exactly.
+
+    Works for models whose forward is a chain of submodules with at most reshaping between
+    them (``nn.Sequential``, Avalanche's ``SimpleMLP``, torchvision's ResNet whose forward is
+    ``conv1, bn1, relu, maxpool, layer1..layer4, avgpool, flatten, fc``), recursing into nested
+    chains. The returned modules share parameters with ``model`` (no copy), so the early part of
+    one model can feed the late part of another model of the same architecture.
+
+    Args:
+        model: the model to cut.
+        at: module path (as in ``model.named_modules()``) after which to cut.
+        example_input: one example batch (a tensor) used to trace the forward pass.
+
+    Raises:
+        ValueError: ``at`` names no submodule, sits inside a block whose forward is not a
+            chain (a residual block's ``conv1``), or is the last module; the message lists the
+            valid split points.
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+        >>> early, late = split_model(net, "1", torch.randn(2, 4))
+        >>> x = torch.randn(5, 4)
+        >>> torch.equal(late(early(x)), net(x))
+        True
+    """
+    if at == "" or at not in dict(model.named_modules()):
+        raise ValueError(f"at={at!r} names no submodule of {type(model).__name__}")
+    entries, out_shape = _traced_entries(model, example_input)
+    covered = [i for i, e in enumerate(entries) if _covers(at, e.path)]
+    if not covered or covered[-1] == len(entries) - 1:
+        reason = (
+            "it is the last module, so nothing would remain in the late part"
+            if covered
+            else "it sits inside a block whose forward is not a chain (e.g. a residual block)"
+        )
+        raise ValueError(
+            f"cannot split at {at!r}: {reason}; valid split points: "
+            f"{split_points(model, example_input)}"
+        )
+    cut = covered[-1] + 1
+    in_shape = tuple(example_input.shape[1:])
+    early = _build(entries[:cut], in_shape, None)
+    late = _build(entries[cut:], entries[cut - 1].out_shape, out_shape)
+    return early, late

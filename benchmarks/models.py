@@ -1,0 +1,238 @@
+"""Benchmark models: MLP, small CNN (with/without BatchNorm), mini ResNet, tiny ViT.
+
+All take image-shaped inputs ``(N, C, H, W)`` (28×28 MNIST or 8×8 digits) so one data pipeline
+serves every model; the MLP flattens. Each model's last layer is named ``head`` so a
+multi-head (task-incremental) variant can replace it with Avalanche's ``MultiHeadClassifier``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from avalanche.models import MultiHeadClassifier, MultiTaskModule
+from torch import nn
+
+__all__ = ["MLP", "SmallCNN", "MiniResNet", "TinyViT", "MultiHeadNet", "build_model", "MODEL_NAMES"]
+
+
+class MLP(nn.Module):
+    """``input -> [Linear -> act] * len(hidden) -> head``.
+
+    Example:
+        >>> MLP((1, 8, 8), hidden=(32, 16), n_classes=10)(torch.randn(2, 1, 8, 8)).shape
+        torch.Size([2, 10])
+    """
+
+    def __init__(self, input_shape: Sequence[int], hidden: Sequence[int] = (256, 256), n_classes: int = 10,
+                 activation: type[nn.Module] = nn.ReLU):
+        super().__init__()
+        if any(int(h) <= 0 for h in hidden):
+            raise ValueError(f"hidden widths must be positive, got {tuple(hidden)}")
+        in_features = int(torch.tensor(input_shape).prod())
+        layers: list[nn.Module] = [nn.Flatten()]
+        for width in hidden:
+            layers += [nn.Linear(in_features, int(width)), activation()]
+            in_features = int(width)
+        self.features = nn.Sequential(*layers)
+        self.feature_dim = in_features
+        self.head = nn.Linear(in_features, n_classes)
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+class SmallCNN(nn.Module):
+    """Two or more 3×3 conv blocks (conv -> [BN] -> ReLU -> 2×2 max-pool), global average pool, head."""
+
+    def __init__(self, in_channels: int = 1, n_classes: int = 10, widths: Sequence[int] = (32, 64),
+                 batchnorm: bool = True):
+        super().__init__()
+        blocks: list[nn.Module] = []
+        c = in_channels
+        for w in widths:
+            block = [nn.Conv2d(c, w, 3, padding=1, bias=not batchnorm)]
+            if batchnorm:
+                block.append(nn.BatchNorm2d(w))
+            block += [nn.ReLU(), nn.MaxPool2d(2, ceil_mode=True)]
+            blocks.append(nn.Sequential(*block))
+            c = w
+        self.features = nn.Sequential(*blocks, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.feature_dim = c
+        self.head = nn.Linear(c, n_classes)
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False),
+                                          nn.BatchNorm2d(c_out))
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class MiniResNet(nn.Module):
+    """ResNet with a 3×3 stem and ``len(widths)`` stages of one BasicBlock each (stride 2 after the
+    first), sized for 28×28 inputs. Stages are named ``layer1``, ``layer2``, ... as in torchvision."""
+
+    def __init__(self, in_channels: int = 1, n_classes: int = 10, widths: Sequence[int] = (16, 32, 64)):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, widths[0], 3, padding=1, bias=False),
+                                  nn.BatchNorm2d(widths[0]), nn.ReLU())
+        c = widths[0]
+        for i, w in enumerate(widths):
+            setattr(self, f"layer{i + 1}", BasicBlock(c, w, stride=1 if i == 0 else 2))
+            c = w
+        self.n_stages = len(widths)
+        self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.feature_dim = c
+        self.head = nn.Linear(c, n_classes)
+
+    def features(self, x):
+        x = self.stem(x)
+        for i in range(self.n_stages):
+            x = getattr(self, f"layer{i + 1}")(x)
+        return self.pool(x)
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with explicit ``qkv`` and ``proj`` linears (one layer each)."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim={dim} must be divisible by heads={heads}")
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        n, t, d = x.shape
+        q, k, v = self.qkv(x).reshape(n, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        out = nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.proj(out.transpose(1, 2).reshape(n, t, d))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, mlp_ratio: float, activation: type[nn.Module] = nn.GELU):
+        super().__init__()
+        hidden = int(dim * mlp_ratio)
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), activation(), nn.Linear(hidden, dim))
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchEmbedding(nn.Module):
+    """Non-overlapping patches -> tokens, with a class token and learned positional embedding."""
+
+    def __init__(self, image_size: int, patch: int, in_channels: int, dim: int):
+        super().__init__()
+        if image_size % patch:
+            raise ValueError(f"image_size={image_size} must be divisible by patch={patch}")
+        n_tokens = (image_size // patch) ** 2
+        self.proj = nn.Conv2d(in_channels, dim, patch, stride=patch)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.randn(1, n_tokens + 1, dim) * 0.02)
+
+    def forward(self, x):
+        tokens = self.proj(x).flatten(2).transpose(1, 2)
+        cls = self.cls_token.expand(x.shape[0], -1, -1)
+        return torch.cat([cls, tokens], dim=1) + self.pos_embed
+
+
+class ClassTokenPool(nn.Module):
+    def forward(self, tokens):
+        return tokens[:, 0]
+
+
+class TinyViT(nn.Module):
+    """Pre-norm vision Transformer on non-overlapping patches (7×7 for 28×28 inputs).
+
+    Its forward is a chain ``embed -> blocks.0 ... blocks.{depth-1} -> norm -> pool -> head`` so
+    :func:`avalanche_plugins.layers.split_model` can cut it after any block (token activations).
+    """
+
+    def __init__(self, image_size: int = 28, patch: int = 7, in_channels: int = 1, n_classes: int = 10,
+                 dim: int = 64, depth: int = 2, heads: int = 4, mlp_ratio: float = 2.0,
+                 activation: type[nn.Module] = nn.GELU):
+        super().__init__()
+        self.embed = PatchEmbedding(image_size, patch, in_channels, dim)
+        self.blocks = nn.Sequential(*[TransformerBlock(dim, heads, mlp_ratio, activation) for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim)
+        self.pool = ClassTokenPool()
+        self.feature_dim = dim
+        self.head = nn.Linear(dim, n_classes)
+
+    def forward(self, x):
+        return self.head(self.pool(self.norm(self.blocks(self.embed(x)))))
+
+
+class MultiHeadNet(MultiTaskModule):
+    """A trunk with Avalanche's ``MultiHeadClassifier`` as head (task-incremental learning).
+
+    ``forward(x, task_labels)`` follows Avalanche's ``MultiTaskModule`` protocol; the head grows
+    one classifier per task during the strategy's model adaptation.
+    """
+
+    def __init__(self, trunk: nn.Module, feature_dim: int, initial_out_features: int = 2):
+        super().__init__()
+        self.trunk = trunk
+        self.head = MultiHeadClassifier(feature_dim, initial_out_features=initial_out_features)
+        self.max_class_label = initial_out_features
+
+    def forward_single_task(self, x, task_label):
+        return self.head(self.trunk(x), task_label)
+
+
+MODEL_NAMES = ("mlp", "cnn", "cnn_nobn", "resnet", "vit")
+
+
+def build_model(name: str, input_shape: Sequence[int], n_classes: int, *, multihead: bool = False,
+                **kwargs) -> nn.Module:
+    """Build a benchmark model by name for image-shaped inputs ``input_shape = (C, H, W)``.
+
+    ``multihead=True`` wraps the trunk with a ``MultiHeadClassifier`` (task-incremental runs).
+    Extra keyword arguments go to the model class (e.g. ``hidden=(400, 400)`` for the MLP).
+
+    Example:
+        >>> build_model("cnn", (1, 8, 8), 10)(torch.randn(2, 1, 8, 8)).shape
+        torch.Size([2, 10])
+    """
+    if len(input_shape) != 3:
+        raise ValueError(f"input_shape must be (C, H, W), got {tuple(input_shape)}")
+    c, h, _ = input_shape
+    if name == "mlp":
+        model = MLP(input_shape, n_classes=n_classes, **kwargs)
+    elif name in ("cnn", "cnn_nobn"):
+        model = SmallCNN(c, n_classes, batchnorm=name == "cnn", **kwargs)
+    elif name == "resnet":
+        model = MiniResNet(c, n_classes, **kwargs)
+    elif name == "vit":
+        kwargs.setdefault("patch", 7 if h % 7 == 0 else 2 if h % 2 == 0 else 1)
+        model = TinyViT(image_size=h, in_channels=c, n_classes=n_classes, **kwargs)
+    else:
+        raise ValueError(f"model name must be one of {MODEL_NAMES}, got {name!r}")
+    if multihead:
+        feature_dim = model.feature_dim
+        model.head = nn.Identity()
+        return MultiHeadNet(model, feature_dim)
+    return model

@@ -1,0 +1,105 @@
+"""Data helpers: digits arrays, split/permuted streams, validation split, MNIST from a root."""
+
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.data import check_mnist_root, load_digits_arrays, make_stream
+
+
+def exp_tensors(experience):
+    ds = experience.dataset
+    xs, ys = zip(*[(ds[i][0], int(ds[i][1])) for i in range(len(ds))])
+    return torch.stack(xs), torch.tensor(ys)
+
+
+def test_digits_arrays_are_standardised_and_stratified():
+    xtr, ytr, xte, yte = load_digits_arrays(test_fraction=0.25, seed=0)
+    assert xtr.shape[1:] == (1, 8, 8) and len(xtr) + len(xte) == 1797
+    assert abs(float(xtr.mean())) < 1e-5 and abs(float(xtr.std()) - 1) < 1e-3
+    frac = torch.bincount(yte, minlength=10) / torch.bincount(torch.cat([ytr, yte]), minlength=10)
+    assert torch.all((frac > 0.2) & (frac < 0.3))
+
+
+def test_split_class_incremental_partitions_classes():
+    s = make_stream("digits", "split", n_experiences=5, seed=3)
+    seen = []
+    for exp in s.benchmark.train_stream:
+        classes = sorted(exp.classes_in_this_experience)
+        assert len(classes) == 2
+        seen += classes
+        assert exp.task_labels == [0]
+    assert sorted(seen) == list(range(10)) and s.n_classes == 10
+
+
+def test_split_task_incremental_relabels_from_zero():
+    s = make_stream("digits", "split", n_experiences=5, task_incremental=True)
+    assert s.n_classes == 2
+    for t, exp in enumerate(s.benchmark.train_stream):
+        assert exp.task_labels == [t]
+        assert sorted(exp.classes_in_this_experience) == [0, 1]
+
+
+def test_permuted_experiences_are_pixel_permutations():
+    s = make_stream("digits", "permuted", n_experiences=3, seed=1)
+    x0, y0 = exp_tensors(s.benchmark.test_stream[0])
+    x2, y2 = exp_tensors(s.benchmark.test_stream[2])
+    assert torch.equal(y0, y2)
+    flat0, flat2 = x0.flatten(1), x2.flatten(1)
+    assert not torch.equal(flat0, flat2)
+    assert torch.equal(flat0.sort(dim=1).values, flat2.sort(dim=1).values)  # same pixels, moved
+
+
+def test_validation_split_is_held_out_from_training_not_test():
+    plain = make_stream("digits", "split", seed=0)
+    val = make_stream("digits", "split", seed=0, validation=True)
+    n_train = sum(len(e.dataset) for e in plain.benchmark.train_stream)
+    n_val_train = sum(len(e.dataset) for e in val.benchmark.train_stream)
+    n_val = sum(len(e.dataset) for e in val.benchmark.test_stream)
+    assert n_val_train + n_val == n_train
+    test_x, _ = exp_tensors(plain.benchmark.test_stream[0])
+    val_x = torch.cat([exp_tensors(e)[0] for e in val.benchmark.test_stream])
+    # no validation image is a test image
+    assert not (torch.cdist(test_x.flatten(1), val_x.flatten(1)) < 1e-6).any()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="dataset"):
+        make_stream("cifar")
+    with pytest.raises(ValueError, match="scenario"):
+        make_stream("digits", "rotated")
+    with pytest.raises(ValueError, match="n_experiences"):
+        make_stream("digits", "split", n_experiences=3)
+
+
+def test_missing_mnist_names_data_root(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--data-root"):
+        make_stream("mnist", data_root=tmp_path)
+    with pytest.raises(FileNotFoundError, match="--data-root is required"):
+        check_mnist_root(None)
+
+
+def write_fake_mnist(root, n_train=200, n_test=50, seed=0):
+    rng = np.random.default_rng(seed)
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        labels = np.arange(n, dtype=np.uint8) % 10
+        with open(raw / f"{prefix}-images-idx3-ubyte", "wb") as f:
+            f.write(struct.pack(">IIII", 0x803, n, 28, 28) + images.tobytes())
+        with open(raw / f"{prefix}-labels-idx1-ubyte", "wb") as f:
+            f.write(struct.pack(">II", 0x801, n) + labels.tobytes())
+
+
+def test_mnist_from_root_classic_and_validation(tmp_path):
+    write_fake_mnist(tmp_path)
+    classic = make_stream("mnist", "split", data_root=tmp_path)
+    assert classic.input_shape == (1, 28, 28)
+    assert sum(len(e.dataset) for e in classic.benchmark.train_stream) == 200
+    perm = make_stream("mnist", "permuted", n_experiences=2, data_root=tmp_path)
+    assert len(perm.benchmark.test_stream[1].dataset) == 50
+    val = make_stream("mnist", "split", data_root=tmp_path, validation=True)
+    assert sum(len(e.dataset) for e in val.benchmark.test_stream) == 30  # 15% of 200, stratified
