@@ -114,6 +114,43 @@ class LayerMap(Sequence):
         """Map every assigned parameter name to its layer index."""
         return {pname: layer.index for layer in self.layers for pname in layer.params}
 
+    def attach_parameters(self) -> tuple[dict[str, int], list[str]]:
+        """Assign *every* parameter a layer index for per-layer weighting, by documented rules:
+
+        1. a layer's own parameters -> that layer;
+        2. a normalisation layer's parameters -> the layer whose output it reads (``Conv -> BN``);
+        3. parameters of modules the example batch did not run (other tasks' heads of a
+           ``MultiHeadClassifier``) -> the layer sharing the longest module path with them (the
+           executed sibling head), when they share at least one path component;
+        4. anything else (class tokens, bare ``nn.Parameter``) -> no layer.
+
+        Returns ``(index_of, leftovers)`` where ``leftovers`` lists the rule-4 parameter names.
+        """
+        index_of = self.param_to_layer()
+        norm_owner = {layer.norm: layer.index for layer in self.layers if layer.norm is not None}
+        leftovers = []
+        for pname, reason in self.unassigned.items():
+            module_path = pname.rsplit(".", 1)[0] if "." in pname else ""
+            if reason == "normalisation layer" and module_path in norm_owner:
+                index_of[pname] = norm_owner[module_path]
+                continue
+            if reason == "module not executed by the example input":
+                parts = module_path.split(".")
+                best, best_len = None, 0
+                for layer in self.layers:
+                    common = 0
+                    for a, b in zip(parts, layer.name.split(".")):
+                        if a != b:
+                            break
+                        common += 1
+                    if common > best_len:
+                        best, best_len = layer.index, common
+                if best is not None:
+                    index_of[pname] = best
+                    continue
+            leftovers.append(pname)
+        return index_of, leftovers
+
 
 def _as_args(example_input) -> tuple:
     return tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)

@@ -175,3 +175,23 @@ def test_split_errors_list_valid_points():
         split_model(model, "fc", x)
     with pytest.raises(TypeError, match="single tensor"):
         split_model(model, "layer1", (x,))
+
+
+def test_attach_parameters_rules():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.token = nn.Parameter(torch.zeros(4))
+            self.conv = nn.Conv2d(1, 4, 3)
+            self.bn = nn.BatchNorm2d(4)
+            self.heads = nn.ModuleList([nn.Linear(4, 2), nn.Linear(4, 2)])
+
+        def forward(self, x):
+            h = self.bn(self.conv(x)).mean((2, 3)) + self.token
+            return self.heads[0](h)
+
+    net = Net()
+    index_of, leftovers = discover_layers(net, torch.randn(2, 1, 5, 5)).attach_parameters()
+    assert index_of["bn.weight"] == index_of["conv.weight"] == 0
+    assert index_of["heads.1.weight"] == index_of["heads.0.bias"] == 1
+    assert leftovers == ["token"]

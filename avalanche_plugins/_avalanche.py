@@ -1,0 +1,77 @@
+"""Small adapters between Avalanche strategies and the plain-torch estimators."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader
+
+__all__ = ["experience_tensors", "experience_batches", "metric_name", "profile_figure"]
+
+
+def experience_batches(strategy, *, dataset=None, batch_size=None, num_workers: int = 0,
+                       preserve_rng: bool = True):
+    """Minibatches ``(x, y, task_labels)`` of the current experience's dataset on the strategy's
+    device, non-shuffled, exactly as Avalanche's ``EWCPlugin`` builds them.
+
+    Creating a DataLoader iterator draws one number from torch's global RNG even without
+    shuffling; ``preserve_rng=True`` restores the RNG afterwards so measuring never changes the
+    training run's random stream. ``False`` mimics Avalanche's own plugins (one draw).
+    """
+    data = strategy.experience.dataset if dataset is None else dataset
+    loader = DataLoader(data, batch_size=batch_size or strategy.train_mb_size,
+                        collate_fn=getattr(data, "collate_fn", None), num_workers=num_workers)
+    state = torch.get_rng_state() if preserve_rng else None
+    try:
+        for batch in loader:
+            yield batch[0].to(strategy.device), batch[1].to(strategy.device), batch[-1]
+    finally:
+        if state is not None:
+            torch.set_rng_state(state)
+
+
+def experience_tensors(strategy, *, n_samples: int | None = None, seed: int = 0, eval_transforms: bool = True):
+    """Up to ``n_samples`` random samples of the current experience as ``(x, y, task_labels)`` tensors."""
+    data = strategy.experience.dataset
+    if eval_transforms and hasattr(data, "eval"):
+        data = data.eval()
+    n = len(data)
+    if n == 0:
+        raise ValueError("the experience's dataset is empty")
+    if n_samples is not None and n_samples < n:
+        g = torch.Generator().manual_seed(seed)
+        idx = torch.randperm(n, generator=g)[:n_samples].sort().values.tolist()
+        data = data.subset(idx) if hasattr(data, "subset") else torch.utils.data.Subset(data, idx)
+    xs, ys, ts = [], [], []
+    for x, y, t in experience_batches(strategy, dataset=data, batch_size=512):
+        xs.append(x)
+        ys.append(y)
+        ts.append(torch.as_tensor(t))
+    return torch.cat(xs), torch.cat(ys), torch.cat(ts).to(strategy.device)
+
+
+def metric_name(name: str, strategy, *, add_experience: bool = True, add_task: bool = True) -> str:
+    """Avalanche's ``Name/phase/stream/TaskNNN/ExpNNN`` for ``strategy``'s current experience."""
+    from avalanche.evaluation.metric_utils import get_metric_name
+
+    experience = strategy.experience
+    logging_view = experience.logging() if hasattr(experience, "logging") else experience
+    strategy.experience = logging_view
+    try:
+        return get_metric_name(name, strategy, add_experience=add_experience, add_task=add_task)
+    finally:
+        strategy.experience = experience
+
+
+def profile_figure(names, values, title: str):
+    """A bar chart of a per-layer profile (a ``matplotlib.figure.Figure``, not tracked by pyplot)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(max(3.0, 0.45 * len(names) + 1.5), 3.0))
+    ax = fig.subplots()
+    ax.bar(range(len(values)), values)
+    ax.set_yscale("log" if min(values) > 0 else "linear")
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,47 @@
+"""Argument checks shared by every estimator, so all of them fail the same way."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+
+def check_choice(name: str, value, choices: Iterable) -> None:
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
+def check_positive(name: str, value, *, allow_zero: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        expected = "a finite number >= 0" if allow_zero else "a finite number > 0"
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def check_int(name: str, value, *, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def check_inputs(inputs, targets=None, *, name: str = "inputs") -> None:
+    """Non-empty tensors with matching first dimension."""
+    if not isinstance(inputs, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(inputs).__name__}")
+    if inputs.dim() == 0 or inputs.shape[0] == 0:
+        raise ValueError(f"{name} is empty: at least one sample is needed")
+    if targets is not None:
+        if not isinstance(targets, torch.Tensor):
+            raise TypeError(f"targets must be a tensor, got {type(targets).__name__}")
+        if targets.shape[0] != inputs.shape[0]:
+            raise ValueError(
+                f"targets has {targets.shape[0]} samples but {name} has {inputs.shape[0]}"
+            )
+
+
+def check_finite_loss(loss: torch.Tensor, where: str) -> None:
+    if not torch.isfinite(loss).all():
+        raise ValueError(f"loss is {loss.item() if loss.numel() == 1 else loss} {where}; "
+                         "the model or data produce non-finite values")

@@ -1,0 +1,184 @@
+"""Diagonal Fisher importance estimators for EWC-style penalties.
+
+Three conventions exist in the literature and libraries, and their scales differ, so an EWC
+``λ`` tuned with one does not transfer to another:
+
+* ``batched`` — Avalanche 0.6 ``EWCPlugin``: squared gradients of the *minibatch-mean* loss,
+  averaged over minibatches, ``F = (1/M) Σ_b (∇ L_b)²``. Depends on the batch size.
+* ``empirical`` — per-sample squared gradients with the true labels,
+  ``F = (1/N) Σ_i (∇ ℓ(x_i, y_i))²`` (Mammoth's oEWC without its p(y) weighting).
+* ``expected`` — the true Fisher's diagonal: expectation over the model's own predictive
+  distribution, ``F = (1/N) Σ_i Σ_c p(c|x_i) (∇ log p(c|x_i))²`` (van de Ven et al.;
+  classification outputs only).
+
+Per-sample gradients use ``torch.func.vmap(grad(...))`` in chunks. The model is evaluated in
+eval mode and its mode restored; gradients are returned, never written to ``.grad``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.func import grad, vmap
+
+from avalanche_plugins._checks import check_choice, check_finite_loss, check_inputs, check_int
+from avalanche_plugins.functional import iterate_batches, model_forward, stateless_forward
+
+__all__ = ["FISHER_KINDS", "batched_fisher", "empirical_fisher", "expected_fisher", "fisher_diagonal"]
+
+FISHER_KINDS = ("batched", "empirical", "expected")
+
+
+def _eval_mode(model):
+    class _Ctx:
+        def __enter__(self):
+            self.was = model.training
+            model.eval()
+
+        def __exit__(self, *exc):
+            model.train(self.was)
+
+    return _Ctx()
+
+
+def batched_fisher(model: nn.Module, loss_fn, batches) -> dict[str, torch.Tensor]:
+    """Avalanche 0.6 ``EWCPlugin`` importances: mean over minibatches of squared batch-mean gradients.
+
+    .. math:: F = \\frac{1}{M} \\sum_{b=1}^{M} \\big(\\nabla_θ L_b(θ)\\big)^2
+
+    Args:
+        model: the model (evaluated in eval mode, as Avalanche does).
+        loss_fn: mean-reduced loss.
+        batches: iterable of ``(x, y)`` or ``(x, y, ..., task_labels)`` minibatches; the last
+            element is used as task labels for multi-task models, as in Avalanche.
+
+    Returns:
+        ``{name: tensor}`` for every parameter (zeros for parameters that get no gradient).
+
+    Example:
+        >>> net = nn.Linear(2, 2)
+        >>> x, y = torch.randn(8, 2), torch.randint(0, 2, (8,))
+        >>> imp = batched_fisher(net, nn.CrossEntropyLoss(), [(x[:4], y[:4]), (x[4:], y[4:])])
+        >>> sorted(imp), imp["weight"].shape
+        (['bias', 'weight'], torch.Size([2, 2]))
+    """
+    names = [n for n, p in model.named_parameters()]
+    params = [p for _, p in model.named_parameters()]
+    importances = {n: torch.zeros_like(p) for n, p in zip(names, params)}
+    count = 0
+    with _eval_mode(model):
+        for batch in batches:
+            x, y = batch[0], batch[1]
+            loss = loss_fn(model_forward(model, x, batch[-1] if len(batch) > 2 else None), y)
+            check_finite_loss(loss, "while estimating the Fisher")
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            for n, g in zip(names, grads):
+                if g is not None:
+                    importances[n] += g.detach().pow(2)
+            count += 1
+    if count == 0:
+        raise ValueError("batches is empty: at least one minibatch is needed")
+    return {n: imp / float(count) for n, imp in importances.items()}
+
+
+def _per_sample_setup(model):
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    buffers = {k: v.detach() for k, v in model.named_buffers()}
+    return params, buffers
+
+
+def empirical_fisher(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: torch.Tensor, *,
+                     task_labels: torch.Tensor | None = None, chunk_size: int = 256) -> dict[str, torch.Tensor]:
+    """Empirical Fisher: mean of per-sample squared gradients with the true labels.
+
+    .. math:: F = \\frac{1}{N} \\sum_{i=1}^{N} \\big(\\nabla_θ \\ell(f(x_i), y_i)\\big)^2
+
+    ``loss_fn`` is applied to one sample at a time (a batch of one), so any mean-reduced loss works.
+
+    Example:
+        >>> net = nn.Linear(3, 2)
+        >>> x, y = torch.randn(5, 3), torch.randint(0, 2, (5,))
+        >>> imp = empirical_fisher(net, nn.CrossEntropyLoss(), x, y)
+        >>> bool((imp["weight"] >= 0).all())
+        True
+    """
+    check_inputs(inputs, targets)
+    check_int("chunk_size", chunk_size)
+    params, buffers = _per_sample_setup(model)
+
+    def sample_loss(p, x, y, t):
+        out = stateless_forward(model, {**buffers, **p}, x.unsqueeze(0), None if t is None else t.unsqueeze(0))
+        return loss_fn(out, y.unsqueeze(0))
+
+    total = {k: torch.zeros_like(v) for k, v in params.items()}
+    n = inputs.shape[0]
+    with _eval_mode(model):
+        for s in iterate_batches(n, chunk_size):
+            t = None if task_labels is None else task_labels[s]
+            in_dims = (None, 0, 0, None if t is None else 0)
+            grads = vmap(grad(sample_loss), in_dims=in_dims)(params, inputs[s], targets[s], t)
+            for k, g in grads.items():
+                check_finite_loss(g.sum(), "(gradient) while estimating the Fisher")
+                total[k] += g.pow(2).sum(0)
+    return {k: v / n for k, v in total.items()}
+
+
+def expected_fisher(model: nn.Module, inputs: torch.Tensor, *, task_labels: torch.Tensor | None = None,
+                    chunk_size: int = 128) -> dict[str, torch.Tensor]:
+    """Diagonal of the true Fisher of a classifier: expectation over the predicted labels.
+
+    .. math:: F = \\frac{1}{N} \\sum_{i} \\sum_{c} p_θ(c \\mid x_i) \\big(\\nabla_θ \\log p_θ(c \\mid x_i)\\big)^2
+
+    Computed exactly (no label sampling): per-sample, per-class gradients with a nested ``vmap``.
+
+    Example:
+        >>> net = nn.Linear(3, 2)
+        >>> imp = expected_fisher(net, torch.randn(5, 3))
+        >>> imp["bias"].shape
+        torch.Size([2])
+    """
+    check_inputs(inputs)
+    check_int("chunk_size", chunk_size)
+    params, buffers = _per_sample_setup(model)
+
+    def log_probs(p, x, t):
+        out = stateless_forward(model, {**buffers, **p}, x.unsqueeze(0), None if t is None else t.unsqueeze(0))
+        return torch.log_softmax(out, dim=-1)[0]
+
+    def class_log_prob(p, x, t, one_hot):
+        return (log_probs(p, x, t) * one_hot).sum()  # indexing by a vmapped class is not supported
+
+    total = {k: torch.zeros_like(v) for k, v in params.items()}
+    n = inputs.shape[0]
+    with _eval_mode(model):
+        with torch.no_grad():
+            n_classes = model_forward(model, inputs[:1], None if task_labels is None else task_labels[:1]).shape[-1]
+        classes = torch.eye(n_classes, dtype=inputs.dtype, device=inputs.device)
+        for s in iterate_batches(n, chunk_size):
+            x = inputs[s]
+            t = None if task_labels is None else task_labels[s]
+            t_dim = None if t is None else 0
+            probs = vmap(log_probs, in_dims=(None, 0, t_dim))(params, x, t).exp().detach()  # (B, C)
+            per_class = vmap(grad(class_log_prob), in_dims=(None, None, None, 0))
+            grads = vmap(per_class, in_dims=(None, 0, t_dim, None))(params, x, t, classes)  # (B, C, *shape)
+            for k, g in grads.items():
+                weights = probs.view(*probs.shape, *[1] * (g.dim() - 2))
+                total[k] += (weights * g.pow(2)).sum((0, 1))
+    return {k: v / n for k, v in total.items()}
+
+
+def fisher_diagonal(kind: str, model: nn.Module, loss_fn, inputs: torch.Tensor, targets: torch.Tensor, *,
+                    batch_size: int = 32, task_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Dispatch to one of :data:`FISHER_KINDS` on tensors (``batched`` uses contiguous minibatches)."""
+    check_choice("fisher", kind, FISHER_KINDS)
+    check_inputs(inputs, targets)
+    if kind == "batched":
+        check_int("batch_size", batch_size)
+        batches = [
+            (inputs[s], targets[s]) if task_labels is None else (inputs[s], targets[s], task_labels[s])
+            for s in iterate_batches(inputs.shape[0], batch_size)
+        ]
+        return batched_fisher(model, loss_fn, batches)
+    if kind == "empirical":
+        return empirical_fisher(model, loss_fn, inputs, targets, task_labels=task_labels)
+    return expected_fisher(model, inputs, task_labels=task_labels)

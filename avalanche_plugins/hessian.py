@@ -1,0 +1,264 @@
+"""Per-layer curvature: the top eigenvalue of every layer's Hessian block.
+
+For layer ℓ with parameters θ^(ℓ) (its weight and bias, from :mod:`avalanche_plugins.layers`),
+``s_ℓ = λ_max(H_ℓℓ)`` where ``H_ℓℓ = ∂²L / ∂θ^(ℓ)∂θ^(ℓ)`` is the diagonal block of the Hessian of
+the mean loss. "Layers Matter" (Moser et al., 2026) bounds forgetting by
+``½ Σ_ℓ s_ℓ ‖Δθ^(ℓ)‖²`` under a block-diagonal Hessian, so ``s_ℓ`` is the natural per-layer
+regularisation strength.
+
+Method (PyHessian-style power iteration, all layers at once): one random unit tangent per layer,
+each non-zero only inside its block, stacked and pushed through one ``torch.vmap``-ed
+forward-over-reverse Hessian-vector product (``torch.func.jvp`` of ``torch.func.grad``) per
+iteration and minibatch, so all layers share each pass over the data. Keeping only each tangent's
+own block of ``Hv`` gives ``H_ℓℓ v_ℓ`` exactly. Iteration stops per layer when the Rayleigh quotient
+changes by less than ``tol`` (relative). With ``batch_size`` the HVP is the sample-weighted mean of
+minibatch HVPs, i.e. exactly the full-data Hessian block, not an average of per-batch eigenvalues.
+
+Sign: power iteration finds the eigenvalue of largest magnitude, which can be negative away
+from a minimum. Such layers get a second, shifted power iteration on ``H_ℓℓ - μI`` (μ the negative
+dominant eigenvalue), whose top eigenvalue is ``λ_max - μ``; so ``s_ℓ`` is always the largest
+*algebraic* eigenvalue, and the dominant one is reported beside it.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import grad, jvp, vmap
+
+from avalanche_plugins._checks import check_finite_loss, check_inputs, check_int, check_positive
+from avalanche_plugins.functional import iterate_batches, stateless_forward
+from avalanche_plugins.layers import LayerMap, discover_layers
+
+__all__ = ["LayerSpectrum", "GeometricFit", "layer_top_eigenvalues", "geometric_fit", "condition_number"]
+
+
+@dataclass
+class GeometricFit:
+    """Least-squares fit ``log s_ℓ ≈ a - (ℓ-1) log α`` over layers with ``s_ℓ > 0``.
+
+    ``alpha > 1``: curvature decays with depth (early layers most sensitive).
+    ``r2`` is the coefficient of determination of the fit in log space.
+    """
+
+    alpha: float
+    intercept: float
+    r2: float
+    n_used: int
+
+    def profile(self, n_layers: int) -> np.ndarray:
+        """The fitted ``s_ℓ`` for ℓ = 1..n_layers."""
+        depth = np.arange(n_layers)
+        return np.exp(self.intercept - depth * math.log(self.alpha))
+
+
+def geometric_fit(values) -> GeometricFit:
+    """Fit ``log s_ℓ = a - (ℓ-1) log α`` by least squares on the positive ``s_ℓ``.
+
+    Example:
+        >>> fit = geometric_fit([8.0, 4.0, 2.0, 1.0])
+        >>> round(fit.alpha, 6), round(fit.r2, 6)
+        (2.0, 1.0)
+    """
+    s = np.asarray(values, dtype=float)
+    depth = np.arange(len(s), dtype=float)
+    keep = s > 0
+    if keep.sum() < 2:
+        raise ValueError(f"geometric_fit needs at least two positive values, got {s.tolist()}")
+    x, y = depth[keep], np.log(s[keep])
+    slope, intercept = np.polyfit(x, y, 1)
+    residual = y - (intercept + slope * x)
+    total = ((y - y.mean()) ** 2).sum()
+    r2 = 1.0 - (residual**2).sum() / total if total > 0 else 1.0
+    return GeometricFit(alpha=float(math.exp(-slope)), intercept=float(intercept), r2=float(r2),
+                        n_used=int(keep.sum()))
+
+
+def condition_number(values) -> float:
+    """``κ = max s_ℓ / min s_ℓ``; ``inf`` when some ``s_ℓ <= 0`` (the ratio is then meaningless).
+
+    Example:
+        >>> condition_number([4.0, 1.0, 2.0])
+        4.0
+    """
+    s = np.asarray(values, dtype=float)
+    if len(s) == 0:
+        raise ValueError("condition_number needs at least one value")
+    if (s <= 0).any():
+        return float("inf")
+    return float(s.max() / s.min())
+
+
+@dataclass
+class LayerSpectrum:
+    """Result of :func:`layer_top_eigenvalues` (one entry per layer of the layer map)."""
+
+    names: list[str]
+    top: np.ndarray  # s_ℓ, largest algebraic eigenvalue of H_ℓℓ
+    dominant: np.ndarray  # largest-magnitude eigenvalue (signed)
+    iterations: list[int]
+    converged: list[bool]
+    last_relative_change: list[float]
+
+    @property
+    def kappa(self) -> float:
+        return condition_number(self.top)
+
+    def fit(self) -> GeometricFit:
+        return geometric_fit(self.top)
+
+    def as_dict(self) -> dict[str, float]:
+        return {n: float(v) for n, v in zip(self.names, self.top)}
+
+
+def _dot(a: dict, b: dict) -> torch.Tensor:
+    """Per-tangent inner product of two stacked tangent dicts -> shape (K,)."""
+    return sum((a[k] * b[k]).flatten(1).sum(1) for k in a)
+
+
+def layer_top_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: torch.Tensor, *,
+                          max_iter: int = 100, tol: float = 1e-3, batch_size: int | None = None,
+                          seed: int = 0, task_labels: torch.Tensor | None = None,
+                          layer_map: LayerMap | None = None) -> LayerSpectrum:
+    """Top eigenvalue ``s_ℓ`` of every layer's Hessian block, by block power iteration.
+
+    .. math:: s_ℓ = \\max_{\\|v\\|=1} v^\\top H_{ℓℓ} v, \\qquad H_{ℓℓ} = \\nabla^2_{θ^{(ℓ)}} \\frac{1}{N}\\sum_i \\mathcal{L}(f(x_i), y_i)
+
+    Args:
+        model: any model of the layer map (evaluated in eval mode; its mode is restored).
+        loss_fn: mean-reduced loss ``loss_fn(outputs, targets)`` (e.g. ``nn.CrossEntropyLoss()``).
+        inputs, targets: the data defining the loss; ``task_labels`` for multi-task models.
+        max_iter: power iterations per layer (a warning names layers that did not converge).
+        tol: relative change of the Rayleigh quotient at which a layer stops.
+        batch_size: split the data into minibatches (HVP averaged, weighted by batch size).
+        seed: seeds the random start vectors.
+        layer_map: reuse a :func:`discover_layers` result.
+
+    Raises:
+        ValueError: empty data, bad ``max_iter``/``tol``/``batch_size``, a model without layers,
+            or a non-finite loss.
+
+    Example:
+        >>> torch.manual_seed(0)
+        >>> net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+        >>> x, y = torch.randn(32, 3), torch.randint(0, 2, (32,))
+        >>> spec = layer_top_eigenvalues(net, nn.CrossEntropyLoss(), x, y)
+        >>> spec.names, bool((spec.top > 0).all())
+        (['0', '2'], True)
+    """
+    check_inputs(inputs, targets)
+    check_int("max_iter", max_iter)
+    check_positive("tol", tol)
+    if batch_size is not None:
+        check_int("batch_size", batch_size)
+    layer_map = layer_map or discover_layers(model, inputs[:2] if task_labels is None else (inputs[:2], task_labels[:2]))
+
+    was_training = model.training
+    model.eval()
+    try:
+        return _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map,
+                                max_iter, tol, batch_size, seed)
+    finally:
+        model.train(was_training)
+
+
+def _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map, max_iter, tol,
+                     batch_size, seed) -> LayerSpectrum:
+    n_layers = len(layer_map)
+    block_names = [name for layer in layer_map for name in layer.params]
+    owner = torch.tensor([layer.index for layer in layer_map for _ in layer.params])
+    state = {k: v.detach() for k, v in model.named_parameters()}
+    state.update({k: v.detach() for k, v in model.named_buffers()})
+    primal = {k: state[k] for k in block_names}
+    frozen = {k: v for k, v in state.items() if k not in primal}
+    n = inputs.shape[0]
+    batches = [
+        (inputs[s], targets[s], None if task_labels is None else task_labels[s], (s.stop - s.start) / n)
+        for s in iterate_batches(n, batch_size)
+    ]
+
+    def loss_of(params, x, y, t):
+        return loss_fn(stateless_forward(model, {**frozen, **params}, x, t), y)
+
+    with torch.no_grad():
+        for x, y, t, _ in batches[:1]:
+            check_finite_loss(loss_of(primal, x, y, t), "at the parameters being measured")
+
+    def block_mask(layer_ids: torch.Tensor) -> dict:
+        """mask[name][k] = 1 if parameter `name` belongs to the layer of tangent k."""
+        return {
+            name: (owner[i] == layer_ids).to(primal[name].dtype).view(-1, *[1] * primal[name].dim())
+            for i, name in enumerate(block_names)
+        }
+
+    def block_hvp(tangents: dict, layer_ids: torch.Tensor, shift: torch.Tensor) -> dict:
+        """(H_ℓℓ - shift_ℓ I) v_ℓ for each stacked tangent."""
+        total = {k: torch.zeros_like(v) for k, v in tangents.items()}
+        for x, y, t, weight in batches:
+            def hvp(tangent, x=x, y=y, t=t):
+                return jvp(lambda p: grad(loss_of)(p, x, y, t), (primal,), (tangent,))[1]
+
+            out = vmap(hvp)(tangents)
+            for k in total:
+                total[k] += weight * out[k]
+        mask = block_mask(layer_ids)
+        return {k: mask[k] * total[k] - shift.view(-1, *[1] * (total[k].dim() - 1)) * tangents[k] for k in total}
+
+    def run(layer_ids: torch.Tensor, shift: torch.Tensor, generator):
+        k = len(layer_ids)
+        mask = block_mask(layer_ids)
+        v = {name: mask[name] * torch.randn((k, *primal[name].shape), generator=generator,
+                                             dtype=primal[name].dtype) for name in block_names}
+        norm = _dot(v, v).sqrt()
+        v = {name: t / norm.view(-1, *[1] * (t.dim() - 1)) for name, t in v.items()}
+        estimate = torch.zeros(k, dtype=torch.float64)
+        change = torch.full((k,), float("inf"), dtype=torch.float64)
+        iterations = torch.zeros(k, dtype=torch.long)
+        active = torch.ones(k, dtype=torch.bool)
+        for step in range(1, max_iter + 1):
+            idx = active.nonzero().flatten()
+            sub = {name: t[idx] for name, t in v.items()}
+            hv = block_hvp(sub, layer_ids[idx], shift[idx])
+            rayleigh = _dot(sub, hv).double()
+            prev = estimate[idx]
+            if step > 1:
+                change[idx] = (rayleigh - prev).abs() / (prev.abs() + 1e-12)
+            estimate[idx] = rayleigh
+            iterations[idx] = step
+            hv_norm = _dot(hv, hv).sqrt().clamp_min(1e-30)
+            for name in block_names:
+                v[name][idx] = hv[name] / hv_norm.view(-1, *[1] * (hv[name].dim() - 1))
+            done = change[idx] < tol
+            # an exactly zero block (e.g. dead layer) has nothing to iterate on
+            done |= rayleigh.abs() < 1e-30
+            active[idx[done]] = False
+            if not active.any():
+                break
+        return estimate, iterations, change
+
+    generator = torch.Generator().manual_seed(seed)
+    all_ids = torch.arange(n_layers)
+    dominant, iterations, change = run(all_ids, torch.zeros(n_layers), generator)
+    top = dominant.clone()
+    negative = (dominant < 0).nonzero().flatten()
+    if len(negative):
+        mu = dominant[negative]
+        shifted, it2, ch2 = run(all_ids[negative], mu.float(), generator)
+        top[negative] = shifted + mu
+        iterations[negative] += it2
+        change[negative] = ch2
+
+    converged = [bool(c < tol) or abs(float(d)) < 1e-30 for c, d in zip(change, dominant)]
+    names = layer_map.names
+    stuck = [f"{names[i]} (last relative change {float(change[i]):.2e})" for i in range(n_layers) if not converged[i]]
+    if stuck:
+        warnings.warn(f"power iteration did not reach tol={tol} within max_iter={max_iter} for layers: "
+                      + ", ".join(stuck), RuntimeWarning, stacklevel=3)
+    return LayerSpectrum(names=names, top=top.numpy(), dominant=dominant.numpy(),
+                         iterations=iterations.tolist(), converged=converged,
+                         last_relative_change=change.tolist())

@@ -1,0 +1,286 @@
+"""Layer-adaptive EWC: an EWC penalty whose strength varies per layer.
+
+"Layers Matter: Why Continual Learning Regularization Should Be Layer-Adaptive" (Moser et al.,
+2026) bounds forgetting by ``½ Σ_ℓ s_ℓ ‖Δθ^(ℓ)‖²`` with ``s_ℓ`` the top eigenvalue of layer ℓ's
+Hessian block, and shows the optimal per-layer strength is ``λ_ℓ ∝ s_ℓ``; a geometric schedule
+``λ_ℓ = c/α^(ℓ-1)`` follows when ``s_ℓ`` is geometric in depth. The penalty is
+
+.. math:: Ω(θ) = \\sum_{e<t} \\sum_ℓ λ\\, w_ℓ^{(e)} \\sum_{i \\in ℓ} F_{e,i} (θ_i - θ^*_{e,i})^2
+
+with ``w_ℓ`` from :func:`avalanche_plugins.schedules.layer_weights` and ``F`` from
+:mod:`avalanche_plugins.fisher`. With ``schedule="uniform", fisher="batched"`` it is exactly
+Avalanche's ``EWCPlugin`` (same penalty, same trained weights).
+
+Implementation: the sum of quadratics over past experiences is folded, once per experience,
+into one quadratic per parameter, ``A (θ - m)² + c`` (exact: ``A = Σ_e λ w F_e``,
+``m = Σ_e λ w F_e θ*_e / A``, ``c`` the constant from completing the square, kept in float64),
+stored as flat buffers. The per-iteration penalty is then one ``cat`` and three vector ops,
+whatever the number of experiences (Avalanche's loops over experiences × parameters).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from avalanche.core import SupervisedPlugin
+
+from avalanche_plugins._avalanche import (
+    experience_batches,
+    experience_tensors,
+    metric_name,
+    profile_figure,
+)
+from avalanche_plugins._checks import check_choice, check_int, check_positive
+from avalanche_plugins.fisher import FISHER_KINDS, batched_fisher, empirical_fisher, expected_fisher
+from avalanche_plugins.functional import is_multitask
+from avalanche_plugins.hessian import LayerSpectrum, layer_top_eigenvalues
+from avalanche_plugins.layers import discover_layers
+from avalanche_plugins.schedules import SCHEDULES, layer_weights
+
+__all__ = ["LayerAdaptiveEWCPlugin", "ExperienceProfile", "measure_profile"]
+
+
+@dataclass
+class ExperienceProfile:
+    """What the plugin measured and applied at the end of one experience."""
+
+    experience: int
+    layer_names: list[str]
+    lambdas: list[float]  # λ_ℓ = ewc_lambda · w_ℓ
+    spectrum: list[float] | None = None  # s_ℓ (None when not measured)
+    kappa: float | None = None
+    alpha_hat: float | None = None
+    fit_r2: float | None = None
+    seconds: dict = field(default_factory=dict)
+
+
+def measure_profile(strategy, *, n_samples: int, batch_size: int | None, max_iter: int, tol: float,
+                    seed: int) -> LayerSpectrum:
+    """s_ℓ of ``strategy.model`` on up to ``n_samples`` samples of the current experience."""
+    x, y, t = experience_tensors(strategy, n_samples=n_samples, seed=seed)
+    return layer_top_eigenvalues(strategy.model, strategy._criterion, x, y, task_labels=t,
+                                 max_iter=max_iter, tol=tol, batch_size=batch_size, seed=seed)
+
+
+def _pad_to(tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Zero-pad at the end of grown dimensions (Avalanche's ``ParamData.expand`` convention)."""
+    if tensor.shape == shape:
+        return tensor
+    if len(shape) != tensor.dim() or any(n < o for n, o in zip(shape, tensor.shape)):
+        raise ValueError(f"parameter shrank or changed rank: {tuple(tensor.shape)} -> {tuple(shape)}")
+    out = tensor.new_zeros(shape)
+    out[tuple(slice(0, s) for s in tensor.shape)] = tensor
+    return out
+
+
+class LayerAdaptiveEWCPlugin(SupervisedPlugin):
+    """EWC with per-layer strengths ``λ_ℓ = ewc_lambda · w_ℓ`` (see module docstring).
+
+    :param ewc_lambda: overall strength λ (>= 0).
+    :param schedule: ``uniform`` | ``geometric`` | ``measured`` | ``smoothed``.
+    :param alpha: ratio of the geometric schedule (> 0; > 1 protects early layers more).
+    :param fisher: ``batched`` (Avalanche's) | ``empirical`` | ``expected``.
+    :param mode: ``separate`` (one anchor per experience) or ``online`` (Avalanche's online EWC:
+        importances decay by ``decay_factor`` and accumulate, anchor = latest weights).
+    :param decay_factor: required for (and only for) ``online``.
+    :param spectrum_samples: samples of each experience used to measure ``s_ℓ``.
+    :param spectrum_batch_size: minibatch size of the HVPs (None: all samples at once).
+    :param spectrum_max_iter, spectrum_tol: power-iteration budget and tolerance.
+    :param fisher_samples: cap on samples for the per-sample Fisher estimators (None: all).
+    :param log_profile: measure ``s_ℓ`` after every experience even for schedules that do not need
+        it, and publish it (per-layer dict, κ, α̂, bar chart) through the strategy's evaluator.
+    :param seed: seeds sample selection and power-iteration start vectors.
+
+    Parameters outside every layer of the layer map get weight 1 and a one-time warning;
+    normalisation parameters share the weight of the layer they follow, and heads not run by the
+    example batch the weight of their executed sibling (``LayerMap.attach_parameters``).
+    """
+
+    def __init__(self, ewc_lambda: float, schedule: str = "geometric", alpha: float | None = 2.0,
+                 fisher: str = "batched", mode: str = "separate", decay_factor: float | None = None, *,
+                 spectrum_samples: int = 256, spectrum_batch_size: int | None = None,
+                 spectrum_max_iter: int = 100, spectrum_tol: float = 1e-3, fisher_samples: int | None = None,
+                 log_profile: bool = False, seed: int = 0):
+        super().__init__()
+        check_positive("ewc_lambda", ewc_lambda, allow_zero=True)
+        check_choice("schedule", schedule, SCHEDULES)
+        check_choice("fisher", fisher, FISHER_KINDS)
+        check_choice("mode", mode, ("separate", "online"))
+        if schedule == "geometric":
+            if alpha is None:
+                raise ValueError("alpha is required for the geometric schedule")
+            check_positive("alpha", alpha)
+        if mode == "online":
+            if decay_factor is None:
+                raise ValueError("decay_factor is required for mode='online'")
+            check_positive("decay_factor", decay_factor, allow_zero=True)
+        elif decay_factor is not None:
+            raise ValueError("decay_factor is only used with mode='online'")
+        check_int("spectrum_samples", spectrum_samples)
+        check_int("spectrum_max_iter", spectrum_max_iter)
+        check_positive("spectrum_tol", spectrum_tol)
+        if fisher_samples is not None:
+            check_int("fisher_samples", fisher_samples)
+        self.ewc_lambda = float(ewc_lambda)
+        self.schedule = schedule
+        self.alpha = alpha
+        self.fisher = fisher
+        self.mode = mode
+        self.decay_factor = decay_factor
+        self.spectrum_samples = spectrum_samples
+        self.spectrum_batch_size = spectrum_batch_size
+        self.spectrum_max_iter = spectrum_max_iter
+        self.spectrum_tol = spectrum_tol
+        self.fisher_samples = fisher_samples
+        self.log_profile = log_profile
+        self.seed = seed
+        self.profiles: list[ExperienceProfile] = []
+        # the folded quadratic A (θ - m)² + const, per parameter name (CPU-independent tensors)
+        self._curvature: dict[str, torch.Tensor] = {}
+        self._anchor: dict[str, torch.Tensor] = {}
+        self._const = 0.0
+        self._flat: tuple[list[str], torch.Tensor, torch.Tensor] | None = None
+        self._warned_leftovers = False
+
+    # ------------------------------------------------------------------ exposure
+    @property
+    def lambdas(self) -> list[list[float]]:
+        """λ_ℓ applied for every experience so far."""
+        return [p.lambdas for p in self.profiles]
+
+    def penalty(self, model: torch.nn.Module) -> torch.Tensor:
+        """The current penalty Ω(θ) for ``model`` (differentiable; 0 before the first experience)."""
+        if self._flat is None:
+            return torch.zeros((), device=next(model.parameters()).device)
+        names, curvature, anchor = self._current_flat(model)
+        params = dict(model.named_parameters())
+        theta = torch.cat([params[n].reshape(-1) for n in names])
+        return (curvature * (theta - anchor).pow(2)).sum() + self._const
+
+    # ------------------------------------------------------------------ callbacks
+    def before_backward(self, strategy, **kwargs):
+        if self._flat is not None and self.ewc_lambda > 0:
+            strategy.loss += self.penalty(strategy.model)
+
+    def after_training_exp(self, strategy, **kwargs):
+        model = strategy.model
+        exp_id = strategy.clock.train_exp_counter
+        timings = {}
+        spectrum = None
+        if self.schedule in ("measured", "smoothed") or self.log_profile:
+            start = time.perf_counter()
+            spectrum = measure_profile(strategy, n_samples=self.spectrum_samples,
+                                       batch_size=self.spectrum_batch_size, max_iter=self.spectrum_max_iter,
+                                       tol=self.spectrum_tol, seed=self.seed + exp_id)
+            timings["spectrum"] = time.perf_counter() - start
+        start = time.perf_counter()
+        importances = self._importances(strategy, kwargs.get("num_workers", 0))
+        timings["fisher"] = time.perf_counter() - start
+
+        example = next(iter(experience_batches(strategy, batch_size=2)))
+        layer_map = discover_layers(model, (example[0], example[2]) if is_multitask(model) else example[0])
+        weights = layer_weights(self.schedule, len(layer_map), alpha=self.alpha,
+                                spectrum=None if spectrum is None else spectrum.top)
+        index_of, leftovers = layer_map.attach_parameters()
+        if leftovers and not self._warned_leftovers:
+            warnings.warn(f"parameters outside every layer get the uniform weight 1: {leftovers}", stacklevel=2)
+            self._warned_leftovers = True
+
+        self._fold(model, importances, {n: (weights[index_of[n]] if n in index_of else 1.0)
+                                        for n, _ in model.named_parameters()})
+        profile = ExperienceProfile(experience=exp_id, layer_names=layer_map.names,
+                                    lambdas=(self.ewc_lambda * weights).tolist(), seconds=timings)
+        if spectrum is not None:
+            profile.spectrum = spectrum.top.tolist()
+            profile.kappa = spectrum.kappa
+            try:
+                fit = spectrum.fit()
+                profile.alpha_hat, profile.fit_r2 = fit.alpha, fit.r2
+            except ValueError:
+                pass
+        self.profiles.append(profile)
+        if self.log_profile and spectrum is not None:
+            self._publish(strategy, profile)
+
+    # ------------------------------------------------------------------ internals
+    def _importances(self, strategy, num_workers: int) -> dict[str, torch.Tensor]:
+        model, criterion = strategy.model, strategy._criterion
+        if self.fisher == "batched":
+            # one RNG draw, like EWCPlugin, so uniform+batched reproduces EWCPlugin's run exactly
+            batches = experience_batches(strategy, num_workers=num_workers, preserve_rng=False)
+            return batched_fisher(model, criterion, batches)
+        # Per-sample estimators read the same (train-transform) data as Avalanche's EWC.
+        x, y, t = experience_tensors(strategy, n_samples=self.fisher_samples, seed=self.seed, eval_transforms=False)
+        if self.fisher == "empirical":
+            return empirical_fisher(model, criterion, x, y, task_labels=t)
+        return expected_fisher(model, x, task_labels=t)
+
+    @torch.no_grad()
+    def _fold(self, model, importances: dict, weight_of: dict) -> None:
+        """Add this experience's quadratic λ w F (θ - θ*)² to the folded one."""
+        params = dict(model.named_parameters())
+        for name, theta in params.items():
+            theta = theta.detach().double()
+            new_a = self.ewc_lambda * weight_of[name] * importances[name].detach().double()
+            if name not in self._curvature:
+                self._curvature[name], self._anchor[name] = new_a, theta.clone()
+                continue
+            if self.mode == "online":  # decayed importances accumulate; the anchor moves to θ*
+                old_a = self.decay_factor * _pad_to(self._curvature[name], theta.shape)
+                self._curvature[name], self._anchor[name] = old_a + new_a, theta.clone()
+                continue
+            old_a = _pad_to(self._curvature[name], theta.shape)
+            old_m = _pad_to(self._anchor[name], theta.shape)
+            total = old_a + new_a
+            safe = total.where(total > 0, torch.ones_like(total))
+            # completing the square: a(θ-m1)² + b(θ-m2)² = (a+b)(θ-m)² + ab/(a+b)(m1-m2)²
+            self._const += float((old_a * new_a / safe * (old_m - theta).pow(2)).sum())
+            self._curvature[name] = total
+            self._anchor[name] = torch.where(total > 0, (old_a * old_m + new_a * theta) / safe, theta)
+        self._flat = None
+        self._current_flat(model)
+
+    def _current_flat(self, model):
+        """Flat float32 buffers aligned with the model's current parameters (rebuilt on growth)."""
+        shapes = [(n, p.shape) for n, p in model.named_parameters() if n in self._curvature]
+        if self._flat is None or self._flat[0] != shapes:
+            device = next(model.parameters()).device
+            dtype = next(model.parameters()).dtype
+            curvature = torch.cat([_pad_to(self._curvature[n], s).reshape(-1) for n, s in shapes])
+            anchor = torch.cat([_pad_to(self._anchor[n], s).reshape(-1) for n, s in shapes])
+            self._flat = (shapes, curvature.to(device, dtype), anchor.to(device, dtype))
+        shapes, curvature, anchor = self._flat
+        return [n for n, _ in shapes], curvature, anchor
+
+    def _publish(self, strategy, profile: ExperienceProfile) -> None:
+        from avalanche.evaluation.metric_results import MetricValue
+
+        evaluator = getattr(strategy, "evaluator", None)
+        if evaluator is None:
+            return
+        x = strategy.clock.train_iterations
+        for value in sensitivity_values(self, strategy, profile, x, MetricValue):
+            evaluator.publish_metric_value(value)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_flat"] = None  # derived; rebuilt on the next penalty
+        return state
+
+
+def sensitivity_values(origin, strategy, profile: ExperienceProfile, x: int, metric_value_cls) -> list:
+    """MetricValues for a profile: per-layer dict, κ, α̂ and a bar-chart figure."""
+    values = [
+        metric_value_cls(origin, metric_name("LayerSensitivity", strategy), dict(zip(profile.layer_names, profile.spectrum)), x),
+        metric_value_cls(origin, metric_name("LayerSensitivityKappa", strategy), float(profile.kappa), x),
+    ]
+    if profile.alpha_hat is not None:
+        values.append(metric_value_cls(origin, metric_name("LayerSensitivityAlphaHat", strategy), float(profile.alpha_hat), x))
+    fig = profile_figure(profile.layer_names, profile.spectrum,
+                         f"s_l after experience {profile.experience} (kappa={profile.kappa:.3g})")
+    values.append(metric_value_cls(origin, metric_name("LayerSensitivityProfile", strategy), fig, x))
+    return values
+
