@@ -1,3 +1,5 @@
 """Research plugins and metrics for Avalanche continual learning."""
 
+from avalanche_plugins.layer_adaptive_ewc import LayerAdaptiveEWCPlugin
+
 __version__ = "0.1.0"

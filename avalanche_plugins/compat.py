@@ -6,13 +6,21 @@ parameter, so every "old" snapshot moves with the weights: importances and the p
 exactly 0 for any ``si_lambda`` (SI silently degenerates to Naive). Its helpers are called as
 ``SynapticIntelligencePlugin.extract_weights(...)``, so a subclass cannot override them; the fix
 replaces the static method on the class with one that stores copies.
+
+``fix_checkpoint_pickling``: Avalanche's ``save_checkpoint`` pickles the whole strategy with
+``dill``. torch 2.14 removes the submodule attributes of ``torch.optim`` (``torch.optim.sgd`` is in
+``sys.modules`` but not an attribute), so dill cannot find ``torch.optim.sgd.SGD`` by reference,
+falls back to pickling the class by value and fails (``Can't pickle sentinel``). Re-exposing the
+loaded submodules as attributes restores pickling by reference; nothing else changes.
 """
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
-__all__ = ["fix_synaptic_intelligence_on_cpu"]
+__all__ = ["fix_synaptic_intelligence_on_cpu", "fix_checkpoint_pickling"]
 
 
 @torch.no_grad()
@@ -31,3 +39,13 @@ def fix_synaptic_intelligence_on_cpu() -> None:
     from avalanche.training.plugins import SynapticIntelligencePlugin
 
     SynapticIntelligencePlugin.extract_weights = staticmethod(_extract_weights_copy)
+
+
+def fix_checkpoint_pickling() -> None:
+    """Let ``dill`` (Avalanche's checkpoint pickler) find torch optimizers by reference (idempotent)."""
+    import torch.optim
+
+    for name, module in list(sys.modules.items()):
+        parts = name.split(".")
+        if len(parts) == 3 and name.startswith("torch.optim.") and not hasattr(torch.optim, parts[2]):
+            setattr(torch.optim, parts[2], module)

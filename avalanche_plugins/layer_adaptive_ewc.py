@@ -153,7 +153,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
 
     def penalty(self, model: torch.nn.Module) -> torch.Tensor:
         """The current penalty Ω(θ) for ``model`` (differentiable; 0 before the first experience)."""
-        if self._flat is None:
+        if not self._curvature:
             return torch.zeros((), device=next(model.parameters()).device)
         names, curvature, anchor = self._current_flat(model)
         params = dict(model.named_parameters())
@@ -162,7 +162,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
 
     # ------------------------------------------------------------------ callbacks
     def before_backward(self, strategy, **kwargs):
-        if self._flat is not None and self.ewc_lambda > 0:
+        if self._curvature and self.ewc_lambda > 0:
             strategy.loss += self.penalty(strategy.model)
 
     def after_training_exp(self, strategy, **kwargs):
