@@ -2,4 +2,5 @@
 
 from avalanche_plugins.layer_adaptive_ewc import LayerAdaptiveEWCPlugin
 
+__all__ = ["LayerAdaptiveEWCPlugin"]
 __version__ = "0.1.0"

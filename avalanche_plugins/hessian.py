@@ -32,7 +32,7 @@ from torch import nn
 from torch.func import grad, jvp, vmap
 
 from avalanche_plugins._checks import check_finite_loss, check_inputs, check_int, check_positive
-from avalanche_plugins.functional import iterate_batches, stateless_forward
+from avalanche_plugins.functional import is_multitask, iterate_batches, stateless_forward
 from avalanche_plugins.layers import LayerMap, discover_layers
 
 __all__ = ["LayerSpectrum", "GeometricFit", "layer_top_eigenvalues", "geometric_fit", "condition_number"]
@@ -156,7 +156,9 @@ def layer_top_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targe
     check_positive("tol", tol)
     if batch_size is not None:
         check_int("batch_size", batch_size)
-    layer_map = layer_map or discover_layers(model, inputs[:2] if task_labels is None else (inputs[:2], task_labels[:2]))
+    if layer_map is None:
+        multitask = is_multitask(model) and task_labels is not None
+        layer_map = discover_layers(model, (inputs[:2], task_labels[:2]) if multitask else inputs[:2])
 
     was_training = model.training
     model.eval()

@@ -47,6 +47,7 @@ class TrainConfig:
     task_incremental: bool = False
     model: str = "mlp"
     hidden: tuple[int, ...] = (128, 128)
+    model_kwargs: dict = field(default_factory=dict)  # for non-MLP models (e.g. CNN widths)
     lr: float = 0.05
     momentum: float = 0.0
     epochs: int = 5
@@ -84,7 +85,7 @@ def make_plugins(name: str, cfg: TrainConfig) -> list:
     raise ValueError(f"strategy must be one of {STRATEGIES}, got {name!r}")
 
 
-def run_one(plugins_for, name: str, cfg: TrainConfig, seed: int, stream=None) -> dict:
+def run_one(plugins_for, name: str, cfg: TrainConfig, seed: int, stream=None, keep_strategy: bool = False) -> dict:
     """Build the stream, model and strategy for ``(name, seed)``, train, and return a result row.
 
     ``plugins_for(name, cfg)`` returns the plugin list (so other benchmarks add their own methods).
@@ -95,7 +96,7 @@ def run_one(plugins_for, name: str, cfg: TrainConfig, seed: int, stream=None) ->
                                    task_incremental=cfg.task_incremental, data_root=cfg.data_root,
                                    seed=seed, validation=cfg.validation)
     seed_everything(seed)  # after the stream: Avalanche's generators reseed torch
-    model_kwargs = {"hidden": cfg.hidden} if cfg.model == "mlp" else {}
+    model_kwargs = {"hidden": cfg.hidden} if cfg.model == "mlp" else dict(cfg.model_kwargs)
     model = build_model(cfg.model, stream.input_shape, stream.n_classes,
                         multihead=cfg.task_incremental, **model_kwargs)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
@@ -112,6 +113,7 @@ def run_one(plugins_for, name: str, cfg: TrainConfig, seed: int, stream=None) ->
         "forgetting": average_forgetting(acc),
         "wall_s": timer.seconds,
         "accuracy_matrix": acc.tolist(),
+        **({"strategy_object": strategy} if keep_strategy else {}),
     }
 
 
