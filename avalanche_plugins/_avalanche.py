@@ -49,6 +49,18 @@ def experience_tensors(strategy, *, n_samples: int | None = None, seed: int = 0,
     return torch.cat(xs), torch.cat(ys), torch.cat(ts).to(strategy.device)
 
 
+def experience_layer_map(strategy):
+    """:func:`~avalanche_plugins.layers.discover_layers` of ``strategy.model`` on two samples of
+    the current experience (with their task labels for multi-task models)."""
+    from avalanche_plugins.functional import is_multitask
+    from avalanche_plugins.layers import discover_layers
+
+    batches = experience_batches(strategy, batch_size=2)
+    x, _, t = next(batches)
+    batches.close()  # restores the RNG state now
+    return discover_layers(strategy.model, (x, torch.as_tensor(t)) if is_multitask(strategy.model) else x)
+
+
 def metric_name(name: str, strategy, *, add_experience: bool = True, add_task: bool = True) -> str:
     """Avalanche's ``Name/phase/stream/TaskNNN/ExpNNN`` for ``strategy``'s current experience."""
     from avalanche.evaluation.metric_utils import get_metric_name

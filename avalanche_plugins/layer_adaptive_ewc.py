@@ -22,47 +22,26 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field
 
 import torch
 from avalanche.core import SupervisedPlugin
 
 from avalanche_plugins._avalanche import (
     experience_batches,
+    experience_layer_map,
     experience_tensors,
-    metric_name,
-    profile_figure,
 )
 from avalanche_plugins._checks import check_choice, check_int, check_positive
 from avalanche_plugins.fisher import FISHER_KINDS, batched_fisher, empirical_fisher, expected_fisher
-from avalanche_plugins.functional import is_multitask
-from avalanche_plugins.hessian import LayerSpectrum, layer_top_eigenvalues
-from avalanche_plugins.layers import discover_layers
+from avalanche_plugins.layer_sensitivity import (
+    ExperienceProfile,
+    measure_profile,
+    profile_from_spectrum,
+    sensitivity_values,
+)
 from avalanche_plugins.schedules import SCHEDULES, layer_weights
 
-__all__ = ["LayerAdaptiveEWCPlugin", "ExperienceProfile", "measure_profile"]
-
-
-@dataclass
-class ExperienceProfile:
-    """What the plugin measured and applied at the end of one experience."""
-
-    experience: int
-    layer_names: list[str]
-    lambdas: list[float]  # λ_ℓ = ewc_lambda · w_ℓ
-    spectrum: list[float] | None = None  # s_ℓ (None when not measured)
-    kappa: float | None = None
-    alpha_hat: float | None = None
-    fit_r2: float | None = None
-    seconds: dict = field(default_factory=dict)
-
-
-def measure_profile(strategy, *, n_samples: int, batch_size: int | None, max_iter: int, tol: float,
-                    seed: int) -> LayerSpectrum:
-    """s_ℓ of ``strategy.model`` on up to ``n_samples`` samples of the current experience."""
-    x, y, t = experience_tensors(strategy, n_samples=n_samples, seed=seed)
-    return layer_top_eigenvalues(strategy.model, strategy._criterion, x, y, task_labels=t,
-                                 max_iter=max_iter, tol=tol, batch_size=batch_size, seed=seed)
+__all__ = ["LayerAdaptiveEWCPlugin"]
 
 
 def _pad_to(tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -180,8 +159,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         importances = self._importances(strategy, kwargs.get("num_workers", 0))
         timings["fisher"] = time.perf_counter() - start
 
-        example = next(iter(experience_batches(strategy, batch_size=2)))
-        layer_map = discover_layers(model, (example[0], example[2]) if is_multitask(model) else example[0])
+        layer_map = experience_layer_map(strategy)
         weights = layer_weights(self.schedule, len(layer_map), alpha=self.alpha,
                                 spectrum=None if spectrum is None else spectrum.top)
         index_of, leftovers = layer_map.attach_parameters()
@@ -191,16 +169,11 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
 
         self._fold(model, importances, {n: (weights[index_of[n]] if n in index_of else 1.0)
                                         for n, _ in model.named_parameters()})
-        profile = ExperienceProfile(experience=exp_id, layer_names=layer_map.names,
-                                    lambdas=(self.ewc_lambda * weights).tolist(), seconds=timings)
-        if spectrum is not None:
-            profile.spectrum = spectrum.top.tolist()
-            profile.kappa = spectrum.kappa
-            try:
-                fit = spectrum.fit()
-                profile.alpha_hat, profile.fit_r2 = fit.alpha, fit.r2
-            except ValueError:
-                pass
+        lambdas = (self.ewc_lambda * weights).tolist()
+        if spectrum is None:
+            profile = ExperienceProfile(experience=exp_id, layer_names=layer_map.names, lambdas=lambdas, seconds=timings)
+        else:
+            profile = profile_from_spectrum(exp_id, spectrum, lambdas=lambdas, seconds=timings)
         self.profiles.append(profile)
         if self.log_profile and spectrum is not None:
             self._publish(strategy, profile)
@@ -269,18 +242,3 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         state = self.__dict__.copy()
         state["_flat"] = None  # derived; rebuilt on the next penalty
         return state
-
-
-def sensitivity_values(origin, strategy, profile: ExperienceProfile, x: int, metric_value_cls) -> list:
-    """MetricValues for a profile: per-layer dict, κ, α̂ and a bar-chart figure."""
-    values = [
-        metric_value_cls(origin, metric_name("LayerSensitivity", strategy), dict(zip(profile.layer_names, profile.spectrum)), x),
-        metric_value_cls(origin, metric_name("LayerSensitivityKappa", strategy), float(profile.kappa), x),
-    ]
-    if profile.alpha_hat is not None:
-        values.append(metric_value_cls(origin, metric_name("LayerSensitivityAlphaHat", strategy), float(profile.alpha_hat), x))
-    fig = profile_figure(profile.layer_names, profile.spectrum,
-                         f"s_l after experience {profile.experience} (kappa={profile.kappa:.3g})")
-    values.append(metric_value_cls(origin, metric_name("LayerSensitivityProfile", strategy), fig, x))
-    return values
-
