@@ -1,6 +1,8 @@
 """Research plugins and metrics for Avalanche continual learning."""
 
 from avalanche_plugins.layer_adaptive_ewc import LayerAdaptiveEWCPlugin
+from avalanche_plugins.layer_adaptive_lr import LayerAdaptiveLRPlugin
+from avalanche_plugins.layer_sensitivity import LayerSensitivityMetric
 
-__all__ = ["LayerAdaptiveEWCPlugin"]
+__all__ = ["LayerAdaptiveEWCPlugin", "LayerAdaptiveLRPlugin", "LayerSensitivityMetric"]
 __version__ = "0.1.0"

@@ -1,0 +1,92 @@
+"""Depth-weighted learning rates: one optimizer parameter group per layer.
+
+The "depth-weighted SLCA" idea of "Layers Matter" (Moser et al., 2026): instead of SLCA's two
+groups (backbone at lr × 0.01, head at lr), every layer ℓ gets its own rate
+
+* ``geometric``: ``lr_ℓ = base_lr · α^{-(ℓ-1)}`` (α < 1: deeper layers learn faster, as in SLCA);
+* ``smoothed``: ``lr_ℓ = base_lr · v_ℓ / max v`` with ``v_ℓ = 1 / ŝ_ℓ`` the inverse of the geometric
+  fit of the per-layer curvature measured at the end of the previous experience (sensitive layers
+  move less; the least sensitive layer gets ``base_lr``). This inverse rule is this package's
+  reconstruction of "the smoothed profile" for learning rates. The first experience, with no
+  profile yet, trains every layer at ``base_lr``.
+
+The groups are rebuilt in ``before_training_exp``, after Avalanche's own ``make_optimizer``, so
+parameters added by model adaptation (new heads) are grouped with their layer. Groups are edited
+in place on the same optimizer: its per-parameter state (momentum, Adam moments) is kept, and
+Avalanche's name-based bookkeeping (``update_optimizer``) finds parameters in any group.
+Parameters outside every layer form a last group at ``base_lr``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from avalanche.core import SupervisedPlugin
+
+from avalanche_plugins._avalanche import experience_layer_map
+from avalanche_plugins._checks import check_choice, check_int, check_positive
+from avalanche_plugins.layer_sensitivity import measure_profile
+from avalanche_plugins.schedules import layer_weights
+
+__all__ = ["LayerAdaptiveLRPlugin"]
+
+
+class LayerAdaptiveLRPlugin(SupervisedPlugin):
+    """Per-layer learning rates (see module docstring).
+
+    :param schedule: ``geometric`` or ``smoothed``.
+    :param alpha: ratio of the geometric schedule (> 0).
+    :param base_lr: rate of the first layer (geometric) / least sensitive layer (smoothed);
+        default: the optimizer's first-group lr when the plugin first runs.
+    :param spectrum_samples, spectrum_max_iter, spectrum_tol: measurement budget (smoothed).
+    :param seed: seeds the measurement.
+    """
+
+    def __init__(self, schedule: str = "geometric", alpha: float = 0.5, base_lr: float | None = None, *,
+                 spectrum_samples: int = 256, spectrum_max_iter: int = 100, spectrum_tol: float = 1e-3,
+                 seed: int = 0):
+        super().__init__()
+        check_choice("schedule", schedule, ("geometric", "smoothed"))
+        check_positive("alpha", alpha)
+        if base_lr is not None:
+            check_positive("base_lr", base_lr)
+        check_int("spectrum_samples", spectrum_samples)
+        self.schedule, self.alpha, self.base_lr = schedule, alpha, base_lr
+        self.spectrum_samples, self.spectrum_max_iter, self.spectrum_tol = spectrum_samples, spectrum_max_iter, spectrum_tol
+        self.seed = seed
+        self.last_spectrum: list[float] | None = None
+        self.history: list[dict] = []  # per experience: layer names and the rates applied
+
+    def layer_rates(self, n_layers: int) -> np.ndarray:
+        if self.schedule == "geometric":
+            return self.base_lr * layer_weights("geometric", n_layers, alpha=self.alpha)
+        if self.last_spectrum is None or len(self.last_spectrum) != n_layers:
+            return np.full(n_layers, self.base_lr)
+        inverse = 1.0 / layer_weights("smoothed", n_layers, spectrum=self.last_spectrum)
+        return self.base_lr * inverse / inverse.max()
+
+    def before_training_exp(self, strategy, **kwargs):
+        optimizer = strategy.optimizer
+        if self.base_lr is None:
+            self.base_lr = float(optimizer.param_groups[0]["lr"])
+        layer_map = experience_layer_map(strategy)
+        index_of, _ = layer_map.attach_parameters()
+        rates = self.layer_rates(len(layer_map))
+        template = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+        in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        groups: list[list] = [[] for _ in range(len(layer_map) + 1)]
+        for name, param in strategy.model.named_parameters():
+            if id(param) in in_optimizer:
+                groups[index_of.get(name, len(layer_map))].append(param)
+        optimizer.param_groups.clear()
+        for params, lr in zip(groups, [*rates, self.base_lr]):
+            if params:
+                optimizer.add_param_group({**template, "params": params, "lr": float(lr)})
+        self.history.append({"experience": strategy.clock.train_exp_counter, "layers": layer_map.names,
+                             "lr": [float(r) for r in rates], "spectrum": self.last_spectrum})
+
+    def after_training_exp(self, strategy, **kwargs):
+        if self.schedule == "smoothed":
+            spectrum = measure_profile(strategy, n_samples=self.spectrum_samples, batch_size=None,
+                                       max_iter=self.spectrum_max_iter, tol=self.spectrum_tol,
+                                       seed=self.seed + strategy.clock.train_exp_counter)
+            self.last_spectrum = spectrum.top.tolist()

@@ -1,0 +1,118 @@
+"""LayerSensitivityMetric through Avalanche's loggers; LayerAdaptiveLRPlugin's parameter groups."""
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from avalanche.evaluation.metrics import accuracy_metrics
+from avalanche.logging import InteractiveLogger, TensorboardLogger, TextLogger
+from avalanche.training.plugins import EvaluationPlugin
+from avalanche.training.supervised import Naive
+from torch import nn
+
+from avalanche_plugins import LayerAdaptiveEWCPlugin, LayerAdaptiveLRPlugin, LayerSensitivityMetric
+from avalanche_plugins.hessian import geometric_fit
+from benchmarks.data import make_stream
+from benchmarks.models import build_model
+
+
+def strategy_for(plugins=(), metrics=(), loggers=(), seed=0, epochs=1):
+    stream = make_stream("digits", "split", task_incremental=True, seed=0)
+    torch.manual_seed(seed)
+    model = build_model("mlp", stream.input_shape, 2, hidden=(32, 16), multihead=True)
+    evaluator = EvaluationPlugin(accuracy_metrics(experience=True), *metrics, loggers=list(loggers))
+    strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                     criterion=nn.CrossEntropyLoss(), train_mb_size=32, train_epochs=epochs,
+                     plugins=list(plugins), evaluator=evaluator)
+    return strategy, stream
+
+
+def test_metric_names_values_and_loggers(tmp_path):
+    text = io.StringIO()
+    tb = TensorboardLogger(tb_log_dir=str(tmp_path / "tb"))
+    metric = LayerSensitivityMetric(n_samples=64)
+    strategy, stream = strategy_for(metrics=[metric], loggers=[TextLogger(text), InteractiveLogger(), tb])
+    for experience in stream.benchmark.train_stream[:2]:
+        strategy.train(experience)
+        strategy.eval(stream.benchmark.test_stream[:1])
+    last = strategy.evaluator.get_last_metrics()
+    name = "LayerSensitivity/train_phase/train_stream/Task001/Exp001"
+    assert set(last[name]) == {"trunk.features.1", "trunk.features.3", "head.classifiers.1.classifier"}
+    kappa = last["LayerSensitivityKappa/train_phase/train_stream/Task001/Exp001"]
+    assert kappa == pytest.approx(max(last[name].values()) / min(last[name].values()))
+    assert "LayerSensitivityAlphaHat/train_phase/train_stream/Task001/Exp001" in last
+    assert metric.result() == pytest.approx(last[name])
+    assert "LayerSensitivityKappa" in text.getvalue()
+    tb.writer.flush()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert any(t.startswith("LayerSensitivity/train_phase") for t in events.Tags()["scalars"])
+    assert any(t.startswith("LayerSensitivityProfile") for t in events.Tags()["images"])
+
+
+def test_metric_does_not_change_the_run():
+    plain, stream = strategy_for()
+    measured, _ = strategy_for(metrics=[LayerSensitivityMetric(n_samples=64)])
+    for strategy in (plain, measured):
+        torch.manual_seed(123)  # same shuffling stream for both runs
+        for experience in stream.benchmark.train_stream[:2]:
+            strategy.train(experience)
+    for p, q in zip(plain.model.parameters(), measured.model.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_ewc_plugin_log_profile_publishes():
+    plugin = LayerAdaptiveEWCPlugin(10.0, schedule="geometric", alpha=2.0, log_profile=True, spectrum_samples=64)
+    strategy, stream = strategy_for(plugins=[plugin])
+    strategy.train(stream.benchmark.train_stream[0])
+    last = strategy.evaluator.get_last_metrics()
+    assert "LayerSensitivityKappa/train_phase/train_stream/Task000/Exp000" in last
+    assert plugin.profiles[0].spectrum is not None
+
+
+def group_of(optimizer, param):
+    return next(i for i, g in enumerate(optimizer.param_groups) if any(p is param for p in g["params"]))
+
+
+def test_lr_plugin_geometric_groups_keep_state_and_cover_new_heads():
+    plugin = LayerAdaptiveLRPlugin(schedule="geometric", alpha=0.5)
+    strategy, stream = strategy_for(plugins=[plugin])
+    strategy.train(stream.benchmark.train_stream[0])
+    opt, model = strategy.optimizer, strategy.model
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.05, 0.1, 0.2])
+    assert all(g["momentum"] == 0.9 for g in opt.param_groups)
+    w = model.trunk.features[1].weight
+    momentum_before = opt.state[w]["momentum_buffer"].clone()
+    strategy.train(stream.benchmark.train_stream[1])  # adds head 1: grouped with the head layer
+    params = list(model.parameters())
+    assert sorted(id(p) for g in opt.param_groups for p in g["params"]) == sorted(id(p) for p in params)
+    head1 = model.head.classifiers["1"].classifier.weight
+    assert opt.param_groups[group_of(opt, head1)]["lr"] == pytest.approx(0.2)
+    assert opt.param_groups[group_of(opt, w)]["lr"] == pytest.approx(0.05)
+    assert not torch.equal(opt.state[w]["momentum_buffer"], momentum_before)  # state kept and updated
+    assert head1.grad is not None
+
+
+def test_lr_plugin_smoothed_uses_inverse_curvature():
+    plugin = LayerAdaptiveLRPlugin(schedule="smoothed", spectrum_samples=64)
+    strategy, stream = strategy_for(plugins=[plugin])
+    for experience in stream.benchmark.train_stream[:2]:
+        strategy.train(experience)
+    first, second = plugin.history
+    assert first["lr"] == pytest.approx([0.05] * 3)  # no profile before the first experience
+    rates = np.array(second["lr"])
+    fitted = geometric_fit(second["spectrum"]).profile(3)  # ŝ_ℓ measured after experience 0
+    expected = 0.05 * (1 / fitted) / (1 / fitted).max()
+    assert rates == pytest.approx(expected)
+    assert rates.max() == pytest.approx(0.05)
+    assert np.argmax(rates) == np.argmin(fitted)  # the least sensitive layer moves fastest
+
+
+def test_lr_plugin_bad_arguments():
+    with pytest.raises(ValueError, match="schedule"):
+        LayerAdaptiveLRPlugin(schedule="measured")
+    with pytest.raises(ValueError, match="alpha"):
+        LayerAdaptiveLRPlugin(alpha=0)
