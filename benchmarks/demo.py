@@ -1,4 +1,4 @@
-"""Quick start: Naive vs Avalanche's EWC (and this package's plugins) on a short stream.
+"""Quick start: Naive vs Avalanche's EWC vs this package's layer-adaptive EWC on a short stream.
 
 ``make demo`` runs it on Split digits (scikit-learn, offline);
 ``make demo DATASET=mnist DATA_ROOT=../shared/data`` on Split MNIST through Avalanche's
@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import warnings
 
-from benchmarks.baselines import TrainConfig, make_plugins, plot_accuracy, run_one
+from benchmarks.baselines import TrainConfig, plot_accuracy, run_one
 from benchmarks.harness import Timer, format_table, summarize, write_results
+from benchmarks.layer_adaptive_ewc import plugins_for
 
-STRATEGIES = ("naive", "ewc")
+STRATEGIES = ("naive", "ewc", "lae_geometric", "lae_smoothed")
 
 
 def main(argv=None) -> dict:
@@ -29,11 +30,11 @@ def main(argv=None) -> dict:
     # Task-incremental (multi-head) Split: the setting where a regulariser has something to protect.
     cfg = TrainConfig(dataset=args.dataset, scenario="split", task_incremental=True, data_root=args.data_root,
                       epochs=3 if args.dataset == "digits" else 1, lr=0.05 if args.dataset == "digits" else 0.01,
-                      ewc_lambda=1000.0)
+                      ewc_lambda=1000.0, extra={"alpha": 2.0, "spectrum_samples": 128})
     rows = []
     with Timer() as total:
         for name in STRATEGIES:
-            row = run_one(make_plugins, name, cfg, args.seed)
+            row = run_one(plugins_for, name, cfg, args.seed)
             rows.append(row)
             print(f"{name:<10} ACC {row['acc']:.3f}  forgetting {row['forgetting']:.3f}  ({row['wall_s']:.1f}s)")
     summary = summarize(rows, ["scenario", "strategy"], ["acc", "forgetting", "wall_s"])
