@@ -229,13 +229,11 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         return [n for n, _ in shapes], curvature, anchor
 
     def _publish(self, strategy, profile: ExperienceProfile) -> None:
-        from avalanche.evaluation.metric_results import MetricValue
-
         evaluator = getattr(strategy, "evaluator", None)
         if evaluator is None:
             return
         x = strategy.clock.train_iterations
-        for value in sensitivity_values(self, strategy, profile, x, MetricValue):
+        for value in sensitivity_values(self, strategy, profile, x):
             evaluator.publish_metric_value(value)
 
     def __getstate__(self):

@@ -50,18 +50,17 @@ def measure_profile(strategy, *, n_samples: int, batch_size: int | None, max_ite
                                  max_iter=max_iter, tol=tol, batch_size=batch_size, seed=seed)
 
 
-
-def sensitivity_values(origin, strategy, profile: ExperienceProfile, x: int, metric_value_cls) -> list:
+def sensitivity_values(origin, strategy, profile: ExperienceProfile, x: int) -> list[MetricValue]:
     """MetricValues for a profile: per-layer dict, κ, α̂ and a bar-chart figure."""
     values = [
-        metric_value_cls(origin, metric_name("LayerSensitivity", strategy), dict(zip(profile.layer_names, profile.spectrum)), x),
-        metric_value_cls(origin, metric_name("LayerSensitivityKappa", strategy), float(profile.kappa), x),
+        MetricValue(origin, metric_name("LayerSensitivity", strategy), dict(zip(profile.layer_names, profile.spectrum)), x),
+        MetricValue(origin, metric_name("LayerSensitivityKappa", strategy), float(profile.kappa), x),
     ]
     if profile.alpha_hat is not None:
-        values.append(metric_value_cls(origin, metric_name("LayerSensitivityAlphaHat", strategy), float(profile.alpha_hat), x))
+        values.append(MetricValue(origin, metric_name("LayerSensitivityAlphaHat", strategy), float(profile.alpha_hat), x))
     fig = profile_figure(profile.layer_names, profile.spectrum,
                          f"s_l after experience {profile.experience} (kappa={profile.kappa:.3g})")
-    values.append(metric_value_cls(origin, metric_name("LayerSensitivityProfile", strategy), fig, x))
+    values.append(MetricValue(origin, metric_name("LayerSensitivityProfile", strategy), fig, x))
     return values
 
 
@@ -103,7 +102,7 @@ class LayerSensitivityMetric(PluginMetric[dict]):
                                    max_iter=self.max_iter, tol=self.tol, seed=self.seed + exp_id)
         profile = profile_from_spectrum(exp_id, spectrum, lambdas=[], seconds={"spectrum": time.perf_counter() - start})
         self.profiles.append(profile)
-        return sensitivity_values(self, strategy, profile, strategy.clock.train_iterations, MetricValue)
+        return sensitivity_values(self, strategy, profile, strategy.clock.train_iterations)
 
     def __str__(self) -> str:
         return "LayerSensitivity"
