@@ -1,0 +1,287 @@
+"""Optimization Readiness (OR) as an Avalanche metric: how ready the checkpoint is for the next task.
+
+``OptimizationReadinessMetric`` runs at ``before_training_exp``. At that moment the model is the
+checkpoint left by the previous experiences (after the strategy's model adaptation, so a
+multi-head model already has the incoming task's head, and after ``make_optimizer``) and
+``strategy.experience`` is the incoming experience, i.e. the *target task*. On up to ``n_samples``
+random samples of that experience (evaluation transforms, loss ``strategy._criterion``) it
+computes :func:`avalanche_plugins.plasticity.optimization_readiness` and emits through the
+``EvaluationPlugin`` (names follow Avalanche's template ``Name/phase/stream/TaskNNN/ExpNNN``, with
+the incoming experience's task label and index, e.g. ``.../train_phase/train_stream/Task000/Exp001``):
+
+* ``OptimizationReadiness/...`` — ``OR = S·R``,
+* ``ORStrength/...`` — ``S = ‖g‖²/L``,
+* ``ORReliability/...`` — ``R = ‖g‖²/E_B‖ĝ_B‖²``,
+* ``ORLoss/...`` — ``L``, the mean loss of the sampled target data at the checkpoint;
+
+with ``baselines=True`` the label-agnostic baselines of :mod:`avalanche_plugins.plasticity` on
+``n_probe`` of those samples (the Hessian one also uses their targets):
+
+* ``ORBaselineEffectiveRank/...`` and ``ORBaselineEnergyRank/...`` — dicts
+  ``{hidden layer name: value}`` from :func:`~avalanche_plugins.plasticity.representation_ranks`
+  (loggers split them into one scalar per layer; not emitted for a model without hidden layer),
+* ``ORBaselineENTKEnergyRank/...`` — :func:`~avalanche_plugins.plasticity.entk_energy_rank`,
+* ``ORBaselineHessianEnergyRank/...`` — :func:`~avalanche_plugins.plasticity.hessian_energy_rank`,
+  by default through its Gauss–Newton path (``hessian_max_params=1``; see Cost),
+* ``ORBaselineActiveUnitFraction/...`` — :func:`~avalanche_plugins.plasticity.active_unit_fraction`
+  (not emitted for a model without hidden layer);
+
+and with ``ground_truth_k=k`` the measured plasticity at the same checkpoint,
+:func:`~avalanche_plugins.plasticity.k_step_gain`:
+
+* ``ORGroundTruthGain/...`` — ``G^(k)`` and ``ORGroundTruthGainStdErr/...`` its standard error.
+
+  The sampled data are split in two halves by a seeded permutation: the ``k`` optimizer steps
+  (``ground_truth_optimizer`` with a fresh state, ``ground_truth_lr``, minibatches of
+  ``batch_size``, ``ground_truth_runs`` independent runs) use the first half and ``G^(k)`` is the
+  relative loss decrease on the second half. OR itself uses all the sampled data. ``k_step_gain``
+  works on a functional copy of the parameters (``torch.func.functional_call`` on stacked
+  copies), so the strategy's model and optimizer are never stepped.
+
+All values, with the seeds, sizes and the seconds spent, are also appended to
+:attr:`OptimizationReadinessMetric.history` (one dict per training experience); ``result()``
+returns the last OR.
+
+Side effects: none on the training run. Every estimator reads the parameters through
+``torch.func`` (nothing is written to ``.grad``, parameters and buffers are not changed), the
+model is evaluated in eval mode (restored afterwards), the optimizer is not touched, random draws
+use seeded ``torch.Generator`` objects and the global torch RNG state (CPU, and the strategy's CUDA
+device) is additionally saved and restored around the whole measurement.
+
+Cost per experience, with ``N = n_samples``, ``P`` trainable parameters and ``C`` outputs:
+
+* OR (``estimator="sampled"``): one forward/backward pass over the ``N`` samples plus
+  ``n_batches`` minibatch gradients of ``batch_size`` samples (about ``N + n_batches·batch_size``
+  per-sample gradient evaluations); ``"per_sample"``: ``N`` per-sample gradients. Cheap.
+* Baselines: the feature ranks need one forward pass and an SVD per hidden layer. The eNTK and
+  the Gauss–Newton Hessian ranks each build the ``(n_probe·C) × P`` output Jacobian in float64
+  (``8·n_probe·C·P`` bytes, e.g. 2 GB for 256 probes, 10 classes and 100k parameters; lower
+  ``n_probe`` for large models) with about ``C`` backward passes per probe, then a
+  ``min(n_probe·C, P)``-sized eigensolve. The exact Hessian (``P ≤ hessian_max_params``) needs
+  ``O(P)`` gradient passes and an ``O(P³)`` eigensolve: only for tiny models.
+* Ground truth: ``ground_truth_runs · ground_truth_k`` minibatch gradients (vectorised) plus
+  ``ground_truth_runs`` evaluations of the validation half; memory ``ground_truth_runs·P``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from avalanche.evaluation import PluginMetric
+from avalanche.evaluation.metric_results import MetricValue
+
+from avalanche_plugins._avalanche import experience_tensors, metric_name
+from avalanche_plugins._checks import check_choice, check_int, check_positive
+from avalanche_plugins.fisher import _eval_mode
+from avalanche_plugins.functional import is_multitask
+from avalanche_plugins.plasticity import (
+    ESTIMATORS,
+    OPTIMIZERS,
+    active_unit_fraction,
+    entk_energy_rank,
+    hessian_energy_rank,
+    k_step_gain,
+    optimization_readiness,
+    representation_ranks,
+)
+
+__all__ = ["OptimizationReadinessMetric"]
+
+
+def _preserved_rng(device):
+    """``torch.random.fork_rng`` over the CPU generator and, for a CUDA ``device``, that device's."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.random.fork_rng(devices=[index])
+    return torch.random.fork_rng(devices=[])
+
+
+class OptimizationReadinessMetric(PluginMetric[float]):
+    """Logs Optimization Readiness of the checkpoint for each incoming experience (module docstring).
+
+    :param n_samples: samples of the incoming experience used (random, seeded; all of them when the
+        experience is smaller).
+    :param batch_size: minibatch size ``B`` of OR's second moment ``E_B‖ĝ_B‖²`` (and of the
+        ground-truth optimizer steps). At most ``n_samples`` (``n_samples // 2`` with
+        ``ground_truth_k``).
+    :param n_batches: minibatches drawn by the ``"sampled"`` estimator.
+    :param estimator: ``"sampled"`` (the paper's) or ``"per_sample"`` (exact second moment).
+    :param baselines: also log the label-agnostic baselines.
+    :param n_probe: probe inputs of the baselines (the first ``n_probe`` of a seeded permutation of
+        the sampled data).
+    :param ground_truth_k: if an int ``k``, also measure ``G^(k)`` (None: do not).
+    :param ground_truth_lr, ground_truth_optimizer, ground_truth_runs: step size, ``"sgd"`` or
+        ``"adam"`` (fresh state), and number of independent runs of the ground truth.
+    :param seed: base seed; experience number ``e`` (``strategy.clock.train_exp_counter``) uses
+        ``seed + e`` for the sample selection, OR's minibatches, the probe/split permutation and
+        the ground-truth minibatches.
+    :param hessian_max_params: the Hessian baseline is exact when the model has at most this many
+        trainable parameters, Gauss–Newton otherwise (default 1: always Gauss–Newton).
+
+    Raises ``ValueError`` naming the argument for bad arguments. At run time the estimators' own
+    errors propagate (e.g. a zero loss makes OR undefined; an experience with fewer samples than
+    ``batch_size``; ground truth on a multi-task model with an experience of several task labels).
+
+    Example::
+
+        from avalanche.evaluation.metrics import accuracy_metrics
+        from avalanche.logging import InteractiveLogger, TensorboardLogger
+        from avalanche.training.plugins import EvaluationPlugin
+
+        readiness = OptimizationReadinessMetric(n_samples=1024, baselines=True, ground_truth_k=10)
+        evaluator = EvaluationPlugin(accuracy_metrics(experience=True), readiness,
+                                     loggers=[InteractiveLogger(), TensorboardLogger()])
+        strategy = Naive(model, optimizer, criterion, evaluator=evaluator)
+        for experience in benchmark.train_stream:
+            strategy.train(experience)      # logs OptimizationReadiness/train_phase/... first
+        readiness.history[-1]["readiness"], readiness.history[-1]["ground_truth"]["gain"]
+    """
+
+    def __init__(self, n_samples: int = 1024, batch_size: int = 4, n_batches: int = 128,
+                 estimator: str = "sampled", baselines: bool = False, n_probe: int = 256,
+                 ground_truth_k: int | None = None, ground_truth_lr: float = 0.01,
+                 ground_truth_optimizer: str = "sgd", ground_truth_runs: int = 32, seed: int = 0,
+                 *, hessian_max_params: int = 1):
+        super().__init__()
+        check_int("n_samples", n_samples)
+        check_int("batch_size", batch_size)
+        if batch_size > n_samples:
+            raise ValueError(f"batch_size={batch_size} is larger than n_samples={n_samples}")
+        check_int("n_batches", n_batches)
+        check_choice("estimator", estimator, ESTIMATORS)
+        if not isinstance(baselines, bool):
+            raise ValueError(f"baselines must be a bool, got {baselines!r}")
+        check_int("n_probe", n_probe)
+        if ground_truth_k is not None:
+            check_int("ground_truth_k", ground_truth_k)
+            if n_samples // 2 < batch_size:
+                raise ValueError(
+                    f"ground_truth_k needs n_samples // 2 >= batch_size (half of the samples train, "
+                    f"half validate), got n_samples={n_samples} and batch_size={batch_size}")
+        check_positive("ground_truth_lr", ground_truth_lr)
+        check_choice("ground_truth_optimizer", ground_truth_optimizer, OPTIMIZERS)
+        check_int("ground_truth_runs", ground_truth_runs)
+        check_int("seed", seed, minimum=0)
+        check_int("hessian_max_params", hessian_max_params)
+        self.n_samples, self.batch_size, self.n_batches = n_samples, batch_size, n_batches
+        self.estimator, self.baselines, self.n_probe = estimator, baselines, n_probe
+        self.ground_truth_k, self.ground_truth_lr = ground_truth_k, ground_truth_lr
+        self.ground_truth_optimizer, self.ground_truth_runs = ground_truth_optimizer, ground_truth_runs
+        self.seed, self.hessian_max_params = seed, hessian_max_params
+        self.history: list[dict] = []
+
+    def result(self) -> float | None:
+        """The last OR (None before the first experience)."""
+        return self.history[-1]["readiness"] if self.history else None
+
+    def reset(self) -> None:
+        self.history = []
+
+    def __str__(self) -> str:
+        return "OptimizationReadiness"
+
+    # ----------------------------------------------------------------------------------------
+
+    def before_training_exp(self, strategy) -> list[MetricValue]:
+        with _preserved_rng(strategy.device):
+            record = self.measure(strategy)
+        self.history.append(record)
+        return self._values(strategy, record)
+
+    def measure(self, strategy) -> dict:
+        """Measure on ``strategy.model`` and the current experience; returns the history record."""
+        model, loss_fn = strategy.model, strategy._criterion
+        exp_counter = strategy.clock.train_exp_counter
+        seed = self.seed + exp_counter
+        x, y, t = experience_tensors(strategy, n_samples=self.n_samples, seed=seed)
+        n = x.shape[0]
+        record = {"experience": getattr(strategy.experience, "current_experience", exp_counter),
+                  "train_exp_counter": exp_counter, "seed": seed, "n_samples": n, "seconds": {}}
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(x.device)
+
+        with _eval_mode(model):
+            start = time.perf_counter()
+            res = optimization_readiness(model, loss_fn, x, y, batch_size=self.batch_size,
+                                         n_batches=self.n_batches, estimator=self.estimator,
+                                         seed=seed, task_labels=t)
+            record["seconds"]["readiness"] = time.perf_counter() - start
+            record.update(loss=res.loss, grad_norm_sq=res.grad_norm_sq, second_moment=res.second_moment,
+                          strength=res.strength, reliability=res.reliability, readiness=res.readiness)
+
+            if self.baselines:
+                start = time.perf_counter()
+                probe = perm[:min(self.n_probe, n)]
+                record["baselines"] = self._baselines(model, loss_fn, x[probe], y[probe], t[probe])
+                record["seconds"]["baselines"] = time.perf_counter() - start
+
+            if self.ground_truth_k is not None:
+                start = time.perf_counter()
+                record["ground_truth"] = self._ground_truth(model, loss_fn, x, y, t, perm, seed)
+                record["seconds"]["ground_truth"] = time.perf_counter() - start
+        return record
+
+    def _baselines(self, model, loss_fn, x, y, t) -> dict:
+        ranks = representation_ranks(model, x, task_labels=t)
+        out = {
+            "effective_rank": {name: float(r["effective_rank"]) for name, r in ranks.items()},
+            "energy_rank": {name: float(r["energy_rank"]) for name, r in ranks.items()},
+            "entk_energy_rank": float(entk_energy_rank(model, x, task_labels=t)),
+            "hessian_energy_rank": float(hessian_energy_rank(model, loss_fn, x, y,
+                                                             max_params=self.hessian_max_params,
+                                                             task_labels=t)),
+            "active_unit_fraction": float(active_unit_fraction(model, x, task_labels=t)) if ranks else None,
+        }
+        return out
+
+    def _ground_truth(self, model, loss_fn, x, y, t, perm, seed) -> dict:
+        n = x.shape[0]
+        n_train = n // 2
+        if n_train < self.batch_size:
+            raise ValueError(
+                f"the experience has {n} samples: half of them ({n_train}) train the ground truth, "
+                f"fewer than batch_size={self.batch_size}")
+        task_label = None
+        if is_multitask(model):
+            labels = torch.unique(t)
+            if labels.numel() != 1:
+                raise ValueError(f"ground_truth_k needs an experience with a single task label for a "
+                                 f"multi-task model, got labels {labels.tolist()}")
+            task_label = int(labels[0])
+        train, val = perm[:n_train], perm[n_train:]
+        gain = k_step_gain(model, loss_fn, x[train], y[train], x[val], y[val], k=self.ground_truth_k,
+                           lr=self.ground_truth_lr, optimizer=self.ground_truth_optimizer,
+                           batch_size=self.batch_size, n_runs=self.ground_truth_runs, seed=seed,
+                           task_label=task_label)
+        return {"k": gain.k, "gain": gain.gain, "stderr": gain.stderr, "loss_before": gain.loss_before,
+                "loss_after_mean": gain.loss_after_mean, "lr": self.ground_truth_lr,
+                "optimizer": self.ground_truth_optimizer, "n_runs": gain.n_runs, "n_train": n_train,
+                "n_val": n - n_train}
+
+    def _values(self, strategy, record: dict) -> list[MetricValue]:
+        x_plot = strategy.clock.train_iterations
+
+        def value(name, v):
+            return MetricValue(self, metric_name(name, strategy), v, x_plot)
+
+        values = [value("OptimizationReadiness", float(record["readiness"])),
+                  value("ORStrength", float(record["strength"])),
+                  value("ORReliability", float(record["reliability"])),
+                  value("ORLoss", float(record["loss"]))]
+        base = record.get("baselines")
+        if base is not None:
+            if base["effective_rank"]:
+                values.append(value("ORBaselineEffectiveRank", dict(base["effective_rank"])))
+                values.append(value("ORBaselineEnergyRank", dict(base["energy_rank"])))
+            values.append(value("ORBaselineENTKEnergyRank", base["entk_energy_rank"]))
+            values.append(value("ORBaselineHessianEnergyRank", base["hessian_energy_rank"]))
+            if base["active_unit_fraction"] is not None:
+                values.append(value("ORBaselineActiveUnitFraction", base["active_unit_fraction"]))
+        truth = record.get("ground_truth")
+        if truth is not None:
+            values.append(value("ORGroundTruthGain", float(truth["gain"])))
+            if math.isfinite(truth["stderr"]):
+                values.append(value("ORGroundTruthGainStdErr", float(truth["stderr"])))
+        return values
