@@ -119,11 +119,11 @@ def format_table(summary: Iterable[dict], keys: Sequence[str], values: Sequence[
     return "\n".join(lines)
 
 
-def _jsonable(obj):
+def jsonable(obj):
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
+        return [jsonable(v) for v in obj]
     if isinstance(obj, (np.floating, np.integer)):
         return obj.item()
     if isinstance(obj, np.ndarray):
@@ -149,7 +149,7 @@ def write_results(out_dir, *, config: dict, rows: Sequence[dict], summary: Seque
         "summary": list(summary),
         **(extra or {}),
     }
-    (out / "results.json").write_text(json.dumps(_jsonable(payload), indent=2))
+    (out / "results.json").write_text(json.dumps(jsonable(payload), indent=2))
     scalar_keys: list[str] = []
     for row in rows:
         for k, v in row.items():
@@ -159,5 +159,5 @@ def write_results(out_dir, *, config: dict, rows: Sequence[dict], summary: Seque
         writer = csv.DictWriter(f, fieldnames=scalar_keys, extrasaction="ignore")
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: _jsonable(row.get(k)) for k in scalar_keys})
+            writer.writerow({k: jsonable(row.get(k)) for k in scalar_keys})
     return out

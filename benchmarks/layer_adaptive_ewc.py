@@ -17,12 +17,14 @@ SGD 0.001, 10 epochs, batch 256, λ=1 on Permuted MNIST) run on the same data.
 from __future__ import annotations
 
 import itertools
+import json
 import multiprocessing
 import time
 import types
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -33,6 +35,7 @@ from benchmarks.harness import (
     Timer,
     benchmark_parser,
     format_table,
+    jsonable,
     seed_everything,
     summarize,
     write_results,
@@ -106,7 +109,11 @@ def run_job(job: Job) -> dict:
     cfg = scenario_config(job.scenario_name, job.model, _CONTEXT["data_root"], _CONTEXT["quick"])
     cfg = replace(cfg, ewc_lambda=job.ewc_lambda, validation=job.validation,
                   extra={"alpha": job.alpha, "spectrum_samples": 128 if _CONTEXT["quick"] else 256})
-    row = run_one(plugins_for, job.method, cfg, job.seed, keep_strategy=True)
+    try:
+        row = run_one(plugins_for, job.method, cfg, job.seed, keep_strategy=True)
+    except ValueError as error:  # a λ too large for the learning rate diverges (NaN loss): a grid outcome
+        return {**asdict(job), "acc": float("nan"), "forgetting": float("nan"), "wall_s": float("nan"),
+                "error": str(error)}
     strategy = row.pop("strategy_object")
     row.update(asdict(job))
     profiles = [p for p in strategy.plugins if hasattr(p, "profiles")]
@@ -119,17 +126,38 @@ def run_job(job: Job) -> dict:
     return row
 
 
-def run_jobs(jobs: list[Job], workers: int, data_root, quick: bool, desc: str) -> list[dict]:
+def _job_key(job: Job, data_root, quick: bool) -> str:
+    return json.dumps({**asdict(job), "data_root": str(data_root), "quick": quick}, sort_keys=True)
+
+
+def run_jobs(jobs: list[Job], workers: int, data_root, quick: bool, desc: str, cache: Path | None = None) -> list[dict]:
+    """Run jobs (in ``workers`` processes); finished rows are appended to ``cache`` (JSON lines)
+    and reused when the same command is run again, so an interrupted full run resumes."""
+    done = {}
+    if cache is not None and cache.exists():
+        for line in cache.read_text().splitlines():
+            entry = json.loads(line)
+            done[entry["key"]] = entry["row"]
+    rows = [done[_job_key(j, data_root, quick)] for j in jobs if _job_key(j, data_root, quick) in done]
+    todo = [j for j in jobs if _job_key(j, data_root, quick) not in done]
+
+    def keep(job, row):
+        rows.append(row)
+        if cache is not None:
+            with open(cache, "a") as f:
+                f.write(json.dumps({"key": _job_key(job, data_root, quick), "row": jsonable(row)}) + "\n")
+
     if workers <= 1:
         _init_worker(data_root, quick)
         torch.set_num_threads(max(1, torch.get_num_threads()))
-        return [run_job(j) for j in tqdm(jobs, desc=desc)]
-    rows = []
+        for job in tqdm(todo, desc=desc):
+            keep(job, run_job(job))
+        return rows
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(data_root, quick)) as pool:
-        futures = [pool.submit(run_job, j) for j in jobs]
+        futures = {pool.submit(run_job, j): j for j in todo}
         for fut in tqdm(as_completed(futures), total=len(futures), desc=desc):
-            rows.append(fut.result())
+            keep(futures[fut], fut.result())
     return rows
 
 
@@ -141,10 +169,12 @@ def tune(scenarios, models, args) -> tuple[dict, list[dict]]:
             alphas = args.alphas if method == "lae_geometric" else [None]
             for lam, alpha in itertools.product(args.lambdas, alphas):
                 jobs.append(Job(scenario, model, method, 0, True, lam, alpha))
-    rows = run_jobs(jobs, args.workers, args.data_root, args.quick, "tuning (validation)")
+    rows = run_jobs(jobs, args.workers, args.data_root, args.quick, "tuning (validation)", cache=args.cache)
     best: dict = {}
     for row in rows:
         key = (row["scenario_name"], row["model"], row["method"])
+        if not np.isfinite(row["acc"]):  # diverged setting
+            continue
         if key not in best or row["acc"] > best[key]["acc"]:
             best[key] = row
     chosen = {k: {"ewc_lambda": v["ewc_lambda"], "alpha": v["alpha"], "val_acc": v["acc"]} for k, v in best.items()}
@@ -242,6 +272,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--no-anchor", action="store_true", help="skip the continual-learning-baselines anchor")
     args = parser.parse_args(argv)
     args.lambdas = [float(v) for v in args.lambdas.split(",")]
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    args.cache = Path(args.out) / "jobs.jsonl"
     args.alphas = [float(v) for v in args.alphas.split(",")]
     scenarios = args.scenarios.split(",")
     models = args.models.split(",")
@@ -256,12 +288,17 @@ def main(argv=None) -> dict:
         jobs = []
         for scenario, model in itertools.product(scenarios, models):
             for method in METHODS:
+                if method != "naive" and (scenario, model, method) not in chosen:
+                    print(f"{scenario}/{model}/{method}: every tuned setting diverged; not run", flush=True)
+                    continue
                 setting = chosen.get((scenario, model, method), {"ewc_lambda": 0.0, "alpha": None})
                 for seed in seeds:
                     jobs.append(Job(scenario, model, method, seed, False, setting["ewc_lambda"], setting["alpha"]))
-        anchor_jobs = [] if args.no_anchor else [Job(ANCHOR, "mlp", method, seed, False, 1.0)
-                                                 for seed in seeds for method in ("ewc", "naive")]
-        rows = run_jobs(anchor_jobs + jobs, args.workers, args.data_root, args.quick, "final runs (test)")
+        # the anchor is EWC on 3 seeds; Naive under the same configuration on one seed for reference
+        anchor_jobs = [] if args.no_anchor else [Job(ANCHOR, "mlp", "ewc", seed, False, 1.0) for seed in seeds]
+        anchor_jobs += [] if args.no_anchor else [Job(ANCHOR, "mlp", "naive", seeds[0], False, 1.0)]
+        rows = run_jobs(anchor_jobs + jobs, args.workers, args.data_root, args.quick, "final runs (test)",
+                        cache=args.cache)
         anchor = [r for r in rows if r["scenario_name"] == ANCHOR]
         test_rows = [r for r in rows if r["scenario_name"] != ANCHOR]
         costs = {"penalty": penalty_cost_ratio(args.data_root), "spectrum": spectrum_cost_ratio(args.data_root)}

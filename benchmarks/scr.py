@@ -1,0 +1,180 @@
+"""Slowly-Changing Regression (SCR): the loss-of-plasticity regression stream, as tensors and as an
+Avalanche benchmark.
+
+Source: the Slowly-Changing Regression problem of the loss-of-plasticity work (Dohare et al.,
+after Mahmood & Sutton's representation-search problems), as summarised in
+``docs/references.md`` §3 (the paper texts were not available here):
+
+* 20 binary inputs. The first ``n_flipping = 15`` "flipping" bits are held fixed for a whole
+  *period* (10,000 examples in the paper; ``examples_per_period`` here, smaller allowed) and then
+  changed; the last ``n_random = 5`` bits are drawn uniformly at random for every example. Period
+  changes: ``"bit_flip"`` flips one flipping bit chosen uniformly at random (the paper's
+  problem); ``"resample"`` draws all 15 flipping bits afresh (the variant).
+* The target is a fixed random network ``20 → 100 LTU units → 1`` whose weights and hidden biases
+  are drawn uniformly from ``{−1, +1}``. LTU unit ``i`` outputs ``1`` if ``w_i·x̃ > τ_i`` and ``0``
+  otherwise, with ``τ_i = β(m+1) − S_i``, ``β = 0.7``.
+
+Reconstructions (documented because the text is ambiguous):
+
+* **m and S_i.** We read ``m`` as the number of input bits (20) and the ``+1`` as the bias, treated
+  as an extra input that is always 1: ``x̃ = [x; 1]`` has ``m + 1 = 21`` components, and ``S_i`` is
+  the number of −1 weights among those ``m + 1`` (input weights *and* the bias). With this reading
+  the rule has a clean meaning: ``w_i·x̃ > β(m+1) − S_i`` ⟺ the number of *matching* positions
+  (weight +1 with input 1, or weight −1 with input 0, the bias input being 1) exceeds
+  ``β(m+1)``, i.e. unit ``i`` fires when ``x̃`` agrees with its sign pattern in more than 70 % of
+  the positions (Mahmood & Sutton's LTU feature construction). ``ltu_thresholds`` implements
+  exactly this and is tested on a hand-checked case.
+* **Output layer.** ``y = Σ_i v_i f_i(x)`` with ``v_i ∈ {−1, +1}`` and no output bias (the "biases"
+  of the spec are read as the hidden units' biases).
+* **Randomness.** One seed fixes everything: the target network, the sequence of flipping-bit
+  states, and the random bits of every period (period ``t`` uses its own generator, so
+  ``period(t)`` is random-access and reproducible). The flipping bits of period 0 are uniform.
+
+Plain tensors: :meth:`SlowlyChangingRegression.period` (alias :func:`scr_period`) returns
+``(inputs, targets)`` of one period, ``inputs`` ``(n, 20)`` float32 in ``{0, 1}`` and ``targets``
+``(n, 1)`` float32. Avalanche: :func:`scr_benchmark` builds a benchmark with one experience per
+period (``train_stream`` / ``test_stream``, items ``(x, y, task_label=0)``) through Avalanche's
+``benchmark_from_datasets``; Avalanche's ``tensors_benchmark`` cannot be used because it treats
+targets as class labels (float regression targets fail when it collects the classes).
+
+Example:
+    >>> scr = SlowlyChangingRegression(seed=0, examples_per_period=100)
+    >>> x, y = scr.period(3)
+    >>> x.shape, y.shape, bool(((x == 0) | (x == 1)).all())
+    (torch.Size([100, 20]), torch.Size([100, 1]), True)
+    >>> bool((x[:, :15] == x[0, :15]).all())  # flipping bits are constant within a period
+    True
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = [
+    "VARIANTS",
+    "SlowlyChangingRegression",
+    "ltu_thresholds",
+    "scr_period",
+    "scr_benchmark",
+]
+
+VARIANTS = ("bit_flip", "resample")
+
+
+def ltu_thresholds(weights: torch.Tensor, bias: torch.Tensor, beta: float = 0.7) -> torch.Tensor:
+    """LTU thresholds ``τ_i = β(m+1) − S_i`` for ±1 ``weights`` ``(units, m)`` and ``bias`` ``(units,)``.
+
+    ``m`` is the number of inputs; the bias is the ``(m+1)``-th weight (on a constant-1 input) and
+    ``S_i`` counts the −1 entries among the ``m + 1`` weights of unit ``i``.
+
+    Example:
+        >>> w = torch.tensor([[1.0, -1.0, -1.0]])  # m = 3
+        >>> b = torch.tensor([-1.0])               # S = 3 (two weights + the bias)
+        >>> ltu_thresholds(w, b, beta=0.5)         # 0.5 * 4 - 3
+        tensor([-1.])
+    """
+    m = weights.shape[1]
+    negatives = (weights < 0).sum(dim=1) + (bias < 0).long()
+    return beta * (m + 1) - negatives.to(weights.dtype)
+
+
+class SlowlyChangingRegression:
+    """The SCR problem with a fixed seeded target network (see the module docstring).
+
+    Args:
+        n_flipping: flipping bits (held for a period). n_random: bits redrawn for every example.
+        n_hidden: LTU units of the target network. beta: LTU matching fraction β.
+        variant: ``"bit_flip"`` (one random flipping bit flips per period) or ``"resample"``.
+        examples_per_period: default number of examples returned by :meth:`period`.
+        seed: fixes the target network, the flipping-bit sequence and every period's random bits.
+    """
+
+    def __init__(self, *, n_flipping: int = 15, n_random: int = 5, n_hidden: int = 100, beta: float = 0.7,
+                 variant: str = "bit_flip", examples_per_period: int = 10_000, seed: int = 0):
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        if n_flipping < 1 or n_random < 0 or n_hidden < 1 or examples_per_period < 1:
+            raise ValueError("n_flipping, n_hidden and examples_per_period must be >= 1, n_random >= 0")
+        self.n_flipping, self.n_random, self.n_hidden = n_flipping, n_random, n_hidden
+        self.n_inputs = n_flipping + n_random
+        self.beta, self.variant, self.seed = beta, variant, seed
+        self.examples_per_period = examples_per_period
+        g = torch.Generator().manual_seed(seed)
+
+        def signs(*shape):
+            return torch.randint(0, 2, shape, generator=g).float() * 2 - 1
+
+        self.weights = signs(n_hidden, self.n_inputs)
+        self.bias = signs(n_hidden)
+        self.output_weights = signs(n_hidden)
+        self.thresholds = ltu_thresholds(self.weights, self.bias, beta)
+        self._flip_generator = torch.Generator().manual_seed(seed + 7919)
+        self._flipping = [torch.randint(0, 2, (n_flipping,), generator=self._flip_generator).float()]
+
+    def flipping_bits(self, t: int) -> torch.Tensor:
+        """The ``(n_flipping,)`` flipping bits of period ``t`` (periods are generated in order once)."""
+        if t < 0:
+            raise ValueError(f"period must be >= 0, got {t}")
+        while len(self._flipping) <= t:
+            previous = self._flipping[-1]
+            if self.variant == "bit_flip":
+                bit = int(torch.randint(0, self.n_flipping, (1,), generator=self._flip_generator))
+                nxt = previous.clone()
+                nxt[bit] = 1 - nxt[bit]
+            else:
+                nxt = torch.randint(0, 2, (self.n_flipping,), generator=self._flip_generator).float()
+            self._flipping.append(nxt)
+        return self._flipping[t].clone()
+
+    def hidden(self, inputs: torch.Tensor) -> torch.Tensor:
+        """LTU features ``(n, n_hidden)`` in ``{0, 1}`` of the target network."""
+        pre = inputs @ self.weights.T + self.bias
+        return (pre > self.thresholds).float()
+
+    def target(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Targets ``(n, 1)`` of the fixed target network."""
+        return (self.hidden(inputs) @ self.output_weights).unsqueeze(1)
+
+    def period(self, t: int, n: int | None = None, *, stream: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(inputs (n, 20), targets (n, 1))`` of period ``t``; ``stream`` selects an independent draw
+        of the random bits (0 = training examples, 1 = a held-out validation sample, ...)."""
+        n = self.examples_per_period if n is None else int(n)
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        g = torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, t, stream]).generate_state(1)[0]))
+        random_bits = torch.randint(0, 2, (n, self.n_random), generator=g).float()
+        inputs = torch.cat([self.flipping_bits(t).expand(n, -1), random_bits], dim=1)
+        return inputs, self.target(inputs)
+
+
+def scr_period(t: int, *, variant: str = "bit_flip", n: int = 10_000, seed: int = 0, stream: int = 0):
+    """Inputs and targets of period ``t`` of the SCR problem with ``seed`` (convenience wrapper)."""
+    return SlowlyChangingRegression(variant=variant, examples_per_period=n, seed=seed).period(t, stream=stream)
+
+
+def scr_benchmark(n_periods: int, *, variant: str = "bit_flip", examples_per_period: int = 10_000,
+                  test_examples: int = 1_000, seed: int = 0):
+    """Avalanche benchmark with one experience per period (train: ``examples_per_period`` examples;
+    test: ``test_examples`` held-out examples of the same period). Items are ``(x, y, 0)``.
+
+    Example:
+        >>> bm = scr_benchmark(3, examples_per_period=20, test_examples=5)
+        >>> len(bm.train_stream), len(bm.train_stream[1].dataset), len(bm.test_stream[2].dataset)
+        (3, 20, 5)
+    """
+    from avalanche.benchmarks.scenarios.dataset_scenario import benchmark_from_datasets
+    from avalanche.benchmarks.utils import AvalancheDataset
+    from avalanche.benchmarks.utils.data_attribute import DataAttribute
+    from torch.utils.data import TensorDataset
+
+    scr = SlowlyChangingRegression(variant=variant, examples_per_period=examples_per_period, seed=seed)
+
+    def dataset(x, y):
+        t = torch.zeros(len(x), dtype=torch.long)
+        return AvalancheDataset([TensorDataset(x, y, t)], data_attributes=[
+            DataAttribute(t.tolist(), "targets_task_labels", use_in_getitem=False)])
+
+    train = [dataset(*scr.period(t)) for t in range(n_periods)]
+    test = [dataset(*scr.period(t, test_examples, stream=1)) for t in range(n_periods)]
+    return benchmark_from_datasets(train=train, test=test)
