@@ -28,16 +28,16 @@ docs/references.md §3; the benchmark definitions follow Dohare et al.'s loss-of
   harness arrays are standardised; they are mapped back to [0, 1] with the training set's min and
   max, which for MNIST/digits is exactly the inverse of the affine standardisation). Task 0 is
   unpermuted, later tasks use seeded random pixel permutations. Training: a fixed subset of
-  ``examples_per_task`` training images, reshuffled each task; validation: held-out (test-split)
-  images under the target task's permutation.
+  ``examples_per_task`` training images, reshuffled each task; validation: a fixed subset of
+  held-out (test-split) images under the target task's permutation (nothing is tuned on it).
 
 Reconstructions and choices (not fixed by the sources available here):
 
 * **Training loop.** A hand-written NumPy loop (forward, backward and the Adam/SGD update written
   out for Linear+ReLU MLPs, operating in place on the model's parameters) instead of Avalanche's
-  strategy loop: batch-1 online training through ``DataLoader`` + strategy callbacks runs at a few
-  hundred steps/s, the tight loop at thousands to tens of thousands, and the full run needs
-  millions of steps. :func:`benchmarks.scr.scr_benchmark` still provides the Avalanche stream for
+  strategy loop: measured here on SCR (20-5-5-1, Adam, batch 1, one torch thread, busy 2-core
+  machine), Avalanche's ``Naive`` strategy trained at ≈ 440 steps/s and this loop at ≈ 6,000–12,000
+  steps/s, and the full run needs millions of steps. :func:`benchmarks.scr.scr_benchmark` still provides the Avalanche stream for
   users who want to run Avalanche strategies on SCR. The update matches ``torch.optim.Adam`` /
   ``torch.optim.SGD`` (tested), and checkpoints store the optimizer state in
   ``torch.optim`` ``state_dict`` format.
@@ -46,9 +46,11 @@ Reconstructions and choices (not fixed by the sources available here):
   OR bounds is the one measured) from the target task's training examples, loss measured on its
   validation set. Ground-truth optimizers: ``adam_fresh`` (fresh Adam state; SCR lr 0.01, P-MNIST
   lr 0.001) and ``sgd`` (SCR lr 0.01, P-MNIST lr 0.003). A diverging run gives a non-finite gain,
-  mapped to −1e300 (the worst possible gain) before ranking. "Adam continuing from the checkpoint's
-  moments" is NOT computed: ``k_step_gain`` starts Adam from a fresh state and has no way to pass
-  optimizer state (the checkpoints keep the moments, so it can be added later).
+  mapped to −1e300 (the worst possible gain) before ranking. On SCR (Adam learner) also
+  ``adam_continue``: Adam continuing from the checkpoint's own moments and step count (lr 0.01), by
+  :func:`continuing_adam_gain` (``k_step_gain`` always starts Adam fresh); it uses the same
+  minibatches as ``adam_fresh``. On P-MNIST the learner is plain SGD (stateless), so its
+  "continuing" ground truth is the ``sgd`` column.
 * **Layer of the representation ranks.** Effective rank / energy rank use the last hidden layer
   (the representation read by the head); the eNTK and Hessian ranks use all parameters (Hessian:
   exact for the tiny SCR nets, Gauss–Newton on the probe set otherwise, as
@@ -57,6 +59,17 @@ Reconstructions and choices (not fixed by the sources available here):
 * **PRA** = ``pairwise_ranking_accuracy`` (pairs with equal true gain skipped, metric ties ½); a
   stratum with fewer than 2 checkpoints or no untied pair gives no value for that run.
 * **Aggregation.** "mean ± s.e." is over runs (seeds × learner variants of a benchmark).
+* **Threads.** torch runs single-threaded (``--threads 1``): every tensor is tiny, and on a busy
+  2-core machine the default thread pool made the vectorised ground truth ~15× slower.
+
+Cost of the full run (measured per checkpoint on a 2-core machine that was also running another
+job, so roughly halve it unloaded): SCR ≈ 5 s per checkpoint (three ground truths × k ≤ 100 on
+10,000 validation examples) plus ≈ 140 s of training (150 periods × 10,000 steps) per run, i.e.
+≈ 5 min per run, 4 learners × 3 seeds ≈ 1 h; P-MNIST (MNIST subset, 10,000 images per task,
+2,000 validation images) ≈ 40 s per checkpoint plus ≈ 4 min of training, ≈ 25 min per seed.
+``--only`` runs single learners, e.g. in separate processes. ``--quick``: 3 SCR learners and
+Permuted digits, 2 seeds, k ∈ {1, 10} (G^(100) timed once per run for the cost ratio), about
+2.5 min on that busy machine.
 """
 
 from __future__ import annotations
@@ -139,11 +152,12 @@ def default_settings(quick: bool, data_root=None, *, pmnist_examples: int | None
                      pmnist_val: int | None = None) -> list[Setting]:
     """The learners of the full run (or the reduced ``--quick`` run)."""
     settings = []
-    scr_common = dict(optimizer="adam", lr=0.01, gain_optimizers=(("adam_fresh", "adam", 0.01), ("sgd", "sgd", 0.01)))
+    scr_common = dict(optimizer="adam", lr=0.01, gain_optimizers=(
+        ("adam_fresh", "adam", 0.01), ("adam_continue", "adam_continue", 0.01), ("sgd", "sgd", 0.01)))
     if quick:
-        scr_common.update(n_checkpoints=8, examples_per_task=1000, n_val=1000, ks=(1, 10), n_probe=128,
+        scr_common.update(n_checkpoints=12, examples_per_task=2000, n_val=1000, ks=(1, 10), n_probe=128,
                           n_probe_jacobian=32)
-        scr_grid = [("bit_flip", (5, 5)), ("resample", (5,))]
+        scr_grid = [("bit_flip", (5,)), ("bit_flip", (5, 5)), ("resample", (5, 5))]
     else:
         scr_common.update(n_checkpoints=30)
         scr_grid = [(v, h) for v in ("bit_flip", "resample") for h in ((5,), (5, 5))]
@@ -151,10 +165,10 @@ def default_settings(quick: bool, data_root=None, *, pmnist_examples: int | None
         settings.append(Setting(benchmark="scr", name=f"scr/{variant}/h{len(hidden)}", hidden=hidden,
                                 variant=variant, data="scr", **scr_common))
     data = "mnist" if data_root is not None else "digits"
-    pm = dict(optimizer="sgd", lr=0.003, gain_optimizers=(("adam_fresh", "adam", 0.001), ("sgd", "sgd", 0.003)),
+    pm = dict(optimizer="sgd", lr=0.003, gain_optimizers=(("sgd", "sgd", 0.003), ("adam_fresh", "adam", 0.001)),
               ablation_fractions=(1.0, 0.1, 0.01), hidden=(100, 100, 100), data=data)
     if quick:
-        pm.update(n_checkpoints=6, ks=(1, 10), n_probe=128, n_probe_jacobian=16,
+        pm.update(n_checkpoints=8, ks=(1, 10), n_probe=128, n_probe_jacobian=16,
                   examples_per_task=pmnist_examples or (1347 if data == "digits" else 1000),
                   n_val=pmnist_val or (450 if data == "digits" else 500))
     else:
@@ -352,8 +366,76 @@ def _safe_or(model, loss_fn, x, y, **kw):
         return None
 
 
+def continuing_adam_gain(model: nn.Module, loss_fn, optimizer_state: dict, train_inputs, train_targets,
+                         val_inputs, val_targets, *, k: int, lr: float, batch_size: int, n_runs: int = 128,
+                         seed: int = 0, chunk_size: int = 1024) -> dict:
+    """``G^(k)`` for Adam *continuing* from a checkpoint's optimizer state (moments and step count).
+
+    Same protocol as :func:`avalanche_plugins.plasticity.k_step_gain` (``n_runs`` vectorised runs,
+    the same seeded minibatch draw, so with the same ``seed`` the runs use exactly the minibatches
+    of ``k_step_gain``'s), but every run starts from ``optimizer_state`` (a ``torch.optim.Adam``
+    ``state_dict``, parameters in ``model.parameters()`` order) instead of zero moments: step
+    ``t`` uses bias corrections ``1 − β^(t₀ + t)``. ``k_step_gain`` cannot take an optimizer state,
+    hence this helper (it reuses the core module's private minibatch drawer and batch loss).
+    Returns ``{"gain", "stderr", "indices"}``; a diverged run gives a non-finite gain.
+    """
+    from torch.func import grad, vmap
+
+    from avalanche_plugins.plasticity import _batch_loss, _draw_batches, _split_params
+
+    params, consts = _split_params(model)
+    names = list(params)
+    state = optimizer_state["state"]
+    group = optimizer_state["param_groups"][0]
+    if len(state) != len(names):
+        raise ValueError(f"optimizer state has {len(state)} entries for {len(names)} parameters")
+    beta1, beta2 = group["betas"]
+    eps = group["eps"]
+    entries = [state[i] for i in sorted(state)]
+    step0 = int(float(entries[0]["step"]))
+    batch_loss = _batch_loss(model, loss_fn, consts, None)
+    indices = _draw_batches(len(train_inputs), batch_size, n_runs * k,
+                            torch.Generator().manual_seed(seed)).reshape(n_runs, k, batch_size)
+    n_val = len(val_inputs)
+
+    def val_loss(p, batched):
+        f = vmap(batch_loss, in_dims=(0, None, None)) if batched else batch_loss
+        total = 0.0
+        for start in range(0, n_val, chunk_size):
+            stop = min(start + chunk_size, n_val)
+            total = total + f(p, val_inputs[start:stop], val_targets[start:stop]).double() * (stop - start)
+        return total / n_val
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            before = float(val_loss(params, False))
+            stacked = {n: p.unsqueeze(0).repeat(n_runs, *[1] * p.dim()) for n, p in params.items()}
+            first = {n: e["exp_avg"].unsqueeze(0).repeat(n_runs, *[1] * e["exp_avg"].dim()).clone()
+                     for n, e in zip(names, entries)}
+            second = {n: e["exp_avg_sq"].unsqueeze(0).repeat(n_runs, *[1] * e["exp_avg_sq"].dim()).clone()
+                      for n, e in zip(names, entries)}
+            step_grads = vmap(grad(batch_loss), in_dims=(0, 0, 0))
+            for t in range(k):
+                index = indices[:, t]
+                grads = step_grads(stacked, train_inputs[index], train_targets[index])
+                step = step0 + t + 1
+                c1, c2 = 1 - beta1 ** step, 1 - beta2 ** step
+                for n, g in grads.items():
+                    first[n].mul_(beta1).add_(g, alpha=1 - beta1)
+                    second[n].mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                    stacked[n].sub_(lr / c1 * first[n] / ((second[n] / c2).sqrt() + eps))
+            after = val_loss(stacked, True)
+    finally:
+        model.train(was_training)
+    relative = (before - after) / before
+    return {"gain": float(relative.mean()), "stderr": float(relative.std() / math.sqrt(n_runs)) if n_runs > 1
+            else float("nan"), "indices": indices, "loss_before": before}
+
+
 def score_checkpoint(setting: Setting, model: nn.Module, loss_fn, data, *, seed: int,
-                     time_costs: bool = False) -> dict:
+                     time_costs: bool = False, optimizer_state: dict | None = None) -> dict:
     """Every metric, ground truth and ablation value of ``model`` on one target task."""
     x_tr, y_tr, x_val, y_val = data
     s = setting
@@ -387,11 +469,19 @@ def score_checkpoint(setting: Setting, model: nn.Module, loss_fn, data, *, seed:
     for name, opt, lr in s.gain_optimizers:
         for k in s.ks:
             t0 = time.perf_counter()
-            g = k_step_gain(model, loss_fn, x_tr, y_tr, x_val, y_val, k=k, lr=lr, optimizer=opt,
-                            batch_size=s.gain_batch, n_runs=s.n_runs, seed=seed)
+            if opt == "adam_continue":
+                if optimizer_state is None:
+                    raise ValueError("the adam_continue ground truth needs the checkpoint's optimizer_state")
+                g = continuing_adam_gain(model, loss_fn, optimizer_state, x_tr, y_tr, x_val, y_val, k=k, lr=lr,
+                                         batch_size=s.gain_batch, n_runs=s.n_runs, seed=seed)
+                gain, stderr = g["gain"], g["stderr"]
+            else:
+                g = k_step_gain(model, loss_fn, x_tr, y_tr, x_val, y_val, k=k, lr=lr, optimizer=opt,
+                                batch_size=s.gain_batch, n_runs=s.n_runs, seed=seed)
+                gain, stderr = g.gain, g.stderr
             timings[f"gain_{name}_k{k}_s"] = time.perf_counter() - t0
-            rec[f"gain_{name}_k{k}"] = _finite_gain(g.gain)
-            rec[f"gain_{name}_k{k}_stderr"] = g.stderr
+            rec[f"gain_{name}_k{k}"] = _finite_gain(gain)
+            rec[f"gain_{name}_k{k}_stderr"] = stderr
     if time_costs:  # the cost ratio needs G^(k) timings also for k not ranked in this run
         name, opt, lr = s.gain_optimizers[0]
         for k in s.cost_k:
@@ -441,7 +531,8 @@ def run_setting(setting: Setting, seed: int, *, data_root=None, arrays=None, pro
         scored.load_state_dict(ckpt["model"])
         t0 = time.perf_counter()
         rec = score_checkpoint(setting, scored, loss_fn, source.task(t + 1), seed=seed,
-                               time_costs=(len(checkpoints) == 0))
+                               time_costs=(len(checkpoints) == 0),
+                               optimizer_state=ckpt["optimizer"] if setting.optimizer == "adam" else None)
         score_seconds += time.perf_counter() - t0
         rec.update(tasks_trained=t + 1, target_task=t + 1, steps=ckpt["steps"], train_loss_last_task=train_loss)
         checkpoints.append(rec)
@@ -495,6 +586,12 @@ def _mean_se(values):
     return float(xs.mean()), se, int(xs.size)
 
 
+def _label(metric: str) -> str:
+    if metric.startswith("or_val"):
+        return f"OR (16×1) on {100 * float(metric[6:]):g}% of val"
+    return METRIC_LABELS.get(metric, metric)
+
+
 def pra_table(rows, stratum: str, metrics=METRICS) -> tuple[str, dict]:
     """Markdown table (rows = metrics, columns = benchmark × ground truth × k) and its values."""
     cols = list(dict.fromkeys((r["benchmark"], r["gain"], r["k"]) for r in rows))
@@ -502,15 +599,46 @@ def pra_table(rows, stratum: str, metrics=METRICS) -> tuple[str, dict]:
     header = ["metric", *[f"{b} {g} k={k}" for b, g, k in cols]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for metric in metrics:
-        cells = [METRIC_LABELS.get(metric, metric)]
+        cells = [_label(metric)]
         for b, g, k in cols:
             sel = [r["pra"] for r in rows if r["stratum"] == stratum and r["metric"] == metric
                    and r["benchmark"] == b and r["gain"] == g and r["k"] == k]
             mean, se, n = _mean_se(sel)
-            values.setdefault(b, {}).setdefault(f"{g}/k{k}", {})[metric] = {"mean": mean, "se": se, "n_runs": n}
+            if sel:  # metrics that a benchmark does not have (e.g. its ablation sizes) get no entry
+                values.setdefault(b, {}).setdefault(f"{g}/k{k}", {})[metric] = {"mean": mean, "se": se, "n_runs": n}
             cells.append("—" if mean is None else f"{mean:.3f} ± {se:.3f} ({n})")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines), values
+
+
+BASELINES = ("effective_rank", "energy_rank", "entk_energy_rank", "hessian_energy_rank", "active_units")
+
+
+def headlines(values: dict, settings: dict) -> dict:
+    """Per benchmark, at the first ground truth and the largest k: OR's PRA per stratum and the best
+    label-agnostic baseline's (all checkpoints). First ground truth: ``adam_fresh`` on SCR (the most
+    predictable choice in the calibration notes; SGD at the learner's lr diverges on many
+    Adam-trained checkpoints), ``sgd`` (the paper's definition of G, and the learner's optimizer) on
+    P-MNIST."""
+    out = {}
+    for bench, columns in values["all"].items():
+        s = next(x for x in settings.values() if x.benchmark == bench)
+        column = f"{s.gain_optimizers[0][0]}/k{max(s.ks)}"
+        if column not in columns:
+            continue
+        cells = columns[column]
+        base = {m: cells[m]["mean"] for m in BASELINES if cells.get(m, {}).get("mean") is not None}
+        best = max(base, key=base.get) if base else None
+        or_all = cells["or"]["mean"]
+        out[bench] = {
+            "column": column,
+            "or_by_stratum": {st: values[st].get(bench, {}).get(column, {}).get("or", {}).get("mean")
+                              for st in STRATA},
+            "best_baseline": best,
+            "best_baseline_pra": base.get(best, float("nan")),
+            "or_above_every_baseline": bool(or_all is not None and all(or_all > v for v in base.values())),
+        }
+    return out
 
 
 def cost_ratios(runs: list[dict], settings: dict) -> dict:
@@ -573,8 +701,25 @@ def plot_runs(runs: list[dict], settings: dict, path) -> None:
 
 
 def run_benchmark(settings: list[Setting], seeds: list[int], out_dir, *, data_root=None, progress: bool = True,
-                  save_checkpoints: bool = False, config_extra: dict | None = None, echo: bool = True) -> dict:
-    """Run every setting × seed, write results.json/csv and the plot, print the tables."""
+                  save_checkpoints: bool = False, config_extra: dict | None = None, echo: bool = True,
+                  threads: int | None = 1) -> dict:
+    """Run every setting × seed, write results.json/csv and the plot, print the tables.
+
+    ``threads``: torch intra-op threads while running (restored afterwards). Default 1: every
+    tensor here is tiny, and several threads on a busy machine made the vectorised ground truth
+    ~15× slower (oversubscription); ``None`` keeps torch's setting.
+    """
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _run_benchmark(settings, seeds, out_dir, data_root=data_root, progress=progress,
+                              save_checkpoints=save_checkpoints, config_extra=config_extra, echo=echo)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run_benchmark(settings, seeds, out_dir, *, data_root, progress, save_checkpoints, config_extra, echo):
     from pathlib import Path
 
     out = Path(out_dir)
@@ -605,6 +750,7 @@ def run_benchmark(settings: list[Setting], seeds: list[int], out_dir, *, data_ro
     ablation_table, ablation_values = pra_table([r for r in rows if r["metric"] in ablation_metrics], "all",
                                                 metrics=ablation_metrics)
     costs = cost_ratios(runs, by_name)
+    headline = headlines(values, by_name)
     regimes = {}
     for r in runs:
         reg = regimes.setdefault(r["setting"], {"dead": 0, "live": 0})
@@ -620,12 +766,11 @@ def run_benchmark(settings: list[Setting], seeds: list[int], out_dir, *, data_ro
         "ablation": ablation_values,
         "ablation_sizes": ablation_sizes,
         "cost_ratios": costs,
+        "headline": headline,
         "regimes": regimes,
         "checkpoints": [{"setting": r["setting"], "seed": r["seed"], "checkpoints": r["checkpoints"]} for r in runs],
         "training": [{"setting": r["setting"], "seed": r["seed"], "train_seconds": r["train_seconds"],
                       "score_seconds": r["score_seconds"], "steps_per_second": r["steps_per_second"]} for r in runs],
-        "not_computed": ["ground truth with Adam continuing from the checkpoint's moments (k_step_gain has no "
-                         "optimizer-state input; the checkpoints keep the moments)"],
     }
     config = {"settings": [asdict(s) for s in settings], "seeds": seeds, **(config_extra or {})}
     write_results(out, config=config, rows=rows, summary=summary, wall_seconds=total.seconds, extra=extra)
@@ -645,6 +790,11 @@ def run_benchmark(settings: list[Setting], seeds: list[int], out_dir, *, data_ro
             print(f"{bench}: OR sampled {1000 * c['or_sampled_s']:.1f} ms, per-sample {1000 * c['or_per_sample_s']:.1f} ms "
                   f"(per-sample/sampled {c['per_sample_over_sampled']:.2f}x); " + ", ".join(parts)
                   + f" [ground truth {c['ground_truth']}, {c['n_runs']} runs]")
+        print("\n### Headline (OR sampled vs the best label-agnostic baseline)")
+        for bench, h in headline.items():
+            strata = ", ".join(f"{k} {v:.3f}" for k, v in h["or_by_stratum"].items() if v is not None)
+            print(f"{bench} [{h['column']}]: OR {strata}; best baseline {h['best_baseline']} "
+                  f"{h['best_baseline_pra']:.3f}; OR above every baseline: {h['or_above_every_baseline']}")
         print(f"wrote {out}/results.json, results.csv, or_vs_gain.png ({total.seconds:.0f}s)")
     return {"pra": values["all"], "pra_by_stratum": values, "ablation": ablation_values, "cost_ratios": costs,
             "regimes": regimes, "out": str(out)}
@@ -653,21 +803,31 @@ def run_benchmark(settings: list[Setting], seeds: list[int], out_dir, *, data_ro
 def main(argv=None) -> dict:
     parser = benchmark_parser("plasticity_ranking", __doc__.splitlines()[0])
     parser.add_argument("--benchmarks", default="scr,pmnist", help="comma-separated subset of scr,pmnist")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated setting names to run (e.g. scr/bit_flip/h2,pmnist/mnist); default all")
     parser.add_argument("--pmnist-examples", type=int, default=None,
                         help="training images per P-MNIST task (default 10,000 full / 1,000 quick; digits: all)")
     parser.add_argument("--pmnist-val", type=int, default=None, help="validation images per P-MNIST task")
     parser.add_argument("--save-checkpoints", action="store_true", help="also write every checkpoint to OUT/checkpoints")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: tiny tensors)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    if args.seeds < 1:
+        parser.error("--seeds must be >= 1")
     wanted = {b.strip() for b in args.benchmarks.split(",") if b.strip()}
     settings = [s for s in default_settings(args.quick, args.data_root, pmnist_examples=args.pmnist_examples,
                                             pmnist_val=args.pmnist_val) if s.benchmark in wanted]
+    if args.only:
+        names = {n.strip() for n in args.only.split(",") if n.strip()}
+        settings = [s for s in settings if s.name in names]
+        if not settings:
+            parser.error(f"--only {args.only!r} matches no setting of --benchmarks {args.benchmarks!r}")
     if not settings:
         parser.error(f"--benchmarks selects nothing from {args.benchmarks!r}")
     seeds = list(range(min(args.seeds, 2) if args.quick else args.seeds))
     return run_benchmark(settings, seeds, args.out, data_root=args.data_root, progress=not args.no_progress,
-                         save_checkpoints=args.save_checkpoints, config_extra={"args": vars(args)})
+                         save_checkpoints=args.save_checkpoints, config_extra={"args": vars(args)},
+                         threads=args.threads)
 
 
 if __name__ == "__main__":
