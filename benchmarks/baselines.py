@@ -148,7 +148,7 @@ def scenario_configs(args) -> list[TrainConfig]:
                TrainConfig(dataset="digits", scenario="split", task_incremental=True, epochs=epochs)]
     if args.data_root:
         base = dict(dataset="mnist", data_root=args.data_root, hidden=(256, 256), lr=0.01,
-                    momentum=0.9, batch_size=64, epochs=1 if quick else 3, replay_mem=500)
+                    momentum=0.9, batch_size=64, epochs=1 if quick else 2, replay_mem=500)
         configs.append(TrainConfig(scenario="split", **base))
         configs.append(TrainConfig(scenario="permuted", n_experiences=3 if quick else 5, **base))
     return configs
