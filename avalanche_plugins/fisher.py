@@ -22,23 +22,16 @@ from torch import nn
 from torch.func import grad, vmap
 
 from avalanche_plugins._checks import check_choice, check_finite_loss, check_inputs, check_int
-from avalanche_plugins.functional import iterate_batches, model_forward, stateless_forward
+from avalanche_plugins.functional import (
+    eval_mode,
+    iterate_batches,
+    model_forward,
+    stateless_forward,
+)
 
 __all__ = ["FISHER_KINDS", "batched_fisher", "empirical_fisher", "expected_fisher", "fisher_diagonal"]
 
 FISHER_KINDS = ("batched", "empirical", "expected")
-
-
-def _eval_mode(model):
-    class _Ctx:
-        def __enter__(self):
-            self.was = model.training
-            model.eval()
-
-        def __exit__(self, *exc):
-            model.train(self.was)
-
-    return _Ctx()
 
 
 def batched_fisher(model: nn.Module, loss_fn, batches) -> dict[str, torch.Tensor]:
@@ -66,7 +59,7 @@ def batched_fisher(model: nn.Module, loss_fn, batches) -> dict[str, torch.Tensor
     params = [p for _, p in model.named_parameters()]
     importances = {n: torch.zeros_like(p) for n, p in zip(names, params)}
     count = 0
-    with _eval_mode(model):
+    with eval_mode(model):
         for batch in batches:
             x, y = batch[0], batch[1]
             loss = loss_fn(model_forward(model, x, batch[-1] if len(batch) > 2 else None), y)
@@ -112,7 +105,7 @@ def empirical_fisher(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: t
 
     total = {k: torch.zeros_like(v) for k, v in params.items()}
     n = inputs.shape[0]
-    with _eval_mode(model):
+    with eval_mode(model):
         for s in iterate_batches(n, chunk_size):
             t = None if task_labels is None else task_labels[s]
             in_dims = (None, 0, 0, None if t is None else 0)
@@ -150,7 +143,7 @@ def expected_fisher(model: nn.Module, inputs: torch.Tensor, *, task_labels: torc
 
     total = {k: torch.zeros_like(v) for k, v in params.items()}
     n = inputs.shape[0]
-    with _eval_mode(model):
+    with eval_mode(model):
         with torch.no_grad():
             n_classes = model_forward(model, inputs[:1], None if task_labels is None else task_labels[:1]).shape[-1]
         classes = torch.eye(n_classes, dtype=inputs.dtype, device=inputs.device)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 from torch.func import functional_call
 
-__all__ = ["is_multitask", "model_forward", "stateless_forward", "iterate_batches"]
+__all__ = ["is_multitask", "model_forward", "stateless_forward", "iterate_batches", "eval_mode"]
 
 
 def is_multitask(model: nn.Module) -> bool:
@@ -46,3 +48,14 @@ def iterate_batches(n: int, batch_size: int | None):
     step = n if batch_size is None else batch_size
     for start in range(0, n, step):
         yield slice(start, min(start + step, n))
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module):
+    """Evaluate ``model`` in eval mode inside the block; restore its previous train/eval mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)

@@ -32,7 +32,7 @@ from torch import nn
 from torch.func import grad, jvp, vmap
 
 from avalanche_plugins._checks import check_finite_loss, check_inputs, check_int, check_positive
-from avalanche_plugins.functional import is_multitask, iterate_batches, stateless_forward
+from avalanche_plugins.functional import eval_mode, is_multitask, iterate_batches, stateless_forward
 from avalanche_plugins.layers import LayerMap, discover_layers
 
 __all__ = ["LayerSpectrum", "GeometricFit", "layer_top_eigenvalues", "geometric_fit", "condition_number"]
@@ -144,7 +144,7 @@ def layer_top_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targe
             or a non-finite loss.
 
     Example:
-        >>> torch.manual_seed(0)
+        >>> _ = torch.manual_seed(0)
         >>> net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
         >>> x, y = torch.randn(32, 3), torch.randint(0, 2, (32,))
         >>> spec = layer_top_eigenvalues(net, nn.CrossEntropyLoss(), x, y)
@@ -160,13 +160,9 @@ def layer_top_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targe
         multitask = is_multitask(model) and task_labels is not None
         layer_map = discover_layers(model, (inputs[:2], task_labels[:2]) if multitask else inputs[:2])
 
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         return _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map,
                                 max_iter, tol, batch_size, seed)
-    finally:
-        model.train(was_training)
 
 
 def _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map, max_iter, tol,

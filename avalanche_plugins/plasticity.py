@@ -56,8 +56,8 @@ from avalanche_plugins._checks import (
     check_int,
     check_positive,
 )
-from avalanche_plugins.fisher import _eval_mode
 from avalanche_plugins.functional import (
+    eval_mode,
     is_multitask,
     iterate_batches,
     model_forward,
@@ -342,7 +342,7 @@ def optimization_readiness(model: nn.Module, loss_fn, inputs: torch.Tensor, targ
     params, consts = _split_params(model)
     groups = _task_groups(model, n, task_labels)
 
-    with _eval_mode(model):
+    with eval_mode(model):
         if estimator == "per_sample":
             loss_sum = torch.zeros((), dtype=torch.float64)
             sq_sum = torch.zeros((), dtype=torch.float64)
@@ -503,7 +503,7 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
             total = total + loss_of(p, val_inputs[s], val_targets[s]).double() * (s.stop - s.start)
         return total / n_val
 
-    with _eval_mode(model), torch.no_grad():
+    with eval_mode(model), torch.no_grad():
         loss_before = float(val_losses(params, batched=False))
         check_finite_loss(torch.tensor(loss_before), "on the validation set before training")
         if not loss_before > 0:
@@ -709,7 +709,7 @@ def hidden_features(model: nn.Module, inputs: torch.Tensor, *, task_labels: torc
         return {}
     modules = [layer.module for layer in layers]
     parts: list[list[torch.Tensor]] = [[] for _ in hidden]
-    with _eval_mode(model):
+    with eval_mode(model):
         for label, index in _task_groups(model, inputs.shape[0], task_labels):
             x = _take(inputs, index)
             for j, f in enumerate(_features_of_group(model, modules, len(hidden), x, label, chunk_size)):
@@ -831,7 +831,7 @@ def entk_energy_rank(model: nn.Module, inputs: torch.Tensor, energy: float = 0.9
     check_int("chunk_size", chunk_size)
     _check_task_labels(task_labels, inputs.shape[0])
     params, consts = _split_params(model)
-    with _eval_mode(model):
+    with eval_mode(model):
         jac, _ = _output_jacobian(model, params, consts, inputs, task_labels, chunk_size)
     if not torch.isfinite(jac).all():
         raise ValueError("the output Jacobian has non-finite values")
@@ -874,7 +874,7 @@ def hessian_energy_rank(model: nn.Module, loss_fn, inputs: torch.Tensor, targets
     sizes = [params[k].numel() for k in names]
     n_params = sum(sizes)
     groups = _task_groups(model, n, task_labels)
-    with _eval_mode(model):
+    with eval_mode(model):
         if n_params <= max_params:
             flat0 = torch.cat([params[k].reshape(-1) for k in names])
             hessian = torch.zeros(n_params, n_params, dtype=torch.float64, device=flat0.device)

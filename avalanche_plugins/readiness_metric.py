@@ -74,8 +74,7 @@ from avalanche.evaluation.metric_results import MetricValue
 
 from avalanche_plugins._avalanche import experience_tensors, metric_name
 from avalanche_plugins._checks import check_choice, check_int, check_positive
-from avalanche_plugins.fisher import _eval_mode
-from avalanche_plugins.functional import is_multitask
+from avalanche_plugins.functional import eval_mode, is_multitask
 from avalanche_plugins.plasticity import (
     ESTIMATORS,
     OPTIMIZERS,
@@ -202,7 +201,7 @@ class OptimizationReadinessMetric(PluginMetric[float]):
                   "train_exp_counter": exp_counter, "seed": seed, "n_samples": n, "seconds": {}}
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(x.device)
 
-        with _eval_mode(model):
+        with eval_mode(model):
             start = time.perf_counter()
             res = optimization_readiness(model, loss_fn, x, y, batch_size=self.batch_size,
                                          n_batches=self.n_batches, estimator=self.estimator,
