@@ -125,9 +125,9 @@ def plot_accuracy(rows, path, title: str) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, axes = plt.subplots(1, len({r["scenario"] for r in rows}), figsize=(6 * len({r["scenario"] for r in rows}), 4),
-                             squeeze=False)
-    for ax, scenario in zip(axes[0], dict.fromkeys(r["scenario"] for r in rows)):
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(6 * len(scenarios), 4), squeeze=False)
+    for ax, scenario in zip(axes[0], scenarios):
         for strategy in dict.fromkeys(r["strategy"] for r in rows):
             mats = [np.array(r["accuracy_matrix"]) for r in rows if r["strategy"] == strategy and r["scenario"] == scenario]
             if mats:

@@ -31,6 +31,7 @@ __all__ = [
     "format_table",
     "write_results",
     "Timer",
+    "jsonable",
 ]
 
 
