@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from avalanche_plugins.functional import eval_mode, model_forward
+
 __all__ = [
     "NORM_TYPES",
     "LayerInfo",
@@ -152,16 +154,12 @@ class LayerMap(Sequence):
         return index_of, leftovers
 
 
-def _as_args(example_input) -> tuple:
-    return tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
-
-
-def _forward(model: nn.Module, example_input) -> torch.Tensor:
-    """Run ``model`` on ``example_input``; multi-task models get task label 0 when none is given."""
-    args = _as_args(example_input)
-    if len(args) == 1 and hasattr(model, "forward_single_task"):
-        args = (args[0], 0)
-    return model(*args)
+def _run(model: nn.Module, example_input) -> torch.Tensor:
+    """``model(*example_input)`` for a tuple, else :func:`model_forward` (task label 0 for
+    multi-task models)."""
+    if isinstance(example_input, (tuple, list)):
+        return model(*example_input)
+    return model_forward(model, example_input)
 
 
 def _first_tensor(obj):
@@ -237,15 +235,12 @@ def discover_layers(model: nn.Module, example_input) -> LayerMap:
         calls.append((module, _first_tensor(inputs), _first_tensor(output)))
 
     handles = [m.register_forward_hook(hook) for m in names if m is not model]
-    was_training = model.training
-    model.eval()
     try:
-        with torch.no_grad():
-            _forward(model, example_input)
+        with eval_mode(model), torch.no_grad():
+            _run(model, example_input)
     finally:
         for h in handles:
             h.remove()
-        model.train(was_training)
 
     executed = set(call_count)
 
@@ -420,14 +415,9 @@ def _traced_entries(model: nn.Module, example_input) -> tuple[list[_Entry], tupl
         raise TypeError(
             f"example_input must be a single tensor for splitting, got {type(example_input).__name__}"
         )
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out_shape = tuple(model(example_input).shape[1:])
+    with eval_mode(model), torch.no_grad():
+        out_shape = tuple(model(example_input).shape[1:])
         return _flat_chain(model, example_input), out_shape
-    finally:
-        model.train(was_training)
 
 
 def _build(entries: list[_Entry], in_shape: tuple, out_shape: tuple | None) -> nn.Sequential:

@@ -427,7 +427,7 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
                 optimizer: str = "sgd", batch_size: int, n_runs: int = 128, seed: int = 0,
                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                 indices: torch.Tensor | None = None, task_label: int | None = None,
-                chunk_size: int = 1024) -> GainResult:
+                chunk_size: int = 1024, adam_state: dict | None = None) -> GainResult:
     """Ground-truth plasticity: the expected relative validation-loss decrease after ``k`` steps.
 
     .. math::
@@ -457,6 +457,10 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
         indices: optional precomputed minibatch indices (overrides ``seed``).
         task_label: the task label of every sample, for multi-task models (default 0).
         chunk_size: validation samples per vectorised evaluation.
+        adam_state: Adam *continuing* from a checkpoint: a ``torch.optim.Adam`` ``state_dict``
+            (entries in the order of the trainable ``model.parameters()``); every run starts from
+            its moments and step ``t₀``, so step ``t`` uses bias corrections ``1 − β^(t₀+t)``.
+            ``betas``/``eps`` are then read from its first parameter group.
 
     Example:
         >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
@@ -481,6 +485,8 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
     check_int("chunk_size", chunk_size)
     if task_label is not None:
         check_int("task_label", task_label, minimum=0)
+    if adam_state is not None and optimizer != "adam":
+        raise ValueError("adam_state is only used with optimizer='adam'")
     if indices is None:
         generator = torch.Generator().manual_seed(seed)
         indices = _draw_batches(n_train, batch_size, n_runs * k, generator).reshape(n_runs, k, batch_size)
@@ -510,9 +516,12 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
             raise ValueError(f"loss is {loss_before:g} on the validation set: the relative gain "
                              "(L(θ) − L(θ_k)) / L(θ) is undefined at a zero loss")
         stacked = {name: p.unsqueeze(0).repeat(n_runs, *[1] * p.dim()) for name, p in params.items()}
+        step0 = 0
         if optimizer == "adam":
             first = {name: torch.zeros_like(p) for name, p in stacked.items()}
             second = {name: torch.zeros_like(p) for name, p in stacked.items()}
+            if adam_state is not None:
+                step0, betas, eps = _load_adam_state(adam_state, list(params), first, second)
         step_grads = vmap(grad(batch_loss), in_dims=(0, 0, 0))
         device_indices = indices.to(train_inputs.device)
         for t in range(k):
@@ -523,8 +532,8 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
                     stacked[name].sub_(lr * g)
             else:
                 beta1, beta2 = betas
-                correction1 = 1 - beta1 ** (t + 1)
-                correction2 = 1 - beta2 ** (t + 1)
+                correction1 = 1 - beta1 ** (step0 + t + 1)
+                correction2 = 1 - beta2 ** (step0 + t + 1)
                 for name, g in grads.items():
                     first[name].mul_(beta1).add_(g, alpha=1 - beta1)
                     second[name].mul_(beta2).addcmul_(g, g, value=1 - beta2)
@@ -544,6 +553,19 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
         losses_after=losses_after,
         indices=indices,
     )
+
+
+def _load_adam_state(adam_state: dict, names: list[str], first: dict, second: dict):
+    """Copy a ``torch.optim.Adam`` state_dict's moments into the stacked run buffers (in place);
+    return ``(step, betas, eps)``."""
+    state, group = adam_state["state"], adam_state["param_groups"][0]
+    if len(state) != len(names):
+        raise ValueError(f"adam_state has {len(state)} entries for {len(names)} trainable parameters")
+    entries = [state[i] for i in sorted(state)]
+    for name, entry in zip(names, entries):
+        first[name].copy_(entry["exp_avg"].expand_as(first[name]))
+        second[name].copy_(entry["exp_avg_sq"].expand_as(second[name]))
+    return int(float(entries[0]["step"])), tuple(group["betas"]), float(group["eps"])
 
 
 # --------------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ Reconstructions and choices (not fixed by the sources available here):
   lr 0.001) and ``sgd`` (SCR lr 0.01, P-MNIST lr 0.003). A diverging run gives a non-finite gain,
   mapped to −1e300 (the worst possible gain) before ranking. On SCR (Adam learner) also
   ``adam_continue``: Adam continuing from the checkpoint's own moments and step count (lr 0.01), by
-  :func:`continuing_adam_gain` (``k_step_gain`` always starts Adam fresh); it uses the same
+  :func:`continuing_adam_gain` (``k_step_gain`` with ``adam_state``); it uses the same
   minibatches as ``adam_fresh``. On P-MNIST the learner is plain SGD (stateless), so its
   "continuing" ground truth is the ``sgd`` column.
 * **Layer of the representation ranks.** Effective rank / energy rank use the last hidden layer
@@ -375,63 +375,14 @@ def continuing_adam_gain(model: nn.Module, loss_fn, optimizer_state: dict, train
     the same seeded minibatch draw, so with the same ``seed`` the runs use exactly the minibatches
     of ``k_step_gain``'s), but every run starts from ``optimizer_state`` (a ``torch.optim.Adam``
     ``state_dict``, parameters in ``model.parameters()`` order) instead of zero moments: step
-    ``t`` uses bias corrections ``1 − β^(t₀ + t)``. ``k_step_gain`` cannot take an optimizer state,
-    hence this helper (it reuses the core module's private minibatch drawer and batch loss).
+    ``t`` uses bias corrections ``1 − β^(t₀ + t)`` (``k_step_gain(..., adam_state=...)``).
     Returns ``{"gain", "stderr", "indices"}``; a diverged run gives a non-finite gain.
     """
-    from torch.func import grad, vmap
-
-    from avalanche_plugins.plasticity import _batch_loss, _draw_batches, _split_params
-
-    params, consts = _split_params(model)
-    names = list(params)
-    state = optimizer_state["state"]
-    group = optimizer_state["param_groups"][0]
-    if len(state) != len(names):
-        raise ValueError(f"optimizer state has {len(state)} entries for {len(names)} parameters")
-    beta1, beta2 = group["betas"]
-    eps = group["eps"]
-    entries = [state[i] for i in sorted(state)]
-    step0 = int(float(entries[0]["step"]))
-    batch_loss = _batch_loss(model, loss_fn, consts, None)
-    indices = _draw_batches(len(train_inputs), batch_size, n_runs * k,
-                            torch.Generator().manual_seed(seed)).reshape(n_runs, k, batch_size)
-    n_val = len(val_inputs)
-
-    def val_loss(p, batched):
-        f = vmap(batch_loss, in_dims=(0, None, None)) if batched else batch_loss
-        total = 0.0
-        for start in range(0, n_val, chunk_size):
-            stop = min(start + chunk_size, n_val)
-            total = total + f(p, val_inputs[start:stop], val_targets[start:stop]).double() * (stop - start)
-        return total / n_val
-
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            before = float(val_loss(params, False))
-            stacked = {n: p.unsqueeze(0).repeat(n_runs, *[1] * p.dim()) for n, p in params.items()}
-            first = {n: e["exp_avg"].unsqueeze(0).repeat(n_runs, *[1] * e["exp_avg"].dim()).clone()
-                     for n, e in zip(names, entries)}
-            second = {n: e["exp_avg_sq"].unsqueeze(0).repeat(n_runs, *[1] * e["exp_avg_sq"].dim()).clone()
-                      for n, e in zip(names, entries)}
-            step_grads = vmap(grad(batch_loss), in_dims=(0, 0, 0))
-            for t in range(k):
-                index = indices[:, t]
-                grads = step_grads(stacked, train_inputs[index], train_targets[index])
-                step = step0 + t + 1
-                c1, c2 = 1 - beta1 ** step, 1 - beta2 ** step
-                for n, g in grads.items():
-                    first[n].mul_(beta1).add_(g, alpha=1 - beta1)
-                    second[n].mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                    stacked[n].sub_(lr / c1 * first[n] / ((second[n] / c2).sqrt() + eps))
-            after = val_loss(stacked, True)
-    finally:
-        model.train(was_training)
-    relative = (before - after) / before
-    return {"gain": float(relative.mean()), "stderr": float(relative.std() / math.sqrt(n_runs)) if n_runs > 1
-            else float("nan"), "indices": indices, "loss_before": before}
+    result = k_step_gain(model, loss_fn, train_inputs, train_targets, val_inputs, val_targets, k=k, lr=lr,
+                         optimizer="adam", batch_size=batch_size, n_runs=n_runs, seed=seed,
+                         chunk_size=chunk_size, adam_state=optimizer_state)
+    return {"gain": result.gain, "stderr": result.stderr, "indices": result.indices,
+            "loss_before": result.loss_before}
 
 
 def score_checkpoint(setting: Setting, model: nn.Module, loss_fn, data, *, seed: int,
