@@ -52,10 +52,13 @@ def iterate_batches(n: int, batch_size: int | None):
 
 @contextlib.contextmanager
 def eval_mode(model: nn.Module):
-    """Evaluate ``model`` in eval mode inside the block; restore its previous train/eval mode."""
-    was_training = model.training
+    """Evaluate ``model`` in eval mode inside the block; restore every submodule's previous
+    train/eval flag (``model.train(was_training)`` would overwrite the submodules' own flags,
+    e.g. a frozen snapshot held in eval mode inside a wrapper)."""
+    modes = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
         yield model
     finally:
-        model.train(was_training)
+        for module, training in modes:
+            module.training = training

@@ -1,0 +1,220 @@
+"""``TransportKeyMetric``: stitched old-task accuracy and recovery inside an Avalanche run.
+
+At ``after_training_exp`` the metric keeps a snapshot of the model (θ_A for that experience)
+and a class-balanced anchor buffer of the experience's inputs. When an *earlier* experience is
+evaluated after later training, it fits keys (:mod:`avalanche_plugins.transport`) between the
+current model's early layers and that snapshot's late layers at each stage, evaluates every
+stitched model on the evaluation batches as they stream by, and logs at ``after_eval_exp``::
+
+    TransportKeyAcc/eval_phase/test_stream/Task000/Exp000/stage=layer2/family=channel
+    TransportKeyAcc/.../stage=layer2/family=channel/control=global_shuffle
+    TransportKeyRecovery/.../stage=layer2/family=channel           (NaN when nothing was forgotten)
+    TransportKeyAccCheckpoint/...  and  TransportKeyAccUpdated/...  (acc_A and acc_AB, same batches)
+    TransportKeyProfile/...                                         (figure: recovery per stage)
+
+Controls (``controls=True``), for each non-identity family: ``channel_permutation``,
+``global_shuffle`` and ``within_class_shuffle`` (see :mod:`avalanche_plugins.transport`).
+
+The old task's predictions always come from the snapshot's head: for multi-head models the
+evaluation batch's task label selects the snapshot's head for that task; class-incremental
+models with one shared head use the snapshot's head as it was after that experience.
+
+Memory: one deep copy of the model plus ``n_anchors`` inputs per snapshotted experience. Pass
+``experiences=[0]`` to keep only the first one (the usual "task A" question).
+BatchNorm: keys are fitted and stitched models evaluated in eval mode (running statistics),
+the mode Avalanche evaluates in; the mode is part of the result (it moves acc_AB a lot).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from avalanche.evaluation import PluginMetric
+from avalanche.evaluation.metric_results import MetricValue
+
+from avalanche_plugins._avalanche import metric_name
+from avalanche_plugins._checks import check_choice, check_int, check_positive
+from avalanche_plugins.functional import eval_mode, model_forward
+from avalanche_plugins.transport import (
+    FAMILIES,
+    channel_permutation,
+    class_balanced_anchors,
+    correspondence_break,
+    fit_transport_key,
+    recovery,
+    stage_activations,
+    stitch,
+)
+
+__all__ = ["TransportKeyMetric", "CONTROLS"]
+
+CONTROLS = ("channel_permutation", "global_shuffle", "within_class_shuffle")
+
+
+class TransportKeyMetric(PluginMetric[dict]):
+    """Stitched accuracy of earlier experiences per stage, key family and control (module docstring).
+
+    :param stages: submodule names at which to stitch (e.g. ``["layer1", "layer2"]`` for a ResNet,
+        ``["features.0", "features.1"]`` for ``benchmarks.models.SmallCNN``).
+    :param families: key families (``"identity"`` is the "no key" control).
+    :param n_anchors: anchors per snapshot (class-balanced, from the experience's training data).
+    :param controls: also evaluate the controls for every non-identity family.
+    :param experiences: experience ids to snapshot (None: all).
+    :param ridge: relative ridge of the key fits.
+    :param seed: anchor selection and control shuffles.
+
+    Example::
+
+        tk = TransportKeyMetric(stages=["features.0", "features.1"], experiences=[0])
+        evaluator = EvaluationPlugin(accuracy_metrics(experience=True), tk,
+                                     loggers=[InteractiveLogger(), TensorboardLogger()])
+        ...
+        tk.results[-1]   # {"experience": 0, "after": 2, "acc": {...}, "recovery": {...}}
+    """
+
+    def __init__(self, stages, families=("identity", "channel", "cross_channel"), n_anchors: int = 100,
+                 controls: bool = True, experiences=None, ridge: float = 1e-4, seed: int = 0):
+        super().__init__()
+        if isinstance(stages, str) or not stages:
+            raise ValueError(f"stages must be a non-empty list of submodule names, got {stages!r}")
+        families = tuple(families)
+        if not families:
+            raise ValueError("families must name at least one key family")
+        for family in families:
+            check_choice("families", family, FAMILIES)
+        check_int("n_anchors", n_anchors)
+        if not isinstance(controls, bool):
+            raise ValueError(f"controls must be a bool, got {controls!r}")
+        if experiences is not None:
+            experiences = [int(e) for e in experiences]
+        check_positive("ridge", ridge, allow_zero=True)
+        check_int("seed", seed, minimum=0)
+        self.stages, self.families, self.n_anchors = list(stages), families, n_anchors
+        self.controls, self.experiences, self.ridge, self.seed = controls, experiences, ridge, seed
+        self.snapshots: dict[int, dict] = {}
+        self.results: list[dict] = []
+        self._last_trained = -1
+        self._active: dict | None = None
+
+    def result(self) -> dict | None:
+        return self.results[-1] if self.results else None
+
+    def reset(self) -> None:
+        self._active = None
+
+    def __str__(self) -> str:
+        return "TransportKey"
+
+    # --- training side -------------------------------------------------------------------------
+
+    def after_training_exp(self, strategy):
+        exp_id = int(strategy.experience.current_experience)
+        self._last_trained = max(self._last_trained, exp_id)
+        if self.experiences is not None and exp_id not in self.experiences:
+            return None
+        data = strategy.experience.dataset
+        data = data.eval() if hasattr(data, "eval") else data
+        state = torch.get_rng_state()  # anchor loading must not move the training RNG stream
+        try:
+            x, y = class_balanced_anchors(data, self.n_anchors, seed=self.seed + exp_id)
+        finally:
+            torch.set_rng_state(state)
+        task = int(strategy.experience.task_label) if hasattr(strategy.experience, "task_label") else 0
+        snapshot = copy.deepcopy(strategy.model).eval()
+        for p in snapshot.parameters():
+            p.requires_grad_(False)
+        self.snapshots[exp_id] = {"model": snapshot, "x": x.to(strategy.device), "y": y,
+                                  "task": torch.full((len(y),), task, device=strategy.device)}
+        return None
+
+    # --- evaluation side -----------------------------------------------------------------------
+
+    def before_eval_exp(self, strategy):
+        exp_id = int(strategy.experience.current_experience)
+        self._active = None
+        snap = self.snapshots.get(exp_id)
+        if snap is None or self._last_trained <= exp_id:
+            return None
+        model = strategy.model
+        variants: dict[str, dict[str, torch.nn.Module]] = {}
+        residuals: dict[str, float] = {}
+        with torch.no_grad(), eval_mode(model):
+            for stage in self.stages:
+                u = stage_activations(model, stage, snap["x"], snap["task"])
+                v = stage_activations(snap["model"], stage, snap["x"], snap["task"])
+                keys = {}
+                for family in self.families:
+                    key = fit_transport_key(u, v, family, ridge=self.ridge)
+                    keys[f"family={family}"] = key
+                    residuals[f"stage={stage}/family={family}"] = key.residual
+                    if self.controls and family != "identity":
+                        keys[f"family={family}/control=channel_permutation"] = channel_permutation(key, self.seed)
+                        for mode in ("global", "within_class"):
+                            keys[f"family={family}/control={mode}_shuffle"] = correspondence_break(
+                                u, v, family, mode=mode, labels=snap["y"].to(u.device), seed=self.seed,
+                                ridge=self.ridge)
+                variants[stage] = {name: stitch(model, snap["model"], stage, key) for name, key in keys.items()}
+        self._active = {"experience": exp_id, "variants": variants, "residuals": residuals,
+                        "correct": {}, "n": 0, "correct_checkpoint": 0, "correct_updated": 0}
+        return None
+
+    @torch.no_grad()
+    def after_eval_iteration(self, strategy):
+        active = self._active
+        if active is None:
+            return None
+        x, y, t = strategy.mb_x, strategy.mb_y, strategy.mb_task_id
+        snapshot = self.snapshots[active["experience"]]["model"]
+        active["n"] += int(y.shape[0])
+        active["correct_updated"] += int((strategy.mb_output.argmax(-1) == y).sum())
+        active["correct_checkpoint"] += int((model_forward(snapshot, x, t).argmax(-1) == y).sum())
+        with eval_mode(strategy.model):
+            for stage, variants in active["variants"].items():
+                u = stage_activations(strategy.model, stage, x, t)  # shared by every key of the stage
+                for name, stitched in variants.items():
+                    out = stitched.forward_from_stage(stitched.key(u), x, t)
+                    full = f"stage={stage}/{name}"
+                    active["correct"][full] = active["correct"].get(full, 0) + int((out.argmax(-1) == y).sum())
+        return None
+
+    def after_eval_exp(self, strategy):
+        active, self._active = self._active, None
+        if active is None or active["n"] == 0:
+            return None
+        n = active["n"]
+        acc_a, acc_ab = active["correct_checkpoint"] / n, active["correct_updated"] / n
+        acc = {name: c / n for name, c in active["correct"].items()}
+        rec = {name: recovery(a, acc_ab, acc_a).value for name, a in acc.items()}
+        record = {"experience": active["experience"], "after": self._last_trained, "acc_checkpoint": acc_a,
+                  "acc_updated": acc_ab, "acc": acc, "recovery": rec, "residual": active["residuals"],
+                  "bn_mode": "eval"}
+        self.results.append(record)
+        x_plot = strategy.clock.train_iterations
+        values = [MetricValue(self, metric_name("TransportKeyAccCheckpoint", strategy), acc_a, x_plot),
+                  MetricValue(self, metric_name("TransportKeyAccUpdated", strategy), acc_ab, x_plot)]
+        acc_base, rec_base = metric_name("TransportKeyAcc", strategy), metric_name("TransportKeyRecovery", strategy)
+        for name in acc:
+            values.append(MetricValue(self, f"{acc_base}/{name}", acc[name], x_plot))
+            values.append(MetricValue(self, f"{rec_base}/{name}", rec[name], x_plot))
+        values.append(MetricValue(self, metric_name("TransportKeyProfile", strategy),
+                                  self._figure(record), x_plot))
+        return values
+
+    def _figure(self, record):
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(max(3.5, 0.9 * len(self.stages) + 2), 3.0))
+        ax = fig.subplots()
+        for family in self.families:
+            ys = [record["recovery"].get(f"stage={s}/family={family}", math.nan) for s in self.stages]
+            ax.plot(range(len(self.stages)), ys, marker="o", label=family)
+        ax.set_xticks(range(len(self.stages)))
+        ax.set_xticklabels(self.stages, rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel("recovery")
+        ax.set_title(f"exp {record['experience']} after exp {record['after']}: "
+                     f"acc_A={record['acc_checkpoint']:.2f}, acc_AB={record['acc_updated']:.2f}", fontsize=8)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        return fig

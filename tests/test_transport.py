@@ -1,0 +1,280 @@
+"""Transport keys: exact recovery of known drifts, controls, layouts, closed forms, bad input."""
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import load_digits
+from torch import nn
+
+from avalanche_plugins.transport import (
+    TransportKey,
+    channel_permutation,
+    class_balanced_anchors,
+    correspondence_break,
+    fit_transport_key,
+    recovery,
+    refine_key,
+    stage_activations,
+    stitch,
+    stitched_accuracy,
+)
+
+STAGE = "3"  # output of the 3x3 conv "3", read only by the 1x1 conv "4": a linear map follows
+
+
+@pytest.fixture(scope="module")
+def digits():
+    data = load_digits()
+    x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(data.target)
+    return x, y
+
+
+@pytest.fixture(scope="module")
+def trained_cnn(digits):
+    """A small CNN trained for 150 Adam steps on the 8x8 digits (train/test split 1500/297)."""
+    x, y = digits
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                        nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 12, 1), nn.BatchNorm2d(12), nn.ReLU(),
+                        nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(48, 10))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(150):
+        idx = torch.randint(0, 1500, (64,), generator=g)
+        opt.zero_grad()
+        nn.functional.cross_entropy(net(x[idx]), y[idx]).backward()
+        opt.step()
+    net.zero_grad(set_to_none=True)
+    return net.eval()
+
+
+def drifted(net, a, b):
+    """Copy of ``net`` whose stage output becomes ``A v + b`` while the network function is unchanged:
+    conv "3" is composed with (A, b) and conv "4" (1x1, linear) with the inverse."""
+    out = copy.deepcopy(net)
+    conv, mix = out[3], out[4]
+    a_inv = torch.linalg.inv(a)
+    with torch.no_grad():
+        conv.weight.copy_(torch.einsum("oc,cikl->oikl", a, conv.weight))
+        conv.bias.copy_(a @ conv.bias + b)
+        w = mix.weight[:, :, 0, 0] @ a_inv
+        mix.bias.copy_(mix.bias - w @ b)
+        mix.weight.copy_(w[:, :, None, None])
+    return out
+
+
+def channel_drift(seed=1, c=8):
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.exp(torch.empty(c).uniform_(-1.5, 1.5, generator=g))
+    return torch.diag(scale), 2.0 * torch.randn(c, generator=g)
+
+
+def channel_mixing(seed=2, c=8):
+    g = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(c, c, generator=g))
+    return q @ torch.diag(torch.exp(torch.empty(c).uniform_(-1, 1, generator=g))), torch.zeros(c)
+
+
+def stitched_result(net, updated, family, x_anchor, x_test, y_test, ridge=0.0):
+    u = stage_activations(updated, STAGE, x_anchor)
+    v = stage_activations(net, STAGE, x_anchor)
+    key = fit_transport_key(u.detach(), v.detach(), family, ridge=ridge)
+    model = stitch(updated, net, STAGE, key)
+    return key, model, stitched_accuracy(model, x_test, y_test)
+
+
+def test_drifted_network_is_the_same_function(trained_cnn, digits):
+    x, _ = digits
+    for a, b in (channel_drift(), channel_mixing()):
+        updated = drifted(trained_cnn, a, b)
+        with torch.no_grad():
+            torch.testing.assert_close(updated(x[1500:]), trained_cnn(x[1500:]), atol=1e-4, rtol=1e-4)
+
+
+def test_channel_key_recovers_a_per_channel_drift_exactly(trained_cnn, digits):
+    x, y = digits
+    acc_a = stitched_accuracy(trained_cnn, x[1500:], y[1500:])
+    assert acc_a > 0.7
+    updated = drifted(trained_cnn, *channel_drift())
+    x_anchor, _ = class_balanced_anchors((x[:1500], y[:1500]), 50, seed=0)
+    key, model, acc_channel = stitched_result(trained_cnn, updated, "channel", x_anchor, x[1500:], y[1500:])
+    assert abs(acc_channel - acc_a) <= 1e-4
+    assert key.residual < 1e-8
+    with torch.no_grad():
+        torch.testing.assert_close(model(x[1500:]), trained_cnn(x[1500:]), atol=1e-3, rtol=1e-3)
+    _, _, acc_identity = stitched_result(trained_cnn, updated, "identity", x_anchor, x[1500:], y[1500:])
+    assert acc_identity < acc_a - 0.2
+
+
+def test_cross_channel_key_recovers_a_mixing_and_channel_key_does_not(trained_cnn, digits):
+    x, y = digits
+    acc_a = stitched_accuracy(trained_cnn, x[1500:], y[1500:])
+    updated = drifted(trained_cnn, *channel_mixing())
+    x_anchor, _ = class_balanced_anchors((x[:1500], y[:1500]), 50, seed=0)
+    _, _, acc_cross = stitched_result(trained_cnn, updated, "cross_channel", x_anchor, x[1500:], y[1500:])
+    assert abs(acc_cross - acc_a) <= 1e-4
+    _, _, acc_channel = stitched_result(trained_cnn, updated, "channel", x_anchor, x[1500:], y[1500:])
+    assert acc_channel < acc_a - 0.1
+    # the default relative ridge barely moves the answer
+    _, _, acc_ridge = stitched_result(trained_cnn, updated, "cross_channel", x_anchor, x[1500:], y[1500:],
+                                      ridge=1e-4)
+    assert acc_ridge >= acc_a - 0.01
+
+
+def test_controls_lose_what_the_key_recovered(trained_cnn, digits):
+    x, y = digits
+    acc_a = stitched_accuracy(trained_cnn, x[1500:], y[1500:])
+    updated = drifted(trained_cnn, *channel_mixing())
+    # a flat stage (the pooled features) so that mispairing anchors breaks every sample's pairing
+    x_anchor, y_anchor = class_balanced_anchors((x[:1500], y[:1500]), 200, seed=0)
+    u, v = stage_activations(updated, "8", x_anchor), stage_activations(trained_cnn, "8", x_anchor)
+    key = fit_transport_key(u, v, "cross_channel", ridge=1e-4)
+    shuffled = correspondence_break(u, v, "cross_channel", mode="global", seed=0)
+    acc_shuffled = stitched_accuracy(stitch(updated, trained_cnn, "8", shuffled), x[1500:], y[1500:])
+    assert acc_shuffled < 0.25  # near chance (0.1 for ten classes)
+    within = correspondence_break(u, v, "cross_channel", mode="within_class", labels=y_anchor, seed=0)
+    acc_within = stitched_accuracy(stitch(updated, trained_cnn, "8", within), x[1500:], y[1500:])
+    assert acc_shuffled < acc_within  # class statistics survive a within-class shuffle
+    # at the conv stage, the permuted-channel control loses the recovery
+    u3, v3 = stage_activations(updated, STAGE, x_anchor), stage_activations(trained_cnn, STAGE, x_anchor)
+    key3 = fit_transport_key(u3, v3, "cross_channel")
+    acc_perm = stitched_accuracy(stitch(updated, trained_cnn, STAGE, channel_permutation(key3, seed=0)),
+                                 x[1500:], y[1500:])
+    assert acc_perm < acc_a - 0.2
+    assert key.residual < shuffled.residual
+
+
+def test_refine_key_reduces_logit_mismatch_without_touching_the_models(trained_cnn, digits):
+    x, y = digits
+    updated = drifted(trained_cnn, *channel_mixing())
+    with torch.no_grad():  # an imperfect starting key: channel family on a mixing drift
+        updated[3].bias.add_(0.5)
+    x_anchor, _ = class_balanced_anchors((x[:1500], y[:1500]), 50, seed=0)
+    u, v = stage_activations(updated, STAGE, x_anchor).detach(), stage_activations(trained_cnn, STAGE, x_anchor).detach()
+    key = fit_transport_key(u, v, "channel")
+    model = stitch(updated, trained_cnn, STAGE, key)
+    before = {k: t.clone() for k, t in trained_cnn.state_dict().items()}
+
+    def mismatch():
+        with torch.no_grad():
+            return float(((model(x_anchor) - trained_cnn(x_anchor)) ** 2).mean())
+
+    start = mismatch()
+    refine_key(key, model, x_anchor, steps=30, lr=1e-2)
+    assert mismatch() < 0.8 * start
+    for k, t in trained_cnn.state_dict().items():
+        assert torch.equal(t, before[k])
+    assert all(p.grad is None for p in trained_cnn.parameters())
+    assert all(not p.requires_grad for p in key.parameters())
+
+
+@pytest.mark.parametrize("shape, layout_dim", [((30, 5), 1), ((6, 7, 5), 2), ((4, 5, 3, 3), 1)])
+def test_every_layout_recovers_a_channel_affine_map(shape, layout_dim):
+    torch.manual_seed(0)
+    v = torch.randn(shape)
+    c = shape[layout_dim]
+    view = [1] * len(shape)
+    view[layout_dim] = c
+    scale, shift = torch.linspace(0.5, 2.0, c).reshape(view), torch.linspace(-1, 1, c).reshape(view)
+    u = v * scale + shift
+    for family in ("channel", "cross_channel"):
+        key = fit_transport_key(u, v, family, ridge=0.0)
+        torch.testing.assert_close(key(u), v, atol=1e-5, rtol=1e-5)
+    mix = torch.randn(c, c) + 3 * torch.eye(c)
+    u_mixed = torch.movedim(torch.movedim(v, layout_dim, -1) @ mix.T, -1, layout_dim)
+    key = fit_transport_key(u_mixed, v, "cross_channel", ridge=0.0)
+    torch.testing.assert_close(key(u_mixed), v, atol=1e-4, rtol=1e-4)
+
+
+def test_cross_channel_fit_matches_numpy_least_squares():
+    rng = np.random.default_rng(0)
+    u = rng.normal(size=(50, 4))
+    v = rng.normal(size=(50, 6))
+    key = fit_transport_key(torch.tensor(u), torch.tensor(v), "cross_channel", ridge=0.0)
+    design = np.hstack([u, np.ones((50, 1))])
+    coef, *_ = np.linalg.lstsq(design, v, rcond=None)
+    np.testing.assert_allclose(key.weight.numpy(), coef[:4].T, atol=1e-10)
+    np.testing.assert_allclose(key.bias.numpy(), coef[4], atol=1e-10)
+    resid = ((v - design @ coef) ** 2).sum() / ((v - v.mean(0)) ** 2).sum()
+    assert key.residual == pytest.approx(resid, rel=1e-9)
+    # channel key: per-channel simple regression
+    key = fit_transport_key(torch.tensor(u), torch.tensor(v[:, :4]), "channel", ridge=0.0)
+    for c in range(4):
+        slope, intercept = np.polyfit(u[:, c], v[:, c], 1)
+        assert key.scale[c].item() == pytest.approx(slope, rel=1e-9)
+        assert key.bias[c].item() == pytest.approx(intercept, rel=1e-9, abs=1e-12)
+
+
+def test_procrustes_recovers_a_rotation_and_dead_channels_are_guarded():
+    torch.manual_seed(0)
+    v = torch.randn(40, 5, dtype=torch.float64)
+    q, _ = torch.linalg.qr(torch.randn(5, 5, dtype=torch.float64))
+    key = fit_transport_key(v @ q.T, v, "procrustes", ridge=0.0)
+    torch.testing.assert_close(key(v @ q.T), v)
+    u = v.clone()
+    u[:, 2] = 3.0  # a dead channel: zero variance
+    key = fit_transport_key(u, v, "channel", ridge=0.0)
+    assert key.scale[2] == 0 and torch.isfinite(key.bias).all()
+
+
+def test_key_state_dict_round_trip(tmp_path):
+    u, v = torch.randn(20, 3, 4, 4), torch.randn(20, 3, 4, 4)
+    key = fit_transport_key(u, v, "cross_channel")
+    torch.save(key.state_dict(), tmp_path / "key.pt")
+    loaded = TransportKey.from_state_dict(torch.load(tmp_path / "key.pt"))
+    assert loaded.family == "cross_channel" and loaded.layout == "channels_first"
+    assert loaded.residual == key.residual
+    torch.testing.assert_close(loaded(u), key(u))
+    with pytest.raises(ValueError, match="family"):
+        TransportKey("channel", 3).load_state_dict(key.state_dict(), strict=False)
+
+
+def test_anchors_are_class_balanced_and_seeded(digits):
+    x, y = digits
+    xa, ya = class_balanced_anchors((x, y), 50, seed=3)
+    assert torch.bincount(ya).tolist() == [5] * 10
+    xb, _ = class_balanced_anchors(torch.utils.data.TensorDataset(x, y), 50, seed=3)
+    assert torch.equal(xa, xb)
+    assert not torch.equal(xa, class_balanced_anchors((x, y), 50, seed=4)[0])
+    with pytest.raises(ValueError, match="smaller than the number of classes"):
+        class_balanced_anchors((x, y), 5)
+    with pytest.raises(ValueError, match="class 1 has 1 samples"):
+        class_balanced_anchors((x[:12], torch.tensor([0] * 11 + [1])), 4)
+
+
+def test_recovery_formula_and_undefined_case():
+    assert recovery(0.8, 0.5, 0.9).value == pytest.approx(0.75)
+    assert recovery(0.4, 0.5, 0.9).value < 0
+    undefined = recovery(0.8, 0.9, 0.9)
+    assert math.isnan(undefined.value) and "nothing was forgotten" in undefined.reason
+    with pytest.raises(ValueError, match="acc_key"):
+        recovery(float("nan"), 0.5, 0.9)
+
+
+def test_bad_input_gives_clear_errors(trained_cnn, digits):
+    x, _ = digits
+    with pytest.raises(ValueError, match="stage='nope' names no submodule"):
+        stage_activations(trained_cnn, "nope", x[:4])
+    with pytest.raises(ValueError, match="must pair the same anchors"):
+        fit_transport_key(torch.randn(10, 3, 4, 4), torch.randn(10, 3, 2, 2))
+    with pytest.raises(ValueError, match="must pair the same anchors"):
+        fit_transport_key(torch.randn(10, 3), torch.randn(9, 3))
+    with pytest.raises(ValueError, match="more samples than channels"):
+        fit_transport_key(torch.randn(4, 8), torch.randn(4, 8), "cross_channel", ridge=0.0)
+    fit_transport_key(torch.randn(4, 8), torch.randn(4, 8), "cross_channel", ridge=1e-2)  # fine with ridge
+    with pytest.raises(ValueError, match="family must be one of"):
+        fit_transport_key(torch.randn(10, 3), torch.randn(10, 3), "affine")
+    with pytest.raises(ValueError, match="use family='cross_channel'"):
+        fit_transport_key(torch.randn(10, 3), torch.randn(10, 4), "channel")
+    with pytest.raises(ValueError, match="u is empty"):
+        fit_transport_key(torch.randn(0, 3), torch.randn(0, 3))
+    with pytest.raises(ValueError, match="ridge must be"):
+        fit_transport_key(torch.randn(10, 3), torch.randn(10, 3), ridge=-1.0)
+    with pytest.raises(ValueError, match="labels"):
+        correspondence_break(torch.randn(10, 3), torch.randn(10, 3), mode="within_class")
+    with pytest.raises(ValueError, match="stage='x'"):
+        stitch(trained_cnn, trained_cnn, "x", TransportKey("identity", 8))

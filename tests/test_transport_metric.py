@@ -1,0 +1,102 @@
+"""TransportKeyMetric inside a 3-experience Avalanche run with EWC and Replay, through the loggers."""
+
+import io
+
+import pytest
+import torch
+from avalanche.evaluation.metrics import accuracy_metrics
+from avalanche.logging import InteractiveLogger, TensorboardLogger, TextLogger
+from avalanche.training.plugins import EvaluationPlugin, EWCPlugin, ReplayPlugin
+from avalanche.training.supervised import Naive
+from torch import nn
+
+from avalanche_plugins.transport import (
+    fit_transport_key,
+    stage_activations,
+    stitch,
+    stitched_accuracy,
+)
+from avalanche_plugins.transport_metric import TransportKeyMetric
+from benchmarks.data import make_stream
+from benchmarks.models import build_model
+
+STAGES = ["trunk.features.0", "trunk.features.1"]
+PREFIX = "TransportKeyAcc/eval_phase/test_stream/Task000/Exp000"
+
+
+def run(metric=None, tmp_path=None, text=None):
+    stream = make_stream("digits", "split", task_incremental=True, seed=0)
+    torch.manual_seed(0)
+    model = build_model("cnn", stream.input_shape, 2, multihead=True, widths=(8, 16))
+    loggers = [] if metric is None else [TextLogger(text), InteractiveLogger(),
+                                         TensorboardLogger(tb_log_dir=str(tmp_path / "tb"))]
+    evaluator = EvaluationPlugin(accuracy_metrics(experience=True), *([metric] if metric else []),
+                                 loggers=loggers)
+    strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                     criterion=nn.CrossEntropyLoss(), train_mb_size=32, train_epochs=2, eval_mb_size=64,
+                     plugins=[EWCPlugin(ewc_lambda=1.0), ReplayPlugin(mem_size=40)], evaluator=evaluator)
+    for experience in stream.benchmark.train_stream[:3]:
+        strategy.train(experience)
+        strategy.eval(stream.benchmark.test_stream[:3])
+    return strategy, stream, loggers
+
+
+def test_metric_logs_stitched_accuracy_and_recovery_and_leaves_training_alone(tmp_path):
+    metric = TransportKeyMetric(stages=STAGES, n_anchors=20, experiences=[0, 1])
+    text = io.StringIO()
+    strategy, stream, loggers = run(metric, tmp_path, text)
+    last = strategy.evaluator.get_last_metrics()
+
+    for stage in STAGES:
+        for family in ("identity", "channel", "cross_channel"):
+            assert 0.0 <= last[f"{PREFIX}/stage={stage}/family={family}"] <= 1.0
+        for control in ("channel_permutation", "global_shuffle", "within_class_shuffle"):
+            assert f"{PREFIX}/stage={stage}/family=channel/control={control}" in last
+    rec_name = f"TransportKeyRecovery/eval_phase/test_stream/Task000/Exp000/stage={STAGES[0]}/family=channel"
+    assert rec_name in last
+    # acc_AB is the strategy's own accuracy on the same batches
+    assert last["TransportKeyAccUpdated/eval_phase/test_stream/Task000/Exp000"] == pytest.approx(
+        last["Top1_Acc_Exp/eval_phase/test_stream/Task000/Exp000"])
+    # no stitched values for the experience just trained (nothing to recover yet)
+    assert not any(k.startswith("TransportKeyAcc/eval_phase/test_stream/Task002") for k in last)
+    assert {(r["experience"], r["after"]) for r in metric.results} == {(0, 1), (0, 2), (1, 2)}
+
+    # independent recomputation from the snapshot, its anchors and the test data
+    snap = metric.snapshots[0]
+    test = stream.benchmark.test_stream[0].dataset.eval()
+    x, y, t = (torch.stack([test[i][k] if k == 0 else torch.as_tensor(test[i][k]) for i in range(len(test))])
+               for k in (0, 1, 2))
+    model = strategy.model
+    with torch.no_grad():
+        model.eval()
+        u = stage_activations(model, STAGES[1], snap["x"], snap["task"])
+        v = stage_activations(snap["model"], STAGES[1], snap["x"], snap["task"])
+    key = fit_transport_key(u, v, "cross_channel", ridge=1e-4)
+    direct = stitched_accuracy(stitch(model, snap["model"], STAGES[1], key), x, y, t)
+    assert last[f"{PREFIX}/stage={STAGES[1]}/family=cross_channel"] == pytest.approx(direct)
+    assert last["TransportKeyAccCheckpoint/eval_phase/test_stream/Task000/Exp000"] == pytest.approx(
+        stitched_accuracy(snap["model"], x, y, t))
+
+    # loggers: text and TensorBoard (scalars and the per-stage figure)
+    assert f"{PREFIX}/stage={STAGES[0]}/family=channel" in text.getvalue()
+    tb = loggers[2]
+    tb.writer.flush()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0, "images": 0}).Reload()
+    assert f"{PREFIX}/stage={STAGES[0]}/family=channel" in events.Tags()["scalars"]
+    assert any(tag.startswith("TransportKeyProfile") for tag in events.Tags()["images"])
+
+    # the metric did not change training: same final weights as a run without it
+    plain, _, _ = run()
+    for (name, a), b in zip(strategy.model.state_dict().items(), plain.model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="stages must be a non-empty list"):
+        TransportKeyMetric(stages="layer1")
+    with pytest.raises(ValueError, match="families must be one of"):
+        TransportKeyMetric(stages=["a"], families=("affine",))
+    with pytest.raises(ValueError, match="n_anchors must be"):
+        TransportKeyMetric(stages=["a"], n_anchors=0)
