@@ -18,24 +18,22 @@ from __future__ import annotations
 
 import itertools
 import json
-import multiprocessing
 import time
 import types
 import warnings
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from benchmarks.baselines import TrainConfig, run_one
+from benchmarks.executor import LocalExecutor
+from benchmarks.executor import run_jobs as execute
 from benchmarks.harness import (
     Timer,
     benchmark_parser,
     format_table,
-    jsonable,
     seed_everything,
     summarize,
     write_results,
@@ -133,32 +131,9 @@ def _job_key(job: Job, data_root, quick: bool) -> str:
 def run_jobs(jobs: list[Job], workers: int, data_root, quick: bool, desc: str, cache: Path | None = None) -> list[dict]:
     """Run jobs (in ``workers`` processes); finished rows are appended to ``cache`` (JSON lines)
     and reused when the same command is run again, so an interrupted full run resumes."""
-    done = {}
-    if cache is not None and cache.exists():
-        for line in cache.read_text().splitlines():
-            entry = json.loads(line)
-            done[entry["key"]] = entry["row"]
-    rows = [done[_job_key(j, data_root, quick)] for j in jobs if _job_key(j, data_root, quick) in done]
-    todo = [j for j in jobs if _job_key(j, data_root, quick) not in done]
-
-    def keep(job, row):
-        rows.append(row)
-        if cache is not None:
-            with open(cache, "a") as f:
-                f.write(json.dumps({"key": _job_key(job, data_root, quick), "row": jsonable(row)}) + "\n")
-
-    if workers <= 1:
-        _init_worker(data_root, quick)
-        torch.set_num_threads(max(1, torch.get_num_threads()))
-        for job in tqdm(todo, desc=desc):
-            keep(job, run_job(job))
-        return rows
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(data_root, quick)) as pool:
-        futures = {pool.submit(run_job, j): j for j in todo}
-        for fut in tqdm(as_completed(futures), total=len(futures), desc=desc):
-            keep(futures[fut], fut.result())
-    return rows
+    executor = LocalExecutor(workers, initializer=_init_worker, initargs=(data_root, quick))
+    return execute(run_job, jobs, key=lambda job: _job_key(job, data_root, quick), executor=executor,
+                   cache=cache, desc=desc)
 
 
 def cells(scenarios, models, args) -> list[tuple[str, str]]:

@@ -1,0 +1,353 @@
+"""How much "forgotten" task-A accuracy do transport keys bring back? (issue 5)
+
+For each task pair, model and seed: train θ_A on task A, fine-tune it naively on task B (θ_AB,
+task-incremental: task A's head is kept), then at every stage stitch θ_AB's early layers to θ_A's
+late layers and head through a key fitted on class-balanced task-A anchors:
+
+* ``identity`` (no key), ``channel`` and ``cross_channel`` closed-form keys;
+* ``cross_channel+refine``: the closed form refined label-free for a few Adam steps to match
+  θ_A's own logits on the anchors (``avalanche_plugins.transport.refine_key``);
+* ``trained_stitch``: the model-stitching baseline, a linear / 1×1-conv layer (identity start)
+  trained by Adam with cross-entropy on the anchors' labels through the frozen late layers;
+* controls for the closed-form keys: permuted channels, globally shuffled pairs, pairs
+  shuffled within class.
+
+Pairs: ``split`` (digits 0–4 then 5–9, two 5-way heads) and ``domain`` (MNIST then Permuted
+MNIST, two 10-way heads); MNIST from ``--data-root``, scikit-learn digits when absent. Models:
+small CNN with BatchNorm, mini ResNet, tiny ViT. Every evaluation runs in eval mode (BatchNorm
+running statistics); ``bn_mode`` is recorded with each row.
+
+Writes ``results.json`` / ``results.csv`` (one row per pair, model, seed, stage, anchors and
+variant), ``recovery.png``, and prints the tables quoted in docs/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from avalanche_plugins.transport import (
+    TransportKey,
+    channel_permutation,
+    class_balanced_anchors,
+    correspondence_break,
+    fit_transport_key,
+    recovery,
+    refine_key,
+    stage_activations,
+    stitch,
+)
+from benchmarks.data import load_digits_arrays, load_mnist_arrays
+from benchmarks.executor import LocalExecutor, run_jobs
+from benchmarks.harness import (
+    Timer,
+    benchmark_parser,
+    format_table,
+    seed_everything,
+    summarize,
+    write_results,
+)
+from benchmarks.models import build_model
+
+PAIRS = ("split", "domain")
+MODELS = ("cnn", "resnet", "vit")
+STAGES = {"cnn": ["features.0", "features.1"], "resnet": ["stem", "layer1", "layer2", "layer3"],
+          "vit": ["embed", "blocks.0", "blocks.1"]}
+CONTROLS = ("channel_permutation", "global_shuffle", "within_class_shuffle")
+
+
+class TwoHeadNet(nn.Module):
+    """Shared trunk, one linear head per task; ``forward(x, task)`` (Avalanche's multi-task call)."""
+
+    def __init__(self, trunk: nn.Module, feature_dim: int, n_classes: int):
+        super().__init__()
+        self.trunk = trunk
+        self.heads = nn.ModuleList([nn.Linear(feature_dim, n_classes) for _ in range(2)])
+
+    def forward_single_task(self, x, task: int):
+        return self.heads[task](self.trunk(x))
+
+    def forward(self, x, task_labels=0):
+        return self.forward_single_task(x, int(task_labels))
+
+
+@dataclass(frozen=True)
+class Job:
+    pair: str
+    model: str
+    seed: int
+
+
+_CONTEXT: dict = {}
+
+
+def _init_worker(config: dict):
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    _CONTEXT.update(config)
+
+
+def task_data(pair: str, data_root, quick: bool):
+    """``{"A": (xtr, ytr, xte, yte), "B": ...}`` with labels 0..K-1 per task."""
+    if data_root is not None:
+        xtr, ytr, xte, yte = load_mnist_arrays(data_root)
+    else:
+        xtr, ytr, xte, yte = load_digits_arrays()
+    if quick:
+        xtr, ytr = xtr[:2000], ytr[:2000]
+    if pair == "split":
+        def part(x, y, lo):
+            keep = (y >= lo) & (y < lo + 5)
+            return x[keep], y[keep] - lo
+        return {"A": (*part(xtr, ytr, 0), *part(xte, yte, 0)), "B": (*part(xtr, ytr, 5), *part(xte, yte, 5))}
+    g = torch.Generator().manual_seed(1234)
+    perm = torch.randperm(xtr[0].numel(), generator=g)
+
+    def permute(x):
+        return x.reshape(len(x), -1)[:, perm].reshape(x.shape)
+    return {"A": (xtr, ytr, xte, yte), "B": (permute(xtr), ytr, permute(xte), yte)}
+
+
+def train_task(model, task: int, x, y, epochs: int, lr: float, batch_size: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(epochs):
+        order = torch.randperm(len(x), generator=g)
+        for start in range(0, len(x), batch_size):
+            idx = order[start:start + batch_size]
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x[idx], task), y[idx]).backward()
+            opt.step()
+    model.eval()
+
+
+@torch.no_grad()
+def accuracy_from_stage(stitched, h_test, x, y, batch: int = 500) -> float:
+    correct = 0
+    for s in range(0, len(x), batch):
+        out = stitched.forward_from_stage(stitched.key(h_test[s:s + batch]), x[s:s + batch], 0)
+        correct += int((out.argmax(-1) == y[s:s + batch]).sum())
+    return correct / len(x)
+
+
+@torch.no_grad()
+def accuracy(model, x, y, task: int = 0, batch: int = 500) -> float:
+    return sum(int((model(x[s:s + batch], task).argmax(-1) == y[s:s + batch]).sum())
+               for s in range(0, len(x), batch)) / len(x)
+
+
+def train_stitch(stitched, u, x, y, steps: int, lr: float, batch: int, seed: int) -> TransportKey:
+    """Model-stitching baseline: a linear/1×1-conv key (identity start) trained with labels by
+    Adam on minibatches of the anchors."""
+    key = TransportKey("cross_channel", u.shape[1] if u.dim() == 4 else u.shape[-1],
+                       layout="channels_first" if u.dim() == 4 else ("tokens" if u.dim() == 3 else "flat"))
+    stitched.key = key
+    params = list(key.parameters())
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.Adam(params, lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        idx = torch.randperm(len(x), generator=g)[:batch]
+        loss = nn.functional.cross_entropy(stitched.forward_from_stage(key(u[idx]), x[idx], 0), y[idx])
+        grads = torch.autograd.grad(loss, params)
+        for p, grad in zip(params, grads):
+            p.grad = grad
+        opt.step()
+    for p in params:
+        p.grad = None
+        p.requires_grad_(False)
+    return key
+
+
+def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: dict, with_controls: bool) -> list[dict]:
+    """Rows for every key variant at one stage and one anchor set."""
+    xa, ya = anchors
+    xte, yte = test
+    with torch.no_grad():
+        u = stage_activations(theta_ab, stage, xa, 0)
+        v = stage_activations(theta_a, stage, xa, 0)
+        h_test = stage_activations(theta_ab, stage, xte, 0)
+    rows = []
+
+    def record(variant, key, seconds, **extra):
+        stitched = stitch(theta_ab, theta_a, stage, key)
+        rows.append({"variant": variant, "acc": accuracy_from_stage(stitched, h_test, xte, yte),
+                     "fit_s": seconds, "key_params": getattr(key, "num_parameters", 0),
+                     "residual": getattr(key, "residual", float("nan")), **extra})
+        return stitched
+
+    for family in ("identity", "channel", "cross_channel"):
+        with Timer() as t:
+            key = fit_transport_key(u, v, family, ridge=cfg["ridge"])
+        stitched = record(family, key, t.seconds)
+        if family == "cross_channel":
+            with Timer() as t_refine:
+                refine_key(key, stitched, xa, 0, steps=cfg["refine_steps"], lr=cfg["refine_lr"])
+            record("cross_channel+refine", key, t.seconds + t_refine.seconds)
+            key = fit_transport_key(u, v, family, ridge=cfg["ridge"])
+        if with_controls and family != "identity":
+            record(f"{family}/channel_permutation", channel_permutation(key, seed=0), float("nan"))
+            for mode in ("global", "within_class"):
+                broken = correspondence_break(u, v, family, mode=mode, labels=ya, seed=0, ridge=cfg["ridge"])
+                record(f"{family}/{mode}_shuffle", broken, float("nan"))
+    stitched = stitch(theta_ab, theta_a, stage, TransportKey("identity", 1))
+    with Timer() as t:
+        key = train_stitch(stitched, u, xa, ya, cfg["stitch_steps"], cfg["stitch_lr"], cfg["stitch_batch"], seed=0)
+    record("trained_stitch", key, t.seconds)
+    return rows
+
+
+def run_job(job: Job) -> list[dict]:
+    cfg = _CONTEXT
+    seed_everything(job.seed)
+    data = task_data(job.pair, cfg["data_root"], cfg["quick"])
+    xtr_a, ytr_a, xte_a, yte_a = data["A"]
+    xtr_b, ytr_b, _, _ = data["B"]
+    xte_a, yte_a = xte_a[:cfg["max_test"]], yte_a[:cfg["max_test"]]
+    n_classes = int(ytr_a.max()) + 1
+    kwargs = {"dim": 48, "depth": 2, "heads": 4} if job.model == "vit" else {}
+    if job.model == "cnn":
+        kwargs["widths"] = (32, 64)
+    trunk = build_model(job.model, tuple(xtr_a.shape[1:]), n_classes, **kwargs)
+    feature_dim = trunk.feature_dim
+    trunk.head = nn.Identity()
+    theta_a = TwoHeadNet(trunk, feature_dim, n_classes)
+    times = {}
+    with Timer() as t:
+        train_task(theta_a, 0, xtr_a, ytr_a, cfg["epochs_a"], cfg["lr"], cfg["batch_size"], job.seed)
+    times["train_a_s"] = t.seconds
+    theta_ab = _copy(theta_a)
+    with Timer() as t:
+        train_task(theta_ab, 1, xtr_b, ytr_b, cfg["epochs_b"], cfg["lr"], cfg["batch_size"], job.seed + 1)
+    times["train_b_s"] = t.seconds
+    for p in [*theta_a.parameters(), *theta_ab.parameters()]:
+        p.requires_grad_(False)
+    acc_a, acc_ab = accuracy(theta_a, xte_a, yte_a), accuracy(theta_ab, xte_a, yte_a)
+    rows = []
+    for n_anchors in cfg["anchor_counts"]:
+        anchors = class_balanced_anchors((xtr_a, ytr_a), n_anchors, seed=job.seed)
+        for stage in STAGES[job.model]:
+            main = n_anchors == cfg["main_anchors"]
+            for row in evaluate_stage(theta_a, theta_ab, f"trunk.{stage}", anchors, (xte_a, yte_a), cfg, main):
+                row.update(asdict(job), stage=stage, n_anchors=n_anchors, acc_a=acc_a, acc_ab=acc_ab,
+                           recovery=recovery(row["acc"], acc_ab, acc_a).value, bn_mode="eval", **times)
+                rows.append(row)
+    return rows
+
+
+def _copy(model):
+    import copy
+
+    return copy.deepcopy(model)
+
+
+def config_for(args) -> dict:
+    quick = args.quick
+    return {"data_root": args.data_root, "quick": quick, "dataset": "mnist" if args.data_root else "digits",
+            "epochs_a": 3, "epochs_b": 3 if quick else 2, "lr": 3e-3, "batch_size": 64, "max_test": 1000,
+            "ridge": 1e-4, "refine_steps": 30, "refine_lr": 1e-3, "stitch_steps": 150, "stitch_batch": 64,
+            "stitch_lr": 1e-2, "anchor_counts": [10, 100] if quick else [10, 50, 100, 500], "main_anchors": 100}
+
+
+def tables(rows: list[dict], main_anchors: int) -> str:
+    main = [r for r in rows if r["n_anchors"] == main_anchors]
+    out = []
+    base = summarize(main, ["pair", "model", "stage"], ["acc_a", "acc_ab"])
+    out.append("Task-A accuracy of θ_A and θ_AB (eval-mode BatchNorm)\n"
+               + format_table(base, ["pair", "model", "stage"], ["acc_a", "acc_ab"]))
+    summary = summarize(main, ["pair", "model", "stage", "variant"], ["acc", "recovery", "residual", "fit_s"])
+    out.append(f"Stitched task-A accuracy and recovery, {main_anchors} anchors\n"
+               + format_table(summary, ["pair", "model", "stage", "variant"], ["acc", "recovery", "residual", "fit_s"]))
+    sweep_rows = [r for r in rows if "/" not in r["variant"]]
+    sweep = summarize(sweep_rows, ["pair", "model", "variant", "n_anchors"], ["recovery"])
+    out.append("Anchor-count sweep: recovery, mean ± std over seeds and stages\n"
+               + format_table(sweep, ["pair", "model", "variant", "n_anchors"], ["recovery"]))
+    return "\n\n".join(out)
+
+
+def time_ratios(rows: list[dict]) -> dict:
+    """Trained stitch time over closed-form time (and over closed form + refinement)."""
+    def mean_time(variant):
+        xs = [r["fit_s"] for r in rows if r["variant"] == variant]
+        return float(np.mean(xs)) if xs else float("nan")
+
+    trained = mean_time("trained_stitch")
+    return {"trained_stitch_s": trained, "cross_channel_s": mean_time("cross_channel"),
+            "channel_s": mean_time("channel"), "cross_channel_refine_s": mean_time("cross_channel+refine"),
+            "trained_over_cross_channel": trained / mean_time("cross_channel"),
+            "trained_over_channel": trained / mean_time("channel"),
+            "trained_over_refined": trained / mean_time("cross_channel+refine")}
+
+
+def plot(rows: list[dict], out: Path, main_anchors: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = ["identity", "channel", "cross_channel", "cross_channel+refine", "trained_stitch"]
+    combos = sorted({(r["pair"], r["model"]) for r in rows})
+    fig, axes = plt.subplots(1, len(combos), figsize=(3.2 * len(combos), 3), squeeze=False)
+    for ax, (pair, model) in zip(axes[0], combos):
+        stages = STAGES[model]
+        for variant in variants:
+            ys = [np.nanmean([r["recovery"] for r in rows if (r["pair"], r["model"], r["stage"], r["variant"],
+                                                               r["n_anchors"]) == (pair, model, s, variant, main_anchors)]
+                             or [np.nan]) for s in stages]
+            ax.plot(range(len(stages)), ys, marker="o", label=variant)
+        ax.set_xticks(range(len(stages)))
+        ax.set_xticklabels(stages, rotation=30, fontsize=7)
+        ax.set_title(f"{pair} / {model}", fontsize=9)
+        ax.axhline(1.0, color="gray", lw=0.5)
+        ax.set_ylabel("recovery")
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out / "recovery.png", dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    parser = benchmark_parser("transport_keys", __doc__.splitlines()[0])
+    parser.add_argument("--models", default=None, help=f"comma-separated subset of {','.join(MODELS)}")
+    parser.add_argument("--pairs", default=None, help=f"comma-separated subset of {','.join(PAIRS)}")
+    parser.add_argument("--workers", type=int, default=1, help="processes (each uses one torch thread)")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    models = args.models.split(",") if args.models else (["cnn"] if args.quick else list(MODELS))
+    pairs = args.pairs.split(",") if args.pairs else (["split"] if args.quick else list(PAIRS))
+    for name, values, allowed in (("--models", models, MODELS), ("--pairs", pairs, PAIRS)):
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            parser.error(f"{name} must be a subset of {allowed}, got {bad}")
+    seeds = 1 if args.quick else args.seeds
+    cfg = config_for(args)
+    out = Path(args.out)
+    jobs = [Job(p, m, s) for p in pairs for m in models for s in range(seeds)]
+    start = time.perf_counter()
+    executor = LocalExecutor(args.workers, initializer=_init_worker, initargs=(cfg,))
+    per_job = run_jobs(run_job, jobs, key=lambda j: json.dumps({**asdict(j), **cfg}, sort_keys=True),
+                       executor=executor, cache=out / "jobs.jsonl", desc="transport keys",
+                       progress=not args.no_progress)
+    rows = [r for job_rows in per_job for r in job_rows]
+    ratios = time_ratios(rows)
+    summary = summarize(rows, ["pair", "model", "stage", "n_anchors", "variant"],
+                        ["acc", "recovery", "residual", "fit_s", "key_params"])
+    write_results(out, config=cfg, rows=rows, summary=summary, wall_seconds=time.perf_counter() - start,
+                  extra={"time_ratios": ratios, "bn_mode": "eval"})
+    plot(rows, out, cfg["main_anchors"])
+    print(tables(rows, cfg["main_anchors"]))
+    print("\nTime ratios:", json.dumps(ratios, indent=1))
+    return {"rows": rows, "time_ratios": ratios}
+
+
+if __name__ == "__main__":
+    main()
