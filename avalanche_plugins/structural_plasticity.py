@@ -1,0 +1,457 @@
+"""Grow and Prune as Avalanche plugins: unit-level structural plasticity on a continual stream.
+
+"On the Stability of Growth in Structural Plasticity" (arXiv 2605.15435) compares two edit
+operators on hidden units (neurons / conv channels; the head is never masked):
+
+* **Prune** (:class:`PrunePlugin`): iterative magnitude pruning at unit level with rewinding
+  (lottery-ticket protocol). Each cycle removes the lowest-scoring fraction of the active units of
+  every masked layer and rewinds *all* weights (survivors, head, BN statistics) bit for bit to the
+  snapshot taken at ``rewind_to``; this repeats until the target compactness.
+* **Grow** (:class:`GrowPlugin`): starts from a random sparse seed mask and each cycle recruits the
+  masked units that would fire most often (post-activation above ``threshold`` on a minibatch, as
+  if unmasked) or would receive the largest loss gradient; in place, no rewinding, newborn units
+  are added, never swapped in. Insertion interventions (optimizer state, incoming / outgoing
+  weights, newborn learning rate) are documented in :mod:`avalanche_plugins.unit_masks`.
+
+**Cycles.** A cycle is ``epochs_per_cycle`` training epochs. Edits happen at the start of every
+cycle but the first (Prune first trains the dense net, Grow first trains the seed), until every
+masked layer has its target number of units ``max(1, round(c·units))``; later cycles only serve
+as evaluation checkpoints. With ``cycle_scope="stream"`` the epoch count runs across
+experiences, so a cycle may span an experience boundary and edits happen during the continual
+stream (with one epoch per experience and ``epochs_per_cycle=1``: one edit at the start of every
+experience after the first). With ``cycle_scope="experience"`` the count restarts with each
+experience, so all edits of a cycle happen within one experience (at epochs ``k, 2k, …`` of it);
+use it for a single-experience (IID) run or long experiences.
+
+Per cycle Prune removes ``max(1, round(f·active))`` units of a layer (IMP: a fraction of what is
+left) and Grow adds ``max(1, round(g·units))`` (a fraction of the full width), clipped at the
+target. Scores are computed on ``score_samples`` random samples of the current experience
+(evaluation transforms, seeded by ``seed + cycle``; the global RNG is not touched).
+
+Masks are applied from the first ``before_training_exp`` (after the strategy's model adaptation);
+parameters stay exact through ``before_update`` / ``after_update``. Everything is plain Python and
+tensors, so Avalanche checkpoints (dill) restore the run exactly; call
+:func:`avalanche_plugins.compat.fix_checkpoint_pickling` once for torch 2.14 optimizers.
+
+:func:`retrain_ticket` evaluates the final mask as a winning ticket; the metrics
+(:class:`~avalanche_plugins.structural_metrics.CycleAccuracyMetric`,
+:class:`~avalanche_plugins.structural_metrics.NewbornGradientMetric`) live in
+:mod:`avalanche_plugins.structural_metrics`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from avalanche.core import SupervisedPlugin
+
+from avalanche_plugins._avalanche import experience_batches, experience_tensors
+from avalanche_plugins._checks import check_choice, check_int
+from avalanche_plugins.functional import is_multitask
+from avalanche_plugins.unit_masks import (
+    Interventions,
+    UnitMasks,
+    check_compactness,
+    layer_counts,
+    unit_scores,
+)
+
+__all__ = ["CYCLE_SCOPES", "CycleClock", "FixedMaskPlugin", "PrunePlugin", "GrowPlugin",
+           "TicketResult", "retrain_ticket"]
+
+CYCLE_SCOPES = ("stream", "experience")
+
+
+class CycleClock:
+    """Counts training epochs into edit cycles (module docstring).
+
+    Example:
+        >>> clock = CycleClock(epochs_per_cycle=2, scope="stream")
+        >>> events = []
+        >>> for epoch in range(5):
+        ...     events.append((clock.edit_due(), clock.end_epoch()))
+        >>> events  # (edit at the start of the epoch, cycle ends after it)
+        [(False, False), (False, True), (True, False), (False, True), (True, False)]
+    """
+
+    def __init__(self, epochs_per_cycle: int, scope: str = "stream"):
+        check_int("epochs_per_cycle", epochs_per_cycle)
+        check_choice("cycle_scope", scope, CYCLE_SCOPES)
+        self.epochs_per_cycle, self.scope = epochs_per_cycle, scope
+        self.epoch = 0  # epochs done in the current scope
+        self.cycle = 0  # cycles completed (all scopes)
+
+    def start_experience(self) -> None:
+        if self.scope == "experience":
+            self.epoch = 0
+
+    def edit_due(self) -> bool:
+        """True at the start of the first epoch of every cycle but the first."""
+        return self.epoch > 0 and self.epoch % self.epochs_per_cycle == 0
+
+    def end_epoch(self) -> bool:
+        """Count one epoch; True if it completed a cycle."""
+        self.epoch += 1
+        ended = self.epoch % self.epochs_per_cycle == 0
+        self.cycle += int(ended)
+        return ended
+
+
+def _example_input(strategy):
+    batches = experience_batches(strategy, batch_size=2)
+    x, _, t = next(batches)
+    batches.close()  # restores the RNG now
+    return (x, torch.as_tensor(t)) if is_multitask(strategy.model) else x
+
+
+class _MaskedTraining(SupervisedPlugin):
+    """Creates the :class:`UnitMasks` at the first experience and keeps parameters exact."""
+
+    def __init__(self, *, activation: Callable = torch.relu):
+        super().__init__()
+        self.activation = activation
+        self.masks: UnitMasks | None = None
+
+    def _masks_created(self, strategy) -> None:  # subclasses set the initial mask
+        pass
+
+    def before_training_exp(self, strategy, **kwargs):
+        if self.masks is None:
+            self.masks = UnitMasks(strategy.model, _example_input(strategy), activation=self.activation)
+            self._masks_created(strategy)
+
+    def before_update(self, strategy, **kwargs):
+        self.masks.before_step()
+
+    def after_update(self, strategy, **kwargs):
+        self.masks.after_step(strategy.optimizer)
+
+    def after_training_epoch(self, strategy, **kwargs):
+        self.masks.restore()
+
+
+class FixedMaskPlugin(_MaskedTraining):
+    """Train with a fixed unit mask ``{layer name: bool tensor}`` (a ticket; no edits).
+
+    :param mask: the mask, or a :class:`UnitMasks` whose current masks are copied.
+    """
+
+    def __init__(self, mask: Mapping[str, torch.Tensor] | UnitMasks, *, activation: Callable = torch.relu):
+        super().__init__(activation=activation)
+        masks = mask.masks if isinstance(mask, UnitMasks) else mask
+        if not isinstance(masks, Mapping) or not masks:
+            raise ValueError(f"mask must be a non-empty {{layer name: bool tensor}} or UnitMasks, got {mask!r}")
+        self.mask = {name: torch.as_tensor(m, dtype=torch.bool).cpu().clone() for name, m in masks.items()}
+
+    def _masks_created(self, strategy):
+        self.masks.set_masks(self.mask)
+
+
+class _EditingPlugin(_MaskedTraining):
+    """Shared cycle logic of Prune and Grow."""
+
+    def __init__(self, target_compactness, epochs_per_cycle, score, threshold, cycle_scope,
+                 score_samples, seed, activation, scores):
+        super().__init__(activation=activation)
+        check_compactness("target_compactness", target_compactness)
+        check_int("epochs_per_cycle", epochs_per_cycle)
+        check_choice("score", score, scores)
+        if not isinstance(threshold, (int, float)) or threshold != threshold:
+            raise ValueError(f"threshold must be a number, got {threshold!r}")
+        check_choice("cycle_scope", cycle_scope, CYCLE_SCOPES)
+        check_int("score_samples", score_samples)
+        check_int("seed", seed, minimum=0)
+        self.target_compactness = target_compactness
+        self.score, self.threshold = score, threshold
+        self.score_samples, self.seed = score_samples, seed
+        self.clock = CycleClock(epochs_per_cycle, cycle_scope)
+        self.targets: dict[str, int] = {}
+        self.history: list[dict] = []  # one record per edit
+        self._warned_scope = False
+
+    @property
+    def done(self) -> bool:
+        """Every masked layer has its target number of active units."""
+        return self.masks is not None and self.masks.active_counts() == self.targets
+
+    def before_training_exp(self, strategy, **kwargs):
+        super().before_training_exp(strategy, **kwargs)
+        self.clock.start_experience()
+        if (self.clock.scope == "experience" and strategy.train_epochs <= self.clock.epochs_per_cycle
+                and not self._warned_scope):
+            self._warned_scope = True
+            warnings.warn(f"cycle_scope='experience' with train_epochs={strategy.train_epochs} <= "
+                          f"epochs_per_cycle={self.clock.epochs_per_cycle}: no edit can happen",
+                          stacklevel=2)
+
+    def before_training_epoch(self, strategy, **kwargs):
+        if self.clock.edit_due() and not self.done:
+            self._edit(strategy)
+
+    def after_training_epoch(self, strategy, **kwargs):
+        super().after_training_epoch(strategy, **kwargs)
+        self.clock.end_epoch()
+
+    def _scores(self, strategy) -> dict[str, torch.Tensor]:
+        if self.score == "weight_norm":
+            return unit_scores(self.masks, "weight_norm")
+        x, y, t = experience_tensors(strategy, n_samples=self.score_samples,
+                                     seed=self.seed + self.clock.cycle)
+        return unit_scores(self.masks, self.score, x, y, loss_fn=strategy._criterion,
+                           threshold=self.threshold, task_labels=t)
+
+    def _record(self, strategy, edited: dict) -> None:
+        self.history.append({
+            "cycle": self.clock.cycle, "iteration": strategy.clock.train_iterations,
+            "experience": getattr(strategy.experience, "current_experience", None),
+            "units": {name: idx.tolist() for name, idx in edited.items()},
+            "active": self.masks.active_counts(), "compactness": self.masks.compactness()})
+
+
+class PrunePlugin(_EditingPlugin):
+    """Iterative unit pruning with rewinding, until ``target_compactness`` (module docstring).
+
+    :param target_compactness: fraction of hidden units kept at the end, in (0, 1].
+    :param prune_fraction_per_cycle: fraction of the *active* units of each layer removed per
+        cycle, in (0, 1].
+    :param epochs_per_cycle: training epochs per cycle.
+    :param score: ``"weight_norm"`` (``‖W_in[u]‖``, magnitude pruning) or ``"activation"``.
+    :param rewind_to: ``"init"`` (the weights when the masks are created), an int ``k`` (after
+        ``k`` training iterations; ``0`` is ``"init"``) or None (no rewinding, plain iterative
+        pruning).
+    :param threshold: activation threshold of the ``activation`` score.
+    :param reset_optimizer: clear the optimizer state after each rewind (a restarted run).
+    :param cycle_scope: ``"stream"`` or ``"experience"``.
+
+    Example::
+
+        prune = PrunePlugin(0.3, prune_fraction_per_cycle=0.2, epochs_per_cycle=1)
+        strategy = Naive(model=model, optimizer=optimizer, plugins=[prune, ReplayPlugin(50)])
+        for experience in benchmark.train_stream:
+            strategy.train(experience)
+        prune.masks.compactness(), prune.history[-1]["active"]
+    """
+
+    def __init__(self, target_compactness: float, prune_fraction_per_cycle: float = 0.2,
+                 epochs_per_cycle: int = 1, score: str = "weight_norm", rewind_to="init", *,
+                 threshold: float = 0.0, reset_optimizer: bool = True, cycle_scope: str = "stream",
+                 score_samples: int = 256, seed: int = 0, activation: Callable = torch.relu):
+        super().__init__(target_compactness, epochs_per_cycle, score, threshold, cycle_scope,
+                         score_samples, seed, activation, ("weight_norm", "activation"))
+        check_compactness("prune_fraction_per_cycle", prune_fraction_per_cycle)
+        if rewind_to is not None and rewind_to != "init":
+            check_int("rewind_to", rewind_to, minimum=0)
+        self.prune_fraction = prune_fraction_per_cycle
+        self.rewind_to = 0 if rewind_to == "init" else rewind_to
+        self.reset_optimizer = reset_optimizer
+        self.rewind_state: dict[str, torch.Tensor] | None = None
+        self._iterations = 0
+
+    def _snapshot(self, strategy) -> None:
+        self.rewind_state = {k: v.detach().clone() for k, v in strategy.model.state_dict().items()}
+
+    def _masks_created(self, strategy):
+        self.targets = layer_counts(self.masks.sizes(), self.target_compactness)
+        if self.rewind_to == 0:
+            self._snapshot(strategy)
+
+    def after_training_iteration(self, strategy, **kwargs):
+        self._iterations += 1
+        if self.rewind_to is not None and self.rewind_state is None and self._iterations >= self.rewind_to:
+            self._snapshot(strategy)
+
+    def _edit(self, strategy):
+        active = self.masks.active_counts()
+        counts = {name: max(self.targets[name], n - max(1, round(self.prune_fraction * n)))
+                  for name, n in active.items()}
+        removed = self.masks.prune(self._scores(strategy), counts)
+        if self.rewind_to is not None:
+            if self.rewind_state is None:
+                raise RuntimeError(f"rewind_to={self.rewind_to} iterations, but only "
+                                   f"{self._iterations} ran before the first prune")
+            self.masks.rewind(self.rewind_state)
+            if self.reset_optimizer:
+                strategy.optimizer.state.clear()
+        self._record(strategy, removed)
+
+
+class GrowPlugin(_EditingPlugin):
+    """Grow from a sparse seed mask to ``target_compactness``, in place (module docstring).
+
+    :param target_compactness: fraction of hidden units active at the end, in (0, 1].
+    :param seed_compactness: fraction active at the start (a random, seeded subset of each
+        layer), in (0, target_compactness].
+    :param grow_fraction_per_cycle: fraction of each layer's *full width* recruited per cycle.
+    :param epochs_per_cycle: training epochs per cycle.
+    :param score: ``"activation"`` (how often ``φ(z_u) > threshold``, as if unmasked) or
+        ``"gradient"`` (``‖∂L/∂W_out[:, u]‖`` with zero outgoing weights).
+    :param threshold: activation threshold.
+    :param optimizer_state, incoming, outgoing, newborn_lr, newborn_lr_halflife: insertion
+        interventions (:class:`~avalanche_plugins.unit_masks.Interventions`).
+    :param cycle_scope: ``"stream"`` or ``"experience"``.
+
+    With a :class:`~avalanche_plugins.structural_metrics.NewbornGradientMetric` attached, the
+    plugin also measures, during each cycle that began with growth, the mean per-unit gradient
+    norm of newborn and incumbent units and their mean activation (``newborn_log``).
+
+    Example::
+
+        grow = GrowPlugin(0.3, seed_compactness=0.1, grow_fraction_per_cycle=0.05,
+                          outgoing="zero", optimizer_state="fresh")
+        strategy = Naive(model=model, optimizer=optimizer, plugins=[grow],
+                         evaluator=EvaluationPlugin(NewbornGradientMetric(grow)))
+    """
+
+    def __init__(self, target_compactness: float, seed_compactness: float,
+                 grow_fraction_per_cycle: float = 0.1, epochs_per_cycle: int = 1,
+                 score: str = "activation", threshold: float = 0.0, *, optimizer_state: str = "keep",
+                 incoming: str = "as_is", outgoing: str = "as_is", newborn_lr: float = 1.0,
+                 newborn_lr_halflife: float = 100.0, cycle_scope: str = "stream",
+                 score_samples: int = 256, seed: int = 0, activation: Callable = torch.relu):
+        super().__init__(target_compactness, epochs_per_cycle, score, threshold, cycle_scope,
+                         score_samples, seed, activation, ("activation", "gradient"))
+        check_compactness("seed_compactness", seed_compactness)
+        if seed_compactness > target_compactness:
+            raise ValueError(f"seed_compactness={seed_compactness} must not exceed "
+                             f"target_compactness={target_compactness}")
+        check_compactness("grow_fraction_per_cycle", grow_fraction_per_cycle)
+        self.seed_compactness = seed_compactness
+        self.grow_fraction = grow_fraction_per_cycle
+        self.interventions = Interventions(optimizer_state, incoming, outgoing, newborn_lr,
+                                           newborn_lr_halflife)
+        self.track_newborn = False
+        self.newborn_log: list[dict] = []  # one record per cycle that began with growth
+        self._acc = None
+
+    def _masks_created(self, strategy):
+        sizes = self.masks.sizes()
+        self.targets = layer_counts(sizes, self.target_compactness)
+        seeds = layer_counts(sizes, self.seed_compactness)
+        generator = torch.Generator().manual_seed(self.seed)
+        initial = {}
+        for name, n in sizes.items():
+            mask = torch.zeros(n, dtype=torch.bool)
+            mask[torch.randperm(n, generator=generator)[:seeds[name]]] = True
+            initial[name] = mask
+        self.masks.set_masks(initial)
+
+    def _edit(self, strategy):
+        sizes, active = self.masks.sizes(), self.masks.active_counts()
+        counts = {name: min(self.targets[name], n + max(1, round(self.grow_fraction * sizes[name])))
+                  for name, n in active.items()}
+        recruited = self.masks.grow(self._scores(strategy), counts, interventions=self.interventions,
+                                    optimizer=strategy.optimizer)
+        self._record(strategy, recruited)
+        if self.track_newborn:
+            self._acc = {"cycle": self.clock.cycle, "iterations": 0, "newborn_grad": 0.0,
+                         "incumbent_grad": 0.0, "newborn_act": 0.0, "incumbent_act": 0.0,
+                         "n_newborn": sum(int(m.sum()) for m in self.masks.newborn().values())}
+
+    # ------------------------------------------------------------------- newborn diagnostics
+
+    def _split(self, per_unit: dict[str, torch.Tensor]) -> tuple[float, float]:
+        """Mean over newborn units and over incumbent (active, not newborn) units, pooled."""
+        newborn, active = self.masks.newborn(), self.masks.masks
+        values = {"new": [], "old": []}
+        for name, v in per_unit.items():
+            values["new"].append(v[newborn[name]])
+            values["old"].append(v[active[name] & ~newborn[name]])
+        new, old = torch.cat(values["new"]), torch.cat(values["old"])
+        return (float(new.mean()) if new.numel() else float("nan"),
+                float(old.mean()) if old.numel() else float("nan"))
+
+    def before_forward(self, strategy, **kwargs):
+        if self._acc is not None:
+            self.masks.record_outputs(True)  # training forwards only, not evaluations
+
+    def after_forward(self, strategy, **kwargs):
+        if self._acc is not None:
+            outputs = self.masks.pop_outputs()
+            self.masks.record_outputs(False)
+            means = self.masks.unit_activation_means(outputs)
+            new, old = self._split(means)
+            self._acc["newborn_act"] += new
+            self._acc["incumbent_act"] += old
+
+    def after_backward(self, strategy, **kwargs):
+        if self._acc is not None:
+            new, old = self._split(self.masks.unit_grad_norms())
+            self._acc["newborn_grad"] += new
+            self._acc["incumbent_grad"] += old
+            self._acc["iterations"] += 1
+
+    def after_training_epoch(self, strategy, **kwargs):
+        acc = self._acc
+        super().after_training_epoch(strategy, **kwargs)
+        if acc is not None and self.clock.epoch % self.clock.epochs_per_cycle == 0:
+            n = max(acc.pop("iterations"), 1)
+            record = {k: (v / n if k not in ("cycle", "n_newborn") else v) for k, v in acc.items()}
+            record["grad_ratio"] = record["newborn_grad"] / record["incumbent_grad"] \
+                if record["incumbent_grad"] > 0 else float("nan")
+            record["iteration"] = strategy.clock.train_iterations
+            self.newborn_log.append(record)
+            self._acc = None
+
+
+# ------------------------------------------------------------------------------- tickets
+
+
+@dataclass
+class TicketResult:
+    """Retrained-ticket evaluation: final cumulative accuracy, trajectory-average accuracy."""
+
+    acc: float
+    taa: float
+    trajectory: list[tuple[int, float]] = field(default_factory=list)  # (iteration, accuracy)
+    compactness: float = 1.0
+
+
+def retrain_ticket(mask, model_factory: Callable[[], torch.nn.Module], stream, *,
+                   optimizer_factory: Callable | None = None, train_epochs: int = 1,
+                   train_mb_size: int = 32, eval_mb_size: int = 256,
+                   plugins_factory: Callable[[], list] | None = None, epochs_per_cycle: int = 1,
+                   cycle_scope: str = "stream", seed: int = 0, device="cpu",
+                   activation: Callable = torch.relu) -> TicketResult:
+    """Winning-ticket evaluation: freeze ``mask``, re-initialise, retrain on ``stream`` from scratch.
+
+    ``torch.manual_seed(seed)``, ``model = model_factory()`` (fresh weights), then Avalanche's
+    ``Naive`` with :class:`FixedMaskPlugin` (plus ``plugins_factory()``, e.g. a ``ReplayPlugin``)
+    trains on every experience of ``stream.train_stream``. ACC is the accuracy on the test data of
+    all experiences after the last one; TAA the mean of the cycle accuracies
+    (:class:`~avalanche_plugins.structural_metrics.CycleAccuracyMetric`: cumulative test accuracy
+    at the end of every ``epochs_per_cycle`` epochs).
+
+    :param mask: ``{layer name: bool tensor}`` or a :class:`UnitMasks` (its current masks).
+    :param stream: an Avalanche benchmark (``train_stream``/``test_stream``) or an object with a
+        ``.benchmark`` holding one (``benchmarks.data.Stream``).
+    :param optimizer_factory: ``params -> optimizer`` (default ``SGD(lr=0.01)``).
+    """
+    from avalanche.training.supervised import Naive
+
+    from avalanche_plugins.structural_metrics import (
+        CycleAccuracyMetric,
+        quiet_evaluator,
+        stream_accuracy,
+    )
+
+    benchmark = getattr(stream, "benchmark", stream)
+    torch.manual_seed(seed)
+    model = model_factory()
+    optimizer = (optimizer_factory or (lambda p: torch.optim.SGD(p, lr=0.01)))(model.parameters())
+    fixed = FixedMaskPlugin(mask, activation=activation)
+    cycles = CycleAccuracyMetric(benchmark.test_stream, epochs_per_cycle, cycle_scope=cycle_scope,
+                                 eval_mb_size=eval_mb_size)
+    strategy = Naive(model=model, optimizer=optimizer, criterion=torch.nn.CrossEntropyLoss(),
+                     train_mb_size=train_mb_size, train_epochs=train_epochs, eval_mb_size=eval_mb_size,
+                     device=device, plugins=[fixed, *(plugins_factory() if plugins_factory else [])],
+                     evaluator=quiet_evaluator(cycles))
+    for experience in benchmark.train_stream:
+        strategy.train(experience, num_workers=0)
+    acc = stream_accuracy(strategy, list(benchmark.test_stream), batch_size=eval_mb_size)
+    taa = cycles.taa if cycles.trajectory else acc
+    return TicketResult(acc=acc, taa=taa, trajectory=list(cycles.trajectory),
+                        compactness=fixed.masks.compactness())
+

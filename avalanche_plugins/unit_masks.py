@@ -1,0 +1,836 @@
+"""Unit masks: switch hidden neurons / conv channels off and on without changing any shape.
+
+Grow and Prune ("On the Stability of Growth in Structural Plasticity", arXiv 2605.15435) edit a
+network at the level of *units*: the neurons of a hidden ``Linear`` and the output channels of a
+hidden ``Conv2d``; the output head is never masked. :class:`UnitMasks` keeps one boolean mask per
+maskable hidden layer of the layer map (:func:`avalanche_plugins.layers.discover_layers`) and
+applies it without touching parameter shapes or the set of ``Parameter`` objects, so Avalanche's
+optimizer bookkeeping, EWC/SI/Replay and checkpoints keep working.
+
+How a mask is applied (all exact, all cheap):
+
+* **Output.** A forward hook multiplies the unit's output by its 0/1 mask, so a masked unit
+  outputs exactly 0 (its post-activation is ``φ(0)``, i.e. 0 for ReLU, leaky ReLU, tanh, GELU,
+  CReLU; a sigmoid unit would still emit the constant ``σ(0)``).
+* **BatchNorm.** If the layer is followed by a BatchNorm (``layer.norm`` in the layer map), the hook
+  sits on the BatchNorm's output instead of the layer's: BN normalises each channel on its own, so
+  masking after it zeroes the unit exactly, while masking before it would let BN's shift ``β`` and
+  running mean leak through. Layers followed by a norm that mixes units (LayerNorm, GroupNorm) are
+  not maskable and are skipped.
+* **Parameters.** Zeroing gradients is not enough (weight decay and momentum / Adam moments still
+  move the weights), so after every optimizer step :meth:`UnitMasks.restore` copies the masked
+  entries back from a snapshot taken when the mask last changed (``index_copy_`` on the masked
+  rows only). A masked unit's frozen entries are its incoming weight row and bias, the following
+  BatchNorm's ``weight``/``bias`` and running statistics, and its outgoing weights (the columns
+  of the layer that consumes it), so "as is" at recruitment means the values it was frozen with.
+  The optimizer's own state for masked entries is left to the optimizer (see ``optimizer_state``
+  in :meth:`UnitMasks.grow`).
+
+Outgoing weights: the consumer of a layer is the first later layer of the layer map whose input
+changes when one of the layer's units is perturbed, measured once at construction by a
+vectorised probe (one batched forward pass per layer in eval mode). The probe maps each unit to
+the consumer's input columns it feeds, so ``Flatten`` after a conv (one block of ``H·W`` columns
+per channel), pooling and CReLU (two columns per unit) are all handled. Only that one consumer
+is recorded (sequential models; in a residual block the skip path is not).
+
+Scores (:func:`unit_scores`), all per unit of each masked layer, larger is better:
+
+* ``weight_norm``: ``‖W_in[u]‖₂`` (incoming weight row, bias excluded);
+* ``activation``: fraction of inputs (samples × spatial positions) with ``φ(z_u) > threshold``,
+  where ``z_u`` is the unit's (post-BN) output *as if unmasked*: the hook sees the value before
+  multiplying by the mask, and unmasking one unit changes nothing else in its layer;
+* ``gradient``: ``‖∂L/∂W_out[:, u]‖`` — the gradient a unit's outgoing weights would receive if
+  it were inserted with zero outgoing weights (function-preserving, so the rest of the network is
+  unchanged; GradMax / NeurOps). The gradient through the mask itself is useless here: a masked
+  ReLU unit sits at ``relu'(0) = 0``.
+
+Recruitment interventions (:meth:`UnitMasks.grow`), each with the public code that uses it:
+
+* ``optimizer_state``: ``keep`` (whatever the optimizer holds), ``zero`` (the newborn entries of
+  every per-parameter state tensor — momentum, Adam moments — are set to 0, as RigL and NeurOps
+  do), ``fresh`` (zeroed moments *and* an Adam bias correction with the unit's own step count, as
+  if a fresh optimizer had been created for it, as Firefly / open_lth restart optimizers).
+  ``torch.optim.Adam`` keeps one ``step`` per parameter tensor, so zeroed moments alone are
+  bias-corrected with the tensor's large step count and start tiny. ``fresh`` therefore redoes
+  the newborn entries' update after each step: Adam's moment updates do not depend on the step
+  count, only the update ``lr·m̂/(√v̂+ε)`` does, so ``p = p_before - lr·(m/(1-β₁ᵏ))/(√(v/(1-β₂ᵏ))+ε)``
+  (AdamW also ``- lr·wd·p_before``) with ``k`` the unit's age in steps is exact. For SGD,
+  ``fresh`` equals ``zero`` (a fresh momentum buffer starts at the first gradient, which is what a
+  zeroed buffer gives with ``dampening=0``).
+* ``incoming``: ``as_is`` (the frozen values) or ``reinit`` (PyTorch's default init of the row:
+  ``U(-1/√fan_in, 1/√fan_in)`` for weight and bias; BN affine 1/0, running stats 0/1).
+* ``outgoing``: ``as_is`` or ``zero`` (function-preserving, as in Continual Backprop and NeurOps:
+  the network's output is unchanged on every input). Only the *outgoing* weights are zeroed: a
+  unit whose incoming weights and bias are zero has ``z_u = 0`` and, with ReLU,
+  ``relu'(0) = 0``, so it would be dead, not just starved.
+* ``newborn_lr`` / ``newborn_lr_halflife``: a learning-rate multiplier
+  ``1 + (newborn_lr - 1)·2^(-age/halflife)`` on the newborn entries, applied exactly for any
+  optimizer by scaling the step they took (``p = p_before + mult·(p_after - p_before)``).
+
+"Newborn entries" are a recruited unit's incoming row, bias, BN affine parameters and outgoing
+columns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from avalanche_plugins._checks import check_choice, check_positive
+from avalanche_plugins.functional import eval_mode, model_forward, stateless_forward
+from avalanche_plugins.layers import LayerMap, discover_layers
+
+__all__ = [
+    "SCORES",
+    "OPTIMIZER_STATES",
+    "INCOMING",
+    "OUTGOING",
+    "Interventions",
+    "UnitMasks",
+    "unit_scores",
+    "lowest_active",
+    "highest_masked",
+    "remove_mask_hooks",
+    "check_compactness",
+    "layer_counts",
+]
+
+SCORES = ("weight_norm", "activation", "gradient")
+OPTIMIZER_STATES = ("keep", "zero", "fresh")
+INCOMING = ("as_is", "reinit")
+OUTGOING = ("as_is", "zero")
+
+
+@dataclass(frozen=True)
+class Interventions:
+    """How recruited units enter training (module docstring; defaults change nothing).
+
+    Example:
+        >>> Interventions(outgoing="zero", newborn_lr=3.0).lr_multiplier(age=100)  # halflife 100
+        2.0
+    """
+
+    optimizer_state: str = "keep"
+    incoming: str = "as_is"
+    outgoing: str = "as_is"
+    newborn_lr: float = 1.0
+    newborn_lr_halflife: float = 100.0
+
+    def __post_init__(self):
+        check_choice("optimizer_state", self.optimizer_state, OPTIMIZER_STATES)
+        check_choice("incoming", self.incoming, INCOMING)
+        check_choice("outgoing", self.outgoing, OUTGOING)
+        check_positive("newborn_lr", self.newborn_lr)
+        check_positive("newborn_lr_halflife", self.newborn_lr_halflife)
+
+    def lr_multiplier(self, age):
+        """``1 + (newborn_lr - 1)·2^(-age/halflife)`` (a float or a tensor of ages)."""
+        return 1.0 + (self.newborn_lr - 1.0) * 0.5 ** (age / self.newborn_lr_halflife)
+
+
+class _MaskHook:
+    """Forward hook ``out * multiplier`` along the unit dimension; optionally records the
+    pre-mask output (for scores) and per-unit activation sums (for diagnostics).
+
+    A plain object (not a closure) so models carrying it pickle with dill/pickle, and the
+    multiplier is edited in place so every copy of the model made together with it stays in
+    sync."""
+
+    def __init__(self, multiplier: torch.Tensor, unit_dim: int):
+        self.multiplier = multiplier
+        self.unit_dim = unit_dim
+        self.capture: list | None = None
+        self.probe: torch.Tensor | None = None  # additive perturbation, construction only
+
+    def shape_for(self, out: torch.Tensor) -> list[int]:
+        shape = [1] * out.dim()
+        shape[self.unit_dim if self.unit_dim >= 0 else out.dim() + self.unit_dim] = -1
+        return shape
+
+    def __call__(self, module, inputs, out):
+        if self.capture is not None:
+            self.capture.append(out.detach())
+        if self.multiplier.device != out.device or self.multiplier.dtype != out.dtype:
+            self.multiplier = self.multiplier.to(device=out.device, dtype=out.dtype)
+        out = out * self.multiplier.view(self.shape_for(out))
+        if self.probe is not None:
+            out = out + self.probe.view(out.shape[0], *self.shape_for(out)[1:])
+        return out
+
+    def __getstate__(self):
+        return {"multiplier": self.multiplier, "unit_dim": self.unit_dim}
+
+    def __setstate__(self, state):
+        self.__init__(state["multiplier"], state["unit_dim"])
+
+
+def remove_mask_hooks(model: nn.Module) -> int:
+    """Remove every unit-mask hook from ``model`` (e.g. from a ``deepcopy`` meant to be dense).
+
+    Returns the number removed.
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+        >>> masks = UnitMasks(net, torch.randn(2, 3))
+        >>> remove_mask_hooks(net)
+        1
+    """
+    removed = 0
+    for module in model.modules():
+        for key, hook in list(module._forward_hooks.items()):
+            if isinstance(hook, _MaskHook):
+                del module._forward_hooks[key]
+                removed += 1
+    return removed
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One tensor of a layer whose unit-indexed entries are frozen / edited together."""
+
+    owner: nn.Module
+    attr: str  # parameter or buffer name on ``owner``
+    dim: int  # unit dimension in the tensor
+    columns: torch.Tensor | None = None  # (units, k) indices along ``dim``; None: index = unit
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        return getattr(self.owner, self.attr)
+
+    def indices(self, units: torch.Tensor) -> torch.Tensor:
+        if self.columns is None:
+            return units
+        return self.columns[units].reshape(-1)
+
+
+@dataclass(eq=False)
+class _Layer:
+    name: str
+    module: nn.Module
+    kind: str  # "linear" or "conv"
+    norm: nn.Module | None
+    hook: _MaskHook
+    incoming: list[_Slot]  # weight rows, bias, BN affine (parameters)
+    norm_buffers: list[_Slot]  # BN running statistics
+    outgoing: _Slot | None  # consumer weight columns
+    consumer: str | None
+
+    @property
+    def size(self) -> int:
+        return self.hook.multiplier.numel()
+
+    @property
+    def param_slots(self) -> list[_Slot]:
+        return self.incoming + ([self.outgoing] if self.outgoing is not None else [])
+
+
+def _example_tensor(example_input):
+    return example_input[0] if isinstance(example_input, (tuple, list)) else example_input
+
+
+def _forward(model, example_input, x=None):
+    """Model output on ``x`` (default: the example), with the example's task labels if any."""
+    if isinstance(example_input, (tuple, list)):
+        xs, t = example_input[0], torch.as_tensor(example_input[1])
+        x = xs if x is None else x
+        t = t.reshape(-1)[:1].expand(x.shape[0]) if t.dim() else t
+        return model_forward(model, x, t)
+    return model_forward(model, example_input if x is None else x)
+
+
+class UnitMasks:
+    """One boolean unit mask per maskable hidden layer of ``model`` (see the module docstring).
+
+    A layer is maskable if it is a ``Linear`` (units = output features) or ``Conv`` (units =
+    output channels) of the layer map, is not the last layer (the head), and is followed by no
+    norm or by a BatchNorm. All masks start full (every unit active); hooks are attached at once.
+
+    Keep parameters exact by calling :meth:`step` instead of ``optimizer.step()`` (or
+    :meth:`before_step` / ``optimizer.step()`` / :meth:`after_step`, which the plugins do from
+    ``before_update`` / ``after_update``).
+
+    Args:
+        model: the network (any layout :func:`~avalanche_plugins.layers.discover_layers`
+            handles; outgoing weights are found for sequential models).
+        example_input: one example batch (tensor, or ``(x, task_labels)``), two samples suffice.
+        activation: ``φ`` used by the activation score and the activation diagnostics
+            (default ReLU; pass e.g. ``functools.partial(F.leaky_relu, negative_slope=0.01)``).
+
+    Raises:
+        ValueError: ``model`` has no maskable hidden layer.
+
+    Example:
+        >>> torch.manual_seed(0) is not None
+        True
+        >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+        >>> masks = UnitMasks(net, torch.randn(2, 3))
+        >>> masks.set_masks({"0": torch.tensor([True, False, True, False])})
+        >>> masks.active_counts(), masks.compactness()
+        ({'0': 2}, 0.5)
+        >>> hidden = net[:2](torch.randn(5, 3))
+        >>> bool((hidden[:, [1, 3]] == 0).all())
+        True
+    """
+
+    def __init__(self, model: nn.Module, example_input, *, activation: Callable = torch.relu,
+                 layer_map: LayerMap | None = None):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        self.model = model
+        self.activation = activation
+        layer_map = layer_map if layer_map is not None else discover_layers(model, example_input)
+        self.layers: dict[str, _Layer] = {}
+        skipped = {}
+        for info in list(layer_map)[:-1]:  # the last layer is the head: never masked
+            if info.kind not in ("linear", "conv"):
+                skipped[info.name] = f"{info.kind} layer"
+                continue
+            norm = layer_map.norms.get(info.norm) if info.norm is not None else None
+            if norm is not None and not isinstance(norm, nn.modules.batchnorm._BatchNorm):
+                skipped[info.name] = f"followed by {type(norm).__name__}, which mixes units"
+                continue
+            self.layers[info.name] = self._build_layer(info, norm)
+        if not self.layers:
+            raise ValueError(
+                f"model {type(model).__name__} has no maskable hidden layer (a Linear or Conv "
+                f"layer before the head, followed by no norm or a BatchNorm); layers: "
+                f"{layer_map.names}" + (f", skipped: {skipped}" if skipped else ""))
+        self.skipped = skipped
+        self._find_consumers(layer_map, example_input)
+        self.steps = 0  # optimizer steps seen by after_step (unit ages are counted in these)
+        self.interventions = Interventions()
+        self.born: dict[str, torch.Tensor] = {
+            name: torch.full((layer.size,), -1, dtype=torch.long, device=layer.hook.multiplier.device)
+            for name, layer in self.layers.items()}  # step at recruitment, -1: never recruited
+        self.last_grow_step: int | None = None
+        self._frozen: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._before: dict[int, torch.Tensor] = {}
+        self.attach()
+        self._refreeze()
+
+    # --------------------------------------------------------------------------------- setup
+
+    def _build_layer(self, info, norm) -> _Layer:
+        module = info.module
+        device = next(module.parameters()).device
+        multiplier = torch.ones(info.out_units, device=device)
+        hook = _MaskHook(multiplier, unit_dim=-1 if info.kind == "linear" else 1)
+        incoming = [_Slot(module, n, 0) for n in ("weight", "bias") if getattr(module, n, None) is not None]
+        buffers = []
+        if norm is not None:
+            incoming += [_Slot(norm, n, 0) for n in ("weight", "bias") if getattr(norm, n, None) is not None]
+            buffers = [_Slot(norm, n, 0) for n in ("running_mean", "running_var")
+                       if getattr(norm, n, None) is not None]
+        return _Layer(info.name, module, info.kind, norm, hook, incoming, buffers, None, None)
+
+    @torch.no_grad()
+    def _find_consumers(self, layer_map: LayerMap, example_input) -> None:
+        """Probe which later layer's input columns each unit feeds (module docstring)."""
+        order = layer_map.names
+        x = _example_tensor(example_input)[:1]
+        for name, layer in self.layers.items():
+            later = [layer_map[n] for n in order[order.index(name) + 1:]]
+            captured: dict[str, torch.Tensor] = {}
+            handles = [info.module.register_forward_pre_hook(
+                lambda m, inp, n=info.name, store=captured: store.__setitem__(n, inp[0].detach()))
+                for info in later]
+            hook_point = layer.norm if layer.norm is not None else layer.module
+            n = layer.size
+            eye = torch.eye(n, device=x.device) * 1e4  # ± a large step: passes ReLU/tanh/CReLU
+            delta = torch.cat([torch.zeros(1, n, device=x.device), eye, -eye])
+            layer.hook.probe = delta
+            handle = hook_point.register_forward_hook(layer.hook)
+            try:
+                with eval_mode(self.model):
+                    _forward(self.model, example_input, x.expand(2 * n + 1, *x.shape[1:]))
+            finally:
+                layer.hook.probe = None
+                handle.remove()
+                for h in handles:
+                    h.remove()
+            for info in later:
+                inp = captured.get(info.name)
+                if inp is None:
+                    continue
+                feature_dim = inp.dim() - 1 if info.kind == "linear" else 1
+                diff = (inp[1:] - inp[:1]).abs() > 1e-4 * (1 + inp[:1].abs())
+                reduce = [d for d in range(1, diff.dim()) if d != feature_dim]
+                touched = diff.any(dim=reduce) if reduce else diff  # (2n, features)
+                touched = touched[:n] | touched[n:]
+                if not touched.any():
+                    continue  # not reached yet: look at the next layer
+                counts = touched.sum(1)
+                groups = getattr(info.module, "groups", 1)
+                if info.kind in ("linear", "conv") and groups == 1 and bool((counts == counts[0]).all()) \
+                        and int(counts[0]) > 0 and bool((touched.sum(0) <= 1).all()):
+                    columns = touched.nonzero()[:, 1].reshape(n, int(counts[0]))
+                    layer.outgoing = _Slot(info.module, "weight", 1, columns)
+                    layer.consumer = info.name
+                break
+
+    # ------------------------------------------------------------------------------- hooks
+
+    def attach(self) -> None:
+        """(Re-)register the forward hooks; idempotent."""
+        for layer in self.layers.values():
+            point = layer.norm if layer.norm is not None else layer.module
+            if not any(h is layer.hook for h in point._forward_hooks.values()):
+                point.register_forward_hook(layer.hook)
+
+    def detach(self) -> None:
+        """Remove this object's hooks (the model becomes dense again; parameters untouched)."""
+        for layer in self.layers.values():
+            point = layer.norm if layer.norm is not None else layer.module
+            for key, hook in list(point._forward_hooks.items()):
+                if hook is layer.hook:
+                    del point._forward_hooks[key]
+
+    # ------------------------------------------------------------------------------ queries
+
+    @property
+    def names(self) -> list[str]:
+        """Maskable layer names, in execution order."""
+        return list(self.layers)
+
+    @property
+    def masks(self) -> dict[str, torch.Tensor]:
+        """``{layer name: bool tensor (units,)}`` (copies)."""
+        return {name: layer.hook.multiplier > 0 for name, layer in self.layers.items()}
+
+    def sizes(self) -> dict[str, int]:
+        return {name: layer.size for name, layer in self.layers.items()}
+
+    def active_counts(self) -> dict[str, int]:
+        return {name: int((layer.hook.multiplier > 0).sum()) for name, layer in self.layers.items()}
+
+    def compactness(self) -> float:
+        """Fraction of hidden units active, ``Σ_ℓ active_ℓ / Σ_ℓ units_ℓ``."""
+        return sum(self.active_counts().values()) / sum(self.sizes().values())
+
+    def newborn(self) -> dict[str, torch.Tensor]:
+        """Units recruited by the last :meth:`grow` (all False before any growth)."""
+        step = self.last_grow_step
+        return {name: (born == step) if step is not None else torch.zeros_like(born, dtype=torch.bool)
+                for name, born in self.born.items()}
+
+    # ----------------------------------------------------------------------- freezing / steps
+
+    @torch.no_grad()
+    def _refreeze(self) -> None:
+        """Snapshot the masked entries (call after every mask or parameter edit)."""
+        self._frozen = {}
+        for name, layer in self.layers.items():
+            off = (layer.hook.multiplier == 0).nonzero().reshape(-1)
+            if off.numel() == 0:
+                continue
+            for i, slot in enumerate(layer.param_slots + layer.norm_buffers):
+                idx = slot.indices(off)
+                self._frozen[(name, i)] = (idx, slot.tensor.detach().index_select(slot.dim, idx).clone())
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        """Copy the masked entries back to their frozen values (exact)."""
+        for (name, i), (idx, values) in self._frozen.items():
+            layer = self.layers[name]
+            slot = (layer.param_slots + layer.norm_buffers)[i]
+            slot.tensor.data.index_copy_(slot.dim, idx, values)
+
+    def _newborn_slots(self):
+        """``[(tensor, dim, entry indices, unit birth steps)]`` of units still being corrected."""
+        if self.last_grow_step is None:
+            return []
+        iv = self.interventions
+        window = 0
+        if iv.newborn_lr != 1.0:
+            window = max(window, int(40 * iv.newborn_lr_halflife))
+        if iv.optimizer_state == "fresh":
+            window = max(window, 20000)  # 0.999^20000 ≈ 2e-9: Adam's bias corrections agree
+        out = []
+        for name, layer in self.layers.items():
+            born = self.born[name]
+            units = ((born >= 0) & (self.steps - born < window) & (layer.hook.multiplier > 0))
+            units = units.nonzero().reshape(-1)
+            if units.numel() == 0:
+                continue
+            for slot in layer.param_slots:
+                idx = slot.indices(units)
+                k = 1 if slot.columns is None else slot.columns.shape[1]
+                out.append((slot.tensor, slot.dim, idx, born[units].repeat_interleave(k)))
+        return out
+
+    @torch.no_grad()
+    def before_step(self) -> None:
+        """Save the newborn entries' values if an intervention rewrites their update."""
+        self._before = {}
+        self._pending = self._newborn_slots()
+        for j, (tensor, dim, idx, _) in enumerate(self._pending):
+            self._before[j] = tensor.detach().index_select(dim, idx).clone()
+
+    @torch.no_grad()
+    def after_step(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Rewrite newborn updates (fresh Adam, LR multiplier), restore masked entries, count
+        the step."""
+        pending = getattr(self, "_pending", [])
+        # read every "after" first: a newborn's outgoing columns can overlap the next layer's
+        # newborn rows, and each entry must be rewritten once from its own before/after
+        afters = [tensor.detach().index_select(dim, idx) for tensor, dim, idx, _ in pending]
+        for j, (tensor, dim, idx, born) in enumerate(pending):
+            before = self._before.get(j)
+            if before is None:
+                continue
+            age = (self.steps + 1 - born).to(tensor.dtype)
+            shape = [1] * tensor.dim()
+            shape[dim] = -1
+            age = age.view(shape)
+            update = afters[j] - before
+            if self.interventions.optimizer_state == "fresh" and optimizer is not None:
+                fresh = _fresh_adam_update(optimizer, tensor, dim, idx, before, age)
+                if fresh is not None:
+                    update = fresh
+            if self.interventions.newborn_lr != 1.0:
+                update = update * self.interventions.lr_multiplier(age)
+            tensor.data.index_copy_(dim, idx, before + update)
+        self._pending, self._before = [], {}
+        self.restore()
+        self.steps += 1
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer.step()`` keeping masked entries exact and applying the interventions."""
+        self.before_step()
+        optimizer.step()
+        self.after_step(optimizer)
+
+    # ---------------------------------------------------------------------------- editing
+
+    @torch.no_grad()
+    def set_masks(self, masks: Mapping[str, torch.Tensor]) -> None:
+        """Set masks directly (no intervention); layers not named keep theirs.
+
+        Raises ``ValueError`` for an unknown layer name or a wrong mask size."""
+        for name, mask in masks.items():
+            if name not in self.layers:
+                raise ValueError(f"masks: no maskable layer named {name!r}; layers are {self.names}")
+            mask = torch.as_tensor(mask, dtype=torch.bool)
+            layer = self.layers[name]
+            if mask.shape != (layer.size,):
+                raise ValueError(f"masks[{name!r}] must have shape ({layer.size},), got {tuple(mask.shape)}")
+            layer.hook.multiplier.copy_(mask.to(layer.hook.multiplier))
+        self._refreeze()
+
+    @torch.no_grad()
+    def prune(self, scores: Mapping[str, torch.Tensor], counts: Mapping[str, int]) -> dict[str, torch.Tensor]:
+        """Keep the ``counts[name]`` highest-scoring active units of each named layer, mask the
+        rest (:func:`lowest_active`). Returns ``{name: removed unit indices}``."""
+        removed = {}
+        for name, keep in counts.items():
+            mask = self.layers[name].hook.multiplier > 0
+            n_remove = int(mask.sum()) - int(keep)
+            if n_remove < 0:
+                raise ValueError(f"counts[{name!r}]={keep} exceeds the {int(mask.sum())} active units")
+            removed[name] = lowest_active(scores[name], mask, n_remove)
+            self.layers[name].hook.multiplier[removed[name]] = 0
+        self._refreeze()
+        return removed
+
+    @torch.no_grad()
+    def rewind(self, state_dict: Mapping[str, torch.Tensor], *, buffers: bool = True) -> None:
+        """Load ``state_dict`` into the model bit for bit (LTH rewinding) and refreeze.
+
+        Parameters that grew since the snapshot (an ``IncrementalClassifier`` head) get the
+        saved values in their leading slice; the new entries keep their values."""
+        current = dict(self.model.named_parameters())
+        if buffers:
+            current.update(dict(self.model.named_buffers()))
+        for key, saved in state_dict.items():
+            tensor = current.get(key)
+            if tensor is None:
+                continue
+            if tensor.shape == saved.shape:
+                tensor.data.copy_(saved)
+            elif tensor.dim() == saved.dim() and all(a >= b for a, b in zip(tensor.shape, saved.shape)):
+                tensor.data[tuple(slice(0, s) for s in saved.shape)] = saved
+        self._refreeze()
+
+    @torch.no_grad()
+    def grow(self, scores: Mapping[str, torch.Tensor], counts: Mapping[str, int], *,
+             interventions: Interventions | None = None,
+             optimizer: torch.optim.Optimizer | None = None) -> dict[str, torch.Tensor]:
+        """Activate the highest-scoring masked units until layer ``name`` has ``counts[name]``
+        active units (:func:`highest_masked`), then apply ``interventions`` to the recruits.
+
+        ``optimizer`` is needed for ``optimizer_state`` ``zero`` / ``fresh`` (its state tensors
+        shaped like a parameter get the newborn entries zeroed). Returns
+        ``{name: recruited unit indices}``.
+        """
+        iv = interventions if interventions is not None else self.interventions
+        self.interventions = iv
+        if iv.optimizer_state != "keep" and optimizer is None:
+            raise ValueError(f"optimizer_state={iv.optimizer_state!r} needs the optimizer")
+        if iv.optimizer_state == "fresh" and optimizer is not None and not isinstance(
+                optimizer, (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)):
+            raise ValueError("optimizer_state='fresh' supports SGD, Adam and AdamW, got "
+                             f"{type(optimizer).__name__}")
+        recruited = {}
+        for name, target in counts.items():
+            layer = self.layers[name]
+            mask = layer.hook.multiplier > 0
+            n_add = int(target) - int(mask.sum())
+            if n_add < 0:
+                raise ValueError(f"counts[{name!r}]={target} is below the {int(mask.sum())} active units")
+            if n_add > 0 and layer.outgoing is None and iv.outgoing == "zero":
+                raise ValueError(f"outgoing='zero' needs the consumer of layer {name!r}, which "
+                                 "was not found (non-sequential model)")
+            units = highest_masked(scores[name], mask, n_add)
+            recruited[name] = units
+            if units.numel() == 0:
+                continue
+            if iv.incoming == "reinit":
+                _reinit_rows(layer, units)
+            layer.hook.multiplier[units] = 1
+            if iv.outgoing == "zero":
+                layer.outgoing.tensor.data.index_fill_(1, layer.outgoing.indices(units), 0.0)
+            if iv.optimizer_state != "keep":
+                _zero_optimizer_entries(optimizer, layer.param_slots, units)
+            self.born[name][units] = self.steps
+        self.last_grow_step = self.steps
+        self._refreeze()
+        return recruited
+
+    # -------------------------------------------------------------------------- diagnostics
+
+    @torch.no_grad()
+    def unit_grad_norms(self) -> dict[str, torch.Tensor]:
+        """Per-unit ``‖∂L/∂(incoming row, bias, BN affine)‖`` from the parameters' ``.grad``."""
+        out = {}
+        for name, layer in self.layers.items():
+            total = torch.zeros(layer.size, device=layer.hook.multiplier.device)
+            for slot in layer.incoming:
+                grad = slot.tensor.grad
+                if grad is not None:
+                    total += grad.detach().pow(2).reshape(layer.size, -1).sum(1)
+            out[name] = total.sqrt()
+        return out
+
+    def record_outputs(self, enabled: bool = True) -> None:
+        """Start (or stop) capturing each masked layer's pre-mask output on every forward."""
+        for layer in self.layers.values():
+            layer.hook.capture = [] if enabled else None
+
+    def pop_outputs(self) -> dict[str, list[torch.Tensor]]:
+        """The captured pre-mask outputs since the last call (cleared)."""
+        out = {}
+        for name, layer in self.layers.items():
+            out[name] = layer.hook.capture or []
+            if layer.hook.capture is not None:
+                layer.hook.capture = []
+        return out
+
+    def unit_activation_means(self, outputs: Mapping[str, list[torch.Tensor]], *,
+                              masked: bool = True) -> dict[str, torch.Tensor]:
+        """Per-unit mean of ``φ(z)`` over captured outputs (samples × positions); with
+        ``masked`` the unit's real output ``φ(m·z)``, else as if unmasked."""
+        out = {}
+        for name, tensors in outputs.items():
+            layer = self.layers[name]
+            if not tensors:
+                continue
+            dim = layer.hook.unit_dim
+            values = []
+            for z in tensors:
+                if masked:
+                    z = z * layer.hook.multiplier.view(layer.hook.shape_for(z))
+                a = self.activation(z).movedim(dim, 0).reshape(layer.size, -1)
+                values.append(a)
+            out[name] = torch.cat(values, 1).mean(1)
+        return out
+
+    # ------------------------------------------------------------------------------- pickle
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_before"], state["_pending"] = {}, []
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.attach()  # no-op when the model was pickled with its hooks (the usual case)
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def _reinit_rows(layer: _Layer, units: torch.Tensor) -> None:
+    """PyTorch's default init, ``U(±1/√fan_in)``, for the rows of ``units``; BN to 1/0, 0/1."""
+    weight = layer.module.weight
+    fan_in = weight[0].numel()
+    bound = 1.0 / math.sqrt(fan_in)
+    rows = torch.empty((units.numel(), *weight.shape[1:]), device=weight.device, dtype=weight.dtype)
+    weight.data[units] = rows.uniform_(-bound, bound)
+    if getattr(layer.module, "bias", None) is not None:
+        layer.module.bias.data[units] = torch.empty(units.numel(), device=weight.device).uniform_(-bound, bound)
+    if layer.norm is not None:
+        for attr, value in (("weight", 1.0), ("bias", 0.0), ("running_mean", 0.0), ("running_var", 1.0)):
+            tensor = getattr(layer.norm, attr, None)
+            if tensor is not None:
+                tensor.data[units] = value
+
+
+def _zero_optimizer_entries(optimizer, slots: list[_Slot], units: torch.Tensor) -> None:
+    for slot in slots:
+        param = slot.tensor
+        state = optimizer.state.get(param, {})
+        for value in state.values():
+            if isinstance(value, torch.Tensor) and value.shape == param.shape:
+                value.index_fill_(slot.dim, slot.indices(units), 0.0)
+
+
+def _fresh_adam_update(optimizer, param, dim, idx, before, age):
+    """Adam/AdamW update of the entries ``idx`` with per-entry step counts ``age`` (None for
+    SGD, which needs no correction)."""
+    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return None
+    state = optimizer.state.get(param)
+    if not state or "exp_avg" not in state:
+        return None
+    group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
+    beta1, beta2 = group["betas"]
+    lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+    m = state["exp_avg"].index_select(dim, idx)
+    v = state["max_exp_avg_sq" if group.get("amsgrad") else "exp_avg_sq"].index_select(dim, idx)
+    bias1 = 1 - beta1 ** age
+    bias2 = 1 - beta2 ** age
+    step = (m / bias1) / ((v / bias2).sqrt() + eps)
+    if group.get("maximize"):
+        step = -step
+    update = -lr * step
+    decoupled = isinstance(optimizer, torch.optim.AdamW) or group.get("decoupled_weight_decay", False)
+    if decoupled and wd:
+        update = update - lr * wd * before
+    return update
+
+
+def lowest_active(scores: torch.Tensor, mask: torch.Tensor, n: int) -> torch.Tensor:
+    """Indices of the ``n`` lowest-scoring active units (``mask`` True); ties: lower index first.
+
+    Example:
+        >>> lowest_active(torch.tensor([0.5, 0.1, 0.9, 0.1]), torch.tensor([True, True, True, False]), 2)
+        tensor([0, 1])
+    """
+    active = mask.nonzero().reshape(-1)
+    if n > active.numel():
+        raise ValueError(f"cannot remove {n} units: only {active.numel()} are active")
+    order = torch.sort(scores[active].float(), stable=True).indices[:n]
+    return active[order].sort().values
+
+
+def highest_masked(scores: torch.Tensor, mask: torch.Tensor, n: int) -> torch.Tensor:
+    """Indices of the ``n`` highest-scoring masked units (``mask`` False); ties: lower index first.
+
+    Example:
+        >>> highest_masked(torch.tensor([0.5, 0.1, 0.9, 0.3]), torch.tensor([False, False, True, False]), 2)
+        tensor([0, 3])
+    """
+    masked = (~mask).nonzero().reshape(-1)
+    if n > masked.numel():
+        raise ValueError(f"cannot recruit {n} units: only {masked.numel()} are masked")
+    order = torch.sort(-scores[masked].float(), stable=True).indices[:n]
+    return masked[order].sort().values
+
+
+# ------------------------------------------------------------------------------------ scores
+
+
+def unit_scores(masks: UnitMasks, kind: str, x: torch.Tensor | None = None, y: torch.Tensor | None = None,
+                *, loss_fn: Callable | None = None, threshold: float = 0.0,
+                task_labels=None) -> dict[str, torch.Tensor]:
+    """Per-unit scores ``{layer name: (units,)}`` of every masked layer (module docstring).
+
+    ``weight_norm`` needs nothing else; ``activation`` needs inputs ``x``; ``gradient`` needs
+    ``x``, targets ``y`` and ``loss_fn``. Data-dependent scores run the model in eval mode
+    without changing parameters, buffers or masks.
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 2))
+        >>> with torch.no_grad():
+        ...     _ = net[0].weight.copy_(torch.tensor([[1.0, 0.0], [-1.0, 0.0], [3.0, 4.0]]))
+        ...     _ = net[0].bias.zero_()
+        >>> masks = UnitMasks(net, torch.randn(2, 2))
+        >>> unit_scores(masks, "weight_norm")["0"]
+        tensor([1., 1., 5.])
+        >>> x = torch.tensor([[1.0, 0.0], [2.0, 0.0], [-1.0, 0.0], [1.0, 1.0]])
+        >>> unit_scores(masks, "activation", x, threshold=0.5)["0"]
+        tensor([0.7500, 0.2500, 0.7500])
+    """
+    check_choice("score", kind, SCORES)
+    if kind == "weight_norm":
+        return {name: layer.module.weight.detach().reshape(layer.size, -1).norm(dim=1)
+                for name, layer in masks.layers.items()}
+    if x is None:
+        raise ValueError(f"score={kind!r} needs inputs x")
+    if kind == "activation":
+        if not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+            raise ValueError(f"threshold must be a finite number, got {threshold!r}")
+        masks.record_outputs(True)
+        try:
+            with torch.no_grad(), eval_mode(masks.model):
+                model_forward(masks.model, x, task_labels)
+            outputs = masks.pop_outputs()
+        finally:
+            masks.record_outputs(False)
+        out = {}
+        for name, layer in masks.layers.items():
+            z = torch.cat(outputs[name]) if len(outputs[name]) > 1 else outputs[name][0]
+            fired = (masks.activation(z) > threshold).movedim(layer.hook.unit_dim, 0)
+            out[name] = fired.reshape(layer.size, -1).float().mean(1)
+        return out
+    if y is None or loss_fn is None:
+        raise ValueError("score='gradient' needs targets y and loss_fn")
+    return _gradient_scores(masks, x, y, loss_fn, task_labels)
+
+
+def _gradient_scores(masks, x, y, loss_fn, task_labels):
+    names = {id(p): n for n, p in masks.model.named_parameters()}
+    out = {}
+    with eval_mode(masks.model):
+        for name, layer in masks.layers.items():
+            if layer.outgoing is None:
+                raise ValueError(f"score='gradient' needs the consumer of layer {name!r}, which "
+                                 "was not found (non-sequential model)")
+            weight = layer.outgoing.tensor
+            off = (layer.hook.multiplier == 0).nonzero().reshape(-1)
+            probe = weight.detach().clone()
+            probe.index_fill_(1, layer.outgoing.indices(off), 0.0)  # function-preserving
+            probe.requires_grad_(True)
+            saved = layer.hook.multiplier.clone()
+            layer.hook.multiplier.fill_(1.0)  # every unit of this layer on, outgoing zero if masked
+            try:
+                output = stateless_forward(masks.model, {names[id(weight)]: probe}, x, task_labels)
+                (grad,) = torch.autograd.grad(loss_fn(output, y), probe)
+            finally:
+                layer.hook.multiplier.copy_(saved)
+            cols = layer.outgoing.columns  # (units, k)
+            per_column = grad.detach().pow(2).movedim(1, 0).reshape(grad.shape[1], -1).sum(1)
+            out[name] = per_column[cols].sum(1).sqrt()
+    return out
+
+
+def check_compactness(name: str, value) -> None:
+    """``value`` in (0, 1], with a message naming the argument."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 1:
+        raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+
+
+def layer_counts(sizes: Mapping[str, int], fraction: float) -> dict[str, int]:
+    """``max(1, round(fraction·units))`` per layer.
+
+    Example:
+        >>> layer_counts({"a": 10, "b": 3}, 0.3)
+        {'a': 3, 'b': 1}
+    """
+    return {name: max(1, int(round(fraction * n))) for name, n in sizes.items()}
+
+

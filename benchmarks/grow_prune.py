@@ -1,0 +1,302 @@
+"""Grow vs Prune: unit-level structural plasticity on a class-incremental stream with tiny replay.
+
+"On the Stability of Growth in Structural Plasticity" (arXiv 2605.15435), issue 6. Dense vs
+Prune (IMP with rewinding to init) vs Grow (activation-scored recruitment) vs Grow with each
+insertion intervention, at target compactness c (fraction of hidden units kept), on:
+
+* an MLP with two masked hidden layers and an unmasked 10-way head, Split digits / Split MNIST
+  (class-incremental, shared head, ``ReplayPlugin`` with a few samples per class), SGD lr 0.01
+  with momentum 0.9 (``--optimizer adam``: Adam lr 1e-3). A masked unit receives no gradient, so
+  without weight decay its momentum / Adam moments are exactly 0 and ``keep`` / ``zero``
+  coincide; ``fresh`` differs only under Adam (the unit's own step count in the bias correction
+  instead of the tensor's);
+* the same MLP on IID data (one experience; cycles within it, ``cycle_scope="experience"``);
+* a small CNN (masked conv channels, BatchNorm) on the split stream.
+
+Per run: final ACC (cumulative test accuracy after the last experience), TAA (mean cycle accuracy,
+one cycle per epoch), the retrained ticket's ACC and TAA (:func:`retrain_ticket`: final mask,
+fresh init, same stream) and, for Grow, the newborn/incumbent gradient ratio (mean over growth
+cycles). Cost: time per training epoch of the masked model (fixed mask at c) over the same dense
+model, measured in the same process. ``--quick``: one seed, c = 30 %, fewer methods.
+
+Run ``python -m benchmarks.grow_prune --help``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+import warnings
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from avalanche_plugins.structural_metrics import (
+    CycleAccuracyMetric,
+    NewbornGradientMetric,
+    quiet_evaluator,
+    stream_accuracy,
+)
+from avalanche_plugins.structural_plasticity import (
+    FixedMaskPlugin,
+    GrowPlugin,
+    PrunePlugin,
+    retrain_ticket,
+)
+from benchmarks.continual import _quiet_deprecations
+from benchmarks.data import make_stream
+from benchmarks.harness import (
+    Timer,
+    benchmark_parser,
+    format_table,
+    seed_everything,
+    summarize,
+    write_results,
+)
+from benchmarks.models import build_model
+
+GROW_VARIANTS = {  # method -> GrowPlugin interventions
+    "grow": {},
+    "grow+zero_out": {"outgoing": "zero"},
+    "grow+zero_state": {"optimizer_state": "zero"},
+    "grow+fresh_state": {"optimizer_state": "fresh"},
+    "grow+reinit_in": {"incoming": "reinit"},
+    "grow+newborn_lr": {"newborn_lr": 3.0, "newborn_lr_halflife": 200.0},
+    "grow+leaky": {},  # leaky ReLU model (plasticity-preserving activation; MLP only)
+}
+METHODS = ("dense", "prune", *GROW_VARIANTS)
+
+
+@dataclass
+class Setting:
+    """One data/model setting; every method and compactness runs on it."""
+
+    name: str
+    dataset: str = "digits"
+    scenario: str = "split"
+    n_experiences: int = 5
+    model: str = "mlp"
+    hidden: tuple[int, ...] = (128, 128)
+    widths: tuple[int, ...] = (16, 32)
+    epochs: int = 4  # per experience; one cycle per epoch
+    edits: int = 3  # edit cycles to reach the target
+    lr: float = 0.01
+    momentum: float = 0.9
+    optimizer: str = "sgd"  # or "adam" (lr 1e-3), where the optimizer-state interventions differ
+    batch_size: int = 32
+    replay_per_class: int = 5
+    data_root: str | None = None
+
+
+def make_model(setting: Setting, n_classes: int, input_shape, leaky: bool = False) -> nn.Module:
+    if setting.model == "mlp":
+        return build_model("mlp", input_shape, n_classes, hidden=setting.hidden,
+                           activation=nn.LeakyReLU if leaky else nn.ReLU)
+    return build_model("cnn", input_shape, n_classes, widths=setting.widths)
+
+
+def make_optimizer(setting: Setting, params):
+    if setting.optimizer == "adam":
+        return torch.optim.Adam(params, lr=1e-3)
+    return torch.optim.SGD(params, lr=setting.lr, momentum=setting.momentum)
+
+
+def make_plugin(method: str, setting: Setting, c: float, seed: int):
+    scope = "experience" if setting.n_experiences == 1 else "stream"
+    if method == "dense":
+        return None
+    if method == "prune":
+        fraction = 1 - c ** (1 / setting.edits)  # IMP: (1 - f)^edits = c
+        return PrunePlugin(c, prune_fraction_per_cycle=min(1.0, fraction + 1e-9), epochs_per_cycle=1,
+                           rewind_to="init", cycle_scope=scope, seed=seed)
+    seed_c = c / 2
+    activation = functools.partial(nn.functional.leaky_relu, negative_slope=0.01) \
+        if method == "grow+leaky" else torch.relu
+    return GrowPlugin(c, seed_compactness=seed_c, grow_fraction_per_cycle=(c - seed_c) / setting.edits + 1e-9,
+                      epochs_per_cycle=1, score="activation", threshold=0.0, cycle_scope=scope, seed=seed,
+                      activation=activation, **GROW_VARIANTS[method])
+
+
+def replay(setting: Setting):
+    from avalanche.training.plugins import ReplayPlugin
+
+    return [ReplayPlugin(mem_size=10 * setting.replay_per_class)] if setting.n_experiences > 1 else []
+
+
+def run_one(setting: Setting, stream, method: str, c: float, seed: int, *, ticket: bool = True) -> dict:
+    from avalanche.training.supervised import Naive
+
+    seed_everything(seed)
+    leaky = method == "grow+leaky"
+    model = make_model(setting, stream.n_classes, stream.input_shape, leaky)
+    plugin = make_plugin(method, setting, c, seed)
+    cycles = CycleAccuracyMetric(stream.benchmark.test_stream, 1,
+                                 cycle_scope="experience" if setting.n_experiences == 1 else "stream")
+    metrics = [cycles] + ([NewbornGradientMetric(plugin)] if isinstance(plugin, GrowPlugin) else [])
+    strategy = Naive(model=model, optimizer=make_optimizer(setting, model.parameters()),
+                     criterion=nn.CrossEntropyLoss(), train_mb_size=setting.batch_size,
+                     train_epochs=setting.epochs, eval_mb_size=512, device="cpu",
+                     plugins=[p for p in [plugin] if p is not None] + replay(setting),
+                     evaluator=quiet_evaluator(*metrics))
+    with Timer() as timer, _quiet_deprecations():
+        for experience in stream.benchmark.train_stream:
+            strategy.train(experience, num_workers=0)
+    row = {"setting": setting.name, "method": method, "compactness": c if plugin else 1.0, "seed": seed,
+           "acc": stream_accuracy(strategy, list(stream.benchmark.test_stream), batch_size=512),
+           "taa": cycles.taa, "trajectory": cycles.trajectory, "wall_s": timer.seconds,
+           "ticket_acc": None, "ticket_taa": None, "newborn_grad_ratio": None}
+    if plugin is not None:
+        row["final_compactness"] = plugin.masks.compactness()
+        row["edits"] = plugin.history
+    if isinstance(plugin, GrowPlugin):
+        ratios = [r["grad_ratio"] for r in plugin.newborn_log if math.isfinite(r["grad_ratio"])]
+        row["newborn_grad_ratio"] = float(np.mean(ratios)) if ratios else None
+        row["newborn_log"] = plugin.newborn_log
+    if plugin is not None and ticket:
+        with _quiet_deprecations():
+            result = retrain_ticket(
+                plugin.masks.masks, lambda: make_model(setting, stream.n_classes, stream.input_shape, leaky),
+                stream, optimizer_factory=lambda p: make_optimizer(setting, p),
+                train_epochs=setting.epochs, train_mb_size=setting.batch_size,
+                plugins_factory=lambda: replay(setting), seed=seed + 1000,
+                cycle_scope="experience" if setting.n_experiences == 1 else "stream",
+                activation=plugin.activation)
+        row["ticket_acc"], row["ticket_taa"] = result.acc, result.taa
+    return row
+
+
+def time_per_epoch(setting: Setting, stream, c: float | None, repeats: int = 3) -> float:
+    """Seconds per training epoch on the first experience, dense (``c`` None) or with a fixed
+    random mask at compactness ``c``; the minimum over ``repeats``."""
+    from avalanche.training.supervised import Naive
+
+    best = math.inf
+    for r in range(repeats):
+        seed_everything(r)
+        model = make_model(setting, stream.n_classes, stream.input_shape)
+        plugins = [] if c is None else [_RandomMaskPlugin(c, r)]
+        strategy = Naive(model=model, optimizer=make_optimizer(setting, model.parameters()),
+                         criterion=nn.CrossEntropyLoss(), train_mb_size=setting.batch_size, train_epochs=2,
+                         device="cpu", plugins=plugins, evaluator=quiet_evaluator())
+        start = time.perf_counter()
+        strategy.train(stream.benchmark.train_stream[0], num_workers=0)
+        best = min(best, (time.perf_counter() - start) / 2)
+    return best
+
+
+class _RandomMaskPlugin(FixedMaskPlugin):
+    """A fixed random mask at compactness ``c`` (timing only)."""
+
+    def __init__(self, c, seed):
+        super().__init__({"_": torch.ones(1)})  # placeholder: the real mask is drawn below
+        self.c, self.seed = c, seed
+
+    def _masks_created(self, strategy):
+        g = torch.Generator().manual_seed(self.seed)
+        self.masks.set_masks({name: torch.randperm(n, generator=g) < max(1, round(self.c * n))
+                              for name, n in self.masks.sizes().items()})
+
+
+def settings_for(args) -> list[Setting]:
+    quick = args.quick
+    common = dict(epochs=2 if quick else 4, edits=2 if quick else 3)
+    out = [Setting("mlp split digits", hidden=(64, 64) if quick else (128, 128), **common),
+           Setting("cnn split digits", model="cnn", widths=(8, 16) if quick else (16, 32), **common)]
+    if not quick:
+        out.append(Setting("mlp iid digits", n_experiences=1, epochs=8, edits=3))
+    if args.data_root:
+        mnist = dict(dataset="mnist", data_root=args.data_root, batch_size=64)
+        out += [Setting("mlp split mnist", hidden=(256, 256), epochs=2 if quick else 3, edits=2, **mnist),
+                Setting("cnn split mnist", model="cnn", widths=(32, 64), epochs=2 if quick else 3, edits=2,
+                        **mnist)]
+        if not quick:
+            out.append(Setting("mlp iid mnist", n_experiences=1, hidden=(256, 256), epochs=6, edits=3, **mnist))
+    return out
+
+
+def plot_trajectories(rows, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(dict.fromkeys((r["setting"], r["compactness"]) for r in rows if r["method"] != "dense"))
+    fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(5 * max(1, len(keys)), 3.6), squeeze=False)
+    for ax, (setting, c) in zip(axes[0], keys):
+        for method in dict.fromkeys(r["method"] for r in rows):
+            runs = [r for r in rows if r["setting"] == setting and r["method"] == method
+                    and (r["compactness"] == c or method == "dense")]
+            if runs:
+                curve = np.mean([[a for _, a in r["trajectory"]] for r in runs], axis=0)
+                ax.plot(range(1, len(curve) + 1), curve, marker=".", label=method)
+        ax.set(xlabel="cycle (epoch)", ylabel="cumulative test accuracy", title=f"{setting}, c={c:.0%}",
+               ylim=(0, 1))
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    parser = benchmark_parser("grow_prune", __doc__.splitlines()[0])
+    parser.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS)}")
+    parser.add_argument("--compactness", default=None, help="comma-separated targets (default 0.2,0.3,0.4,0.5)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
+                        help="sgd: lr 0.01, momentum 0.9; adam: lr 1e-3")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    default_methods = ("dense", "prune", "grow", "grow+zero_out", "grow+fresh_state") if args.quick else METHODS
+    methods = [m.strip() for m in (args.methods or ",".join(default_methods)).split(",") if m.strip()]
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        parser.error(f"--methods: unknown {sorted(unknown)}; choose from {METHODS}")
+    targets = [float(v) for v in (args.compactness or ("0.3" if args.quick else "0.2,0.3,0.4,0.5")).split(",")]
+    seeds = range(1 if args.quick and args.seeds == 3 else args.seeds)
+    rows, timing = [], []
+    with Timer() as total:
+        for setting in settings_for(args):
+            setting.optimizer = args.optimizer
+            stream = make_stream(setting.dataset, setting.scenario, n_experiences=setting.n_experiences,
+                                 data_root=setting.data_root, seed=0)
+            dense_s = time_per_epoch(setting, stream, None)
+            masked_s = time_per_epoch(setting, stream, targets[0])
+            timing.append({"setting": setting.name, "dense_s_per_epoch": dense_s,
+                           "masked_s_per_epoch": masked_s, "masked_over_dense": masked_s / dense_s,
+                           "compactness": targets[0]})
+            print(f"{setting.name}: masked/dense time per epoch {masked_s / dense_s:.2f}", flush=True)
+            for seed in seeds:
+                for method in methods:
+                    if method == "grow+leaky" and setting.model != "mlp":
+                        continue
+                    for c in ([1.0] if method == "dense" else targets):
+                        row = run_one(setting, stream, method, c, seed)
+                        row["config"] = asdict(setting)
+                        rows.append(row)
+                        ticket = f" ticket {row['ticket_acc']:.3f}/{row['ticket_taa']:.3f}" \
+                            if row["ticket_acc"] is not None else ""
+                        ratio = f" ratio {row['newborn_grad_ratio']:.2f}" if row["newborn_grad_ratio"] else ""
+                        print(f"{setting.name:<18} {method:<17} c={c:.2f} seed {seed}: ACC {row['acc']:.3f} "
+                              f"TAA {row['taa']:.3f}{ticket}{ratio} ({row['wall_s']:.1f}s)", flush=True)
+    values = ["acc", "taa", "ticket_acc", "ticket_taa", "newborn_grad_ratio"]
+    summary = summarize(rows, ["setting", "method", "compactness"], values)
+    table = format_table(summary, ["setting", "method", "compactness"], values)
+    out = write_results(args.out, config={"args": vars(args), "methods": methods, "compactness": targets,
+                                          "settings": [asdict(s) for s in settings_for(args)],
+                                          "optimizer": args.optimizer},
+                        rows=rows, summary=summary, wall_seconds=total.seconds,
+                        extra={"timing": timing, "masked_over_dense_time_per_epoch":
+                               max(t["masked_over_dense"] for t in timing)})
+    plot_trajectories(rows, out / "trajectory.png")
+    print(table)
+    print("masked/dense time per epoch: " + ", ".join(f"{t['setting']} {t['masked_over_dense']:.2f}" for t in timing))
+    print(f"wrote {out}/results.json, results.csv, trajectory.png ({total.seconds:.0f}s)")
+    return {"rows": rows, "summary": summary, "timing": timing, "out": out}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+"""UnitMasks: exact masking under SGD/Adam, prune/rewind, grow selection, interventions, pickling."""
+
+import copy
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+from avalanche_plugins.unit_masks import (
+    Interventions,
+    UnitMasks,
+    highest_masked,
+    lowest_active,
+    remove_mask_hooks,
+    unit_scores,
+)
+from tests.helpers import small_bn_cnn, small_mlp
+
+torch.set_num_threads(1)
+
+
+def mlp_and_data(seed=0):
+    model = small_mlp(seed)  # Linear(6,10) Tanh Linear(10,8) ReLU Linear(8,3)
+    g = torch.Generator().manual_seed(seed)
+    return model, torch.randn(64, 6, generator=g), torch.randint(0, 3, (64,), generator=g)
+
+
+def cnn_and_data(seed=0):
+    model = small_bn_cnn(seed)  # Conv BN ReLU Conv BN ReLU Flatten Linear
+    g = torch.Generator().manual_seed(seed)
+    return model, torch.randn(64, 1, 8, 8, generator=g), torch.randint(0, 3, (64,), generator=g)
+
+
+MASKED_UNITS = {"mlp": {"0": [1, 4, 7], "2": [0, 5]}, "cnn": {"0": [1], "3": [2, 3]}}
+HIDDEN_OUT = {"mlp": {"0": 2, "2": 4}, "cnn": {"0": 3, "3": 6}}  # module index after the activation
+UNIT_TENSORS = {  # (module index, attribute, unit dim) frozen for layer's units; consumer columns below
+    "mlp": {"0": [(0, "weight", 0), (0, "bias", 0), (2, "weight", 1)],
+            "2": [(2, "weight", 0), (2, "bias", 0), (4, "weight", 1)]},
+    "cnn": {"0": [(0, "weight", 0), (0, "bias", 0), (1, "weight", 0), (1, "bias", 0),
+                  (1, "running_mean", 0), (1, "running_var", 0), (3, "weight", 1)],
+            "3": [(3, "weight", 0), (3, "bias", 0), (4, "weight", 0), (4, "bias", 0),
+                  (4, "running_mean", 0), (4, "running_var", 0)]},
+}
+
+
+def masked_entries(model, kind):
+    """Independent list of the masked units' entries: (tensor, index tuple)."""
+    out = []
+    for layer, units in MASKED_UNITS[kind].items():
+        for module_index, attr, dim in UNIT_TENSORS[kind][layer]:
+            tensor = getattr(model[module_index], attr)
+            for u in units:
+                if kind == "cnn" and layer == "3" and dim == 1:
+                    continue
+                index = (u,) if dim == 0 else (slice(None), u)
+                out.append((tensor, index))
+        if kind == "cnn" and layer == "3":  # Flatten: channel u feeds columns 16u .. 16u+15 of the head
+            for u in units:
+                out.append((model[7].weight, (slice(None), slice(16 * u, 16 * u + 16))))
+    return out
+
+
+def make_masks(kind):
+    model, x, y = mlp_and_data() if kind == "mlp" else cnn_and_data()
+    masks = UnitMasks(model, x[:2])
+    full = masks.sizes()
+    masks.set_masks({name: torch.tensor([u not in MASKED_UNITS[kind][name] for u in range(n)])
+                     for name, n in full.items()})
+    return model, masks, x, y
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_masked_units_output_zero_and_stay_fixed_while_others_train(kind, optimizer):
+    model, masks, x, y = make_masks(kind)
+    assert masks.names == list(MASKED_UNITS[kind])
+    entries = masked_entries(model, kind)
+    before = [t[i].detach().clone() for t, i in entries]
+    initial = copy.deepcopy(model.state_dict())
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-2)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=1e-2)
+    model.train()
+    for _ in range(50):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        masks.step(opt)
+    for (t, i), b in zip(entries, before):
+        assert torch.equal(t[i], b)
+    # unmasked units trained
+    for layer, units in MASKED_UNITS[kind].items():
+        keep = [u for u in range(masks.sizes()[layer]) if u not in units]
+        name = f"{layer}.weight"
+        assert not torch.equal(model.state_dict()[name][keep], initial[name][keep])
+    # masked units output exactly zero, in train and eval mode
+    for mode in (True, False):
+        model.train(mode)
+        for layer, units in MASKED_UNITS[kind].items():
+            hidden = model[: HIDDEN_OUT[kind][layer]](x)
+            assert torch.all(hidden[:, units] == 0)
+            others = [u for u in range(hidden.shape[1]) if u not in units]
+            assert hidden[:, others].abs().sum() > 0
+
+
+def test_prune_removes_lowest_scoring_and_rewind_is_bit_exact():
+    model, x, y = mlp_and_data()
+    masks = UnitMasks(model, x[:2])
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    # weight-norm scores by hand: norms of the incoming rows of layer "0"
+    norms = model[0].weight.detach().norm(dim=1)
+    expected = sorted(torch.argsort(norms)[:4].tolist())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(5):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        masks.step(opt)
+    scores = {"0": norms, "2": torch.arange(8.0)}
+    removed = masks.prune(scores, {"0": 6, "2": 5})
+    assert removed["0"].tolist() == expected
+    assert removed["2"].tolist() == [0, 1, 2]
+    assert masks.active_counts() == {"0": 6, "2": 5}
+    masks.rewind(saved)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, saved[key]), key
+    assert masks.compactness() == pytest.approx(11 / 18)
+
+
+def test_selection_functions_by_hand():
+    scores = torch.tensor([0.3, 0.9, 0.1, 0.5, 0.7, 0.2])
+    mask = torch.tensor([True, True, False, True, False, False])
+    assert lowest_active(scores, mask, 2).tolist() == [0, 3]
+    assert highest_masked(scores, mask, 2).tolist() == [4, 5]
+    with pytest.raises(ValueError, match="only 3 are masked"):
+        highest_masked(scores, mask, 4)
+
+
+def tiny_net():
+    net = nn.Sequential(nn.Linear(2, 4), nn.ReLU(), nn.Linear(4, 2))
+    with torch.no_grad():
+        net[0].weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [1.0, 1.0]]))
+        net[0].bias.copy_(torch.tensor([0.0, -0.5, 0.0, -1.0]))
+        net[2].weight.copy_(torch.tensor([[1.0, 2.0, 3.0, 4.0], [0.5, -1.0, 0.0, 2.0]]))
+        net[2].bias.zero_()
+    return net
+
+
+X_TINY = torch.tensor([[1.0, 1.0], [2.0, 0.0], [-1.0, 2.0], [0.5, 0.5]])
+Y_TINY = torch.tensor([0, 1, 1, 0])
+
+
+def test_grow_activation_score_matches_hand_computation():
+    net = tiny_net()
+    masks = UnitMasks(net, X_TINY[:2])
+    masks.set_masks({"0": torch.tensor([True, False, False, False])})
+    # pre-activations z = x W^T + b, fraction with relu(z) > 0.2, by hand:
+    # unit1: x2-0.5 = [0.5, -0.5, 1.5, 0.0] -> 2/4 ; unit2: -x1 = [-1, -2, 1, -0.5] -> 1/4
+    # unit3: x1+x2-1 = [1, 1, 0, 0] -> 2/4  (unit0 active: x1 = [1, 2, -1, .5] -> 3/4)
+    scores = unit_scores(masks, "activation", X_TINY, threshold=0.2)["0"]
+    assert scores.tolist() == [0.75, 0.5, 0.25, 0.5]
+    recruited = masks.grow({"0": scores}, {"0": 3})
+    assert recruited["0"].tolist() == [1, 3]  # highest masked; tie 1 vs 3 both taken
+    recruited = masks.grow(unit_scores(masks, "activation", X_TINY, threshold=0.2), {"0": 4})
+    assert recruited["0"].tolist() == [2]
+
+
+def test_grow_gradient_score_matches_hand_computation():
+    net = tiny_net()
+    masks = UnitMasks(net, X_TINY[:2])
+    masks.set_masks({"0": torch.tensor([True, False, False, True])})
+    scores = unit_scores(masks, "gradient", X_TINY, Y_TINY, loss_fn=nn.functional.cross_entropy)["0"]
+    # by hand: the network with masked units' outgoing weights zero, delta = dL/dlogits,
+    # score_u = || sum_n delta_n * relu(z_nu) || over the 2 outputs
+    with torch.no_grad():
+        a = torch.relu(X_TINY @ net[0].weight.T + net[0].bias)
+        w_out = net[2].weight.clone()
+        w_out[:, [1, 2]] = 0
+        logits = (a * torch.tensor([1.0, 0.0, 0.0, 1.0])) @ w_out.T  # masked units' output is 0 anyway
+        delta = (torch.softmax(logits, 1) - nn.functional.one_hot(Y_TINY, 2)) / len(Y_TINY)
+        expected = (delta.T @ a).norm(dim=0)
+    assert torch.allclose(scores, expected, atol=1e-6)
+    assert highest_masked(scores, masks.masks["0"], 1).item() == (1 if expected[1] > expected[2] else 2)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_zero_outgoing_growth_preserves_the_function(kind):
+    model, masks, x, y = make_masks(kind)
+    model.eval()
+    probe = torch.randn_like(x) * 3
+    before = model(probe).clone()
+    iv = Interventions(outgoing="zero", incoming="reinit")
+    masks.grow({n: torch.rand(s) for n, s in masks.sizes().items()}, masks.sizes(), interventions=iv)
+    assert masks.compactness() == 1.0
+    assert torch.equal(model(probe), before)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    layer = MASKED_UNITS[kind]
+    first = next(iter(layer))
+    # the newborns are not dead: their outgoing weights receive gradient at once
+    consumer = masks.layers[first].outgoing.tensor
+    cols = masks.layers[first].outgoing.indices(torch.tensor(layer[first]))
+    assert consumer.grad[:, cols].abs().sum() > 0
+
+
+def test_fresh_adam_gives_newborns_their_own_step_count():
+    model, x, y = mlp_and_data()
+    masks = UnitMasks(model, x[:2])
+    masks.set_masks({"0": torch.arange(10) < 5})
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(30):  # a mature optimizer: step 30 for every tensor
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        masks.step(opt)
+    masks.grow({"0": torch.arange(10.0)}, {"0": 7}, interventions=Interventions(optimizer_state="fresh"),
+               optimizer=opt)
+    newborn = masks.newborn()["0"].nonzero().reshape(-1)
+    assert newborn.tolist() == [8, 9]
+    # reference: a fresh Adam on a copy of the newborn rows, fed the same gradients
+    row = model[0].weight.detach()[newborn].clone().requires_grad_(True)
+    reference = torch.optim.Adam([row], lr=1e-2)
+    for _ in range(3):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        row.grad = model[0].weight.grad[newborn].clone()
+        reference.step()
+        masks.step(opt)
+        assert torch.allclose(model[0].weight.detach()[newborn], row.detach(), atol=1e-6, rtol=1e-5)
+
+
+def test_newborn_lr_multiplier_scales_the_step_by_age():
+    model, x, y = mlp_and_data()
+    masks = UnitMasks(model, x[:2])
+    masks.set_masks({"0": torch.arange(10) < 5})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    iv = Interventions(newborn_lr=5.0, newborn_lr_halflife=2.0)
+    masks.grow({"0": torch.arange(10.0)}, {"0": 6}, interventions=iv)
+    for age in (1, 2, 3):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        grad = model[0].weight.grad.clone()
+        start = model[0].weight.detach().clone()
+        masks.step(opt)
+        step = model[0].weight.detach() - start
+        assert torch.allclose(step[9], -0.1 * grad[9] * (1 + 4 * 0.5 ** (age / 2)), atol=1e-7)
+        assert torch.allclose(step[0], -0.1 * grad[0], atol=1e-7)  # incumbents: plain SGD
+
+
+def test_pickle_round_trip_keeps_masks_and_hooks():
+    model, masks, x, y = make_masks("cnn")
+    model.eval()
+    expected = model(x)
+    clone = pickle.loads(pickle.dumps(masks))
+    clone.attach()  # idempotent: hooks came with the model
+    assert sum(len(m._forward_hooks) for m in clone.model.modules()) == 2
+    assert torch.equal(clone.model(x), expected)
+    assert clone.masks["0"].tolist() == masks.masks["0"].tolist()
+    opt = torch.optim.SGD(clone.model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+    frozen = clone.model[0].weight[1].detach().clone()
+    clone.model.train()
+    for _ in range(3):
+        opt.zero_grad()
+        nn.functional.cross_entropy(clone.model(x), y).backward()
+        clone.step(opt)
+    assert torch.equal(clone.model[0].weight[1], frozen)
+    dense = copy.deepcopy(model)
+    assert remove_mask_hooks(dense) == 2
+    assert not torch.equal(dense(x), expected)
+
+
+def test_bad_input_raises_clear_errors():
+    with pytest.raises(ValueError, match="maskable hidden layer"):
+        UnitMasks(nn.Sequential(nn.Flatten(), nn.Linear(6, 3)), torch.randn(2, 6))
+    model, masks, _, _ = make_masks("mlp")
+    with pytest.raises(ValueError, match="masks: no maskable layer named 'head'"):
+        masks.set_masks({"head": torch.ones(3, dtype=torch.bool)})
+    with pytest.raises(ValueError, match=r"masks\['0'\] must have shape \(10,\)"):
+        masks.set_masks({"0": torch.ones(4, dtype=torch.bool)})
+    with pytest.raises(ValueError, match="optimizer_state"):
+        Interventions(optimizer_state="warm")
+    with pytest.raises(ValueError, match="outgoing"):
+        Interventions(outgoing="random")
+    with pytest.raises(ValueError, match="score"):
+        unit_scores(masks, "taylor")
+    with pytest.raises(ValueError, match="needs the optimizer"):
+        masks.grow({"0": torch.ones(10)}, {"0": 10}, interventions=Interventions(optimizer_state="zero"))
