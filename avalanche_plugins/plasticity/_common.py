@@ -1,0 +1,98 @@
+"""Shared plumbing of the plasticity estimators: stateless per-batch / per-sample losses,
+task grouping and gradient norms (``torch.func``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from avalanche_plugins.functional import (
+    is_multitask,
+    iterate_batches,
+    stateless_forward,
+)
+
+
+def _split_params(model: nn.Module):
+    """``(trainable, constants)``: detached trainable parameters, and frozen parameters + buffers."""
+    params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
+    if not params:
+        raise ValueError("model has no trainable parameter (requires_grad=True)")
+    consts = {k: v.detach() for k, v in model.named_parameters() if not v.requires_grad}
+    consts.update({k: v.detach() for k, v in model.named_buffers()})
+    return params, consts
+
+
+def _check_task_labels(task_labels, n: int) -> None:
+    if task_labels is None:
+        return
+    if not isinstance(task_labels, torch.Tensor):
+        raise TypeError(f"task_labels must be a tensor, got {type(task_labels).__name__}")
+    if task_labels.reshape(-1).shape[0] != n:
+        raise ValueError(f"task_labels has {task_labels.reshape(-1).shape[0]} entries but inputs has {n}")
+
+
+def _task_groups(model: nn.Module, n: int, task_labels):
+    """``[(label, index)]``: samples grouped by task; ``index`` is None for "all samples".
+
+    Plain models (and multi-task models without labels) form one group with label ``None``, which
+    :func:`avalanche_plugins.functional.stateless_forward` turns into task 0 for multi-task models.
+    """
+    if task_labels is None or not is_multitask(model):
+        return [(None, None)]
+    labels = task_labels.reshape(-1)
+    unique = torch.unique(labels)
+    if unique.numel() == 1:
+        return [(int(unique[0]), None)]
+    return [(int(u), (labels == u).nonzero().squeeze(1)) for u in unique]
+
+
+def _take(tensor, index):
+    return tensor if index is None else tensor[index]
+
+
+def _batch_loss(model, loss_fn, consts, label):
+    """``f(params, x, y)``: the loss of a batch."""
+
+    def f(p, x, y):
+        return loss_fn(stateless_forward(model, {**consts, **p}, x, label), y)
+
+    return f
+
+
+def _sample_loss(model, loss_fn, consts, label):
+    """``f(params, x, y)``: the loss of one sample (a batch of one), for ``vmap``."""
+
+    def f(p, x, y):
+        return loss_fn(stateless_forward(model, {**consts, **p}, x.unsqueeze(0), label), y.unsqueeze(0))
+
+    return f
+
+
+def _sq_norms(grads: dict) -> torch.Tensor:
+    """Row-wise squared norms (float64) of a dict of batched gradients ``{name: (m, *shape)}``."""
+    total = 0
+    for g in grads.values():
+        flat = g.reshape(g.shape[0], -1)
+        total = total + torch.einsum("ij,ij->i", flat, flat).double()  # no (m, P) temporary
+    return total
+
+
+def _flat(grads: dict) -> torch.Tensor:
+    """``(m, P)`` float64 matrix from a dict of batched tensors ``{name: (m, *shape)}``."""
+    return torch.cat([g.double().reshape(g.shape[0], -1) for g in grads.values()], dim=1)
+
+
+def _draw_batches(n: int, batch_size: int, n_batches: int, generator: torch.Generator) -> torch.Tensor:
+    """``(n_batches, batch_size)`` indices: each row a uniform random subset of ``range(n)``
+    (without replacement within a row, rows independent). Uses only ``generator``."""
+    if batch_size == 1:
+        return torch.randint(n, (n_batches, 1), generator=generator)
+    rows_per_block = max(1, (1 << 20) // n)
+    blocks = []
+    for s in iterate_batches(n_batches, rows_per_block):
+        keys = torch.rand(s.stop - s.start, n, generator=generator)
+        blocks.append(keys.topk(batch_size, dim=1).indices)
+    return torch.cat(blocks, dim=0)
+
+

@@ -1,0 +1,405 @@
+"""Label-agnostic plasticity baselines: representation ranks, active units, eNTK and Hessian energy
+ranks."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.func import grad, jacrev, vmap
+
+from avalanche_plugins._checks import (
+    check_finite_loss,
+    check_inputs,
+    check_int,
+    check_positive,
+)
+from avalanche_plugins.functional import (
+    eval_mode,
+    is_multitask,
+    iterate_batches,
+    model_forward,
+    stateless_forward,
+)
+from avalanche_plugins.layers import discover_layers
+from avalanche_plugins.plasticity._common import (
+    _batch_loss,
+    _check_task_labels,
+    _split_params,
+    _take,
+    _task_groups,
+)
+
+__all__ = ["effective_rank", "energy_rank", "hidden_features", "representation_ranks",
+           "active_unit_fraction", "entk_energy_rank", "hessian_energy_rank"]
+
+
+
+
+def _check_energy(energy) -> None:
+    if not isinstance(energy, (int, float)) or isinstance(energy, bool) or not 0 < energy <= 1:
+        raise ValueError(f"energy must be a number in (0, 1], got {energy!r}")
+
+
+def _energy_rank_from_squares(squares: torch.Tensor, energy: float) -> int:
+    """min k with the k largest of ``squares`` (σ²) holding ``energy`` of their sum; 0 if all zero."""
+    squares = squares.double().clamp(min=0).sort(descending=True).values
+    total = float(squares.sum())
+    if total == 0:
+        return 0
+    cumulative = squares.cumsum(0)
+    return min(int((cumulative < energy * total * (1 - 1e-12)).sum()) + 1, squares.numel())
+
+
+def _as_matrix(features, name: str = "features") -> torch.Tensor:
+    features = torch.as_tensor(features)
+    if features.dim() < 2 or features.shape[0] == 0:
+        raise ValueError(f"{name} must have shape (n, d, ...) with n >= 1, got {tuple(features.shape)}")
+    matrix = features.reshape(features.shape[0], -1).double()
+    if not torch.isfinite(matrix).all():
+        raise ValueError(f"{name} contains non-finite values")
+    return matrix
+
+
+def effective_rank(features: torch.Tensor) -> float:
+    """Effective rank (Roy & Vetterli, 2007) of an ``(n, d)`` feature matrix.
+
+    .. math:: \\operatorname{erank} = \\exp\\Big(-\\sum_{i:\\,σ_i>0} p_i \\log p_i\\Big),
+              \\qquad p_i = \\frac{σ_i}{\\sum_j σ_j}
+
+    over the singular values ``σ_i`` (zero ones are skipped in the entropy). Trailing dimensions
+    are flattened (``(n, C, H, W) → (n, C·H·W)``). A zero matrix has effective rank 0.
+
+    Example:
+        >>> round(effective_rank(torch.diag(torch.tensor([2.0, 2.0, 2.0, 0.0]))), 10)
+        3.0
+    """
+    sigma = torch.linalg.svdvals(_as_matrix(features))
+    total = float(sigma.sum())
+    if total == 0:
+        return 0.0
+    p = sigma[sigma > 0] / total
+    return float(torch.exp(-(p * p.log()).sum()))
+
+
+def energy_rank(features: torch.Tensor, energy: float = 0.99) -> int:
+    """Energy rank: the number of singular values needed to hold ``energy`` of the squared spectrum.
+
+    .. math:: \\min\\Big\\{k : \\sum_{i\\le k} σ_i^2 \\ge \\text{energy}\\cdot\\sum_i σ_i^2\\Big\\}
+
+    (singular values in decreasing order; trailing dimensions flattened; 0 for a zero matrix).
+
+    Example:
+        >>> a, b = torch.randn(50, 3), torch.randn(3, 20)
+        >>> energy_rank(a @ b, energy=0.999999)
+        3
+    """
+    _check_energy(energy)
+    return _energy_rank_from_squares(torch.linalg.svdvals(_as_matrix(features)).pow(2), energy)
+
+
+def _skip_for_features(module: nn.Module) -> bool:
+    """Parameter-free modules that only copy or reshape values in eval mode."""
+    return isinstance(module, (nn.modules.dropout._DropoutNd, nn.Dropout, nn.Identity, nn.Flatten,
+                               nn.Unflatten))
+
+
+def _features_of_group(model, layer_modules, n_hidden, x, label, chunk_size):
+    """Features ``[(n, ...)]`` of the first ``n_hidden`` of ``layer_modules`` (all layers, in
+    execution order) for one task group."""
+    leaves = [m for m in model.modules() if m is not model and next(m.children(), None) is None]
+    watched = list(dict.fromkeys(leaves + list(layer_modules)))
+    calls: list[tuple[nn.Module, object]] = []
+
+    def record(module, _inputs, output):
+        calls.append((module, output))
+
+    handles = [m.register_forward_hook(record) for m in watched]
+    try:
+        with torch.no_grad():
+            model_forward(model, x[:2], label)
+    finally:
+        for h in handles:
+            h.remove()
+    positions = {}
+    order = [i for i, (m, _) in enumerate(calls) if any(m is lm for lm in layer_modules)]
+    all_layers_pos = order + [len(calls)]
+    for j, pos in enumerate(order[:n_hidden]):
+        chosen = pos
+        for q in range(pos + 1, all_layers_pos[j + 1]):
+            module, out = calls[q]
+            if (isinstance(out, torch.Tensor) and next(module.parameters(), None) is None
+                    and next(module.children(), None) is None and not _skip_for_features(module)):
+                chosen = q
+                break
+        positions[chosen] = j
+
+    captured: list[list[torch.Tensor]] = [[] for _ in range(n_hidden)]
+    counter = [0]
+
+    def capture(module, _inputs, output):
+        q = counter[0]
+        counter[0] += 1
+        if q in positions:
+            captured[positions[q]].append(output.detach().clone())
+
+    handles = [m.register_forward_hook(capture) for m in watched]
+    try:
+        with torch.no_grad():
+            for s in iterate_batches(x.shape[0], chunk_size):
+                counter[0] = 0
+                model_forward(model, x[s], label)
+    finally:
+        for h in handles:
+            h.remove()
+    return [torch.cat(parts, dim=0) for parts in captured]
+
+
+def _layers(model, inputs, task_labels):
+    """All layers (:func:`discover_layers`), traced on two samples with their task labels; empty
+    for a model that is a single leaf module (``nn.Linear``): it has no hidden layer."""
+    if next(model.children(), None) is None:
+        return []
+    example = inputs[:2]
+    if task_labels is not None and is_multitask(model):
+        example = (example, task_labels.reshape(-1)[:2])
+    return list(discover_layers(model, example))
+
+
+def hidden_features(model: nn.Module, inputs: torch.Tensor, *, task_labels: torch.Tensor | None = None,
+                    chunk_size: int = 1024) -> dict[str, torch.Tensor]:
+    """Post-activation features of every hidden layer, ``{layer name: (n, ...)}``.
+
+    Hidden layers are the layers of :func:`avalanche_plugins.layers.discover_layers` except the last
+    (the output layer). Rule for the features of hidden layer ℓ: the output of the first
+    parameter-free leaf module executed after layer ℓ and before the next layer (its activation,
+    e.g. ``nn.ReLU``), skipping modules that only copy or reshape values in eval mode (``Dropout``,
+    ``Identity``, ``Flatten``, ``Unflatten``); when there is none (an activation applied
+    functionally, or none at all) the layer's own output. A module reused at several places (one
+    ``nn.ReLU`` instance after every layer) is handled by call position. Rows follow the task
+    groups for multi-task models with mixed labels (row order does not affect any rank).
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Dropout(), nn.Linear(8, 2))
+        >>> feats = hidden_features(net, torch.randn(10, 4))
+        >>> list(feats), feats["0"].shape, bool((feats["0"] >= 0).all())
+        (['0'], torch.Size([10, 8]), True)
+    """
+    check_inputs(inputs)
+    check_int("chunk_size", chunk_size)
+    _check_task_labels(task_labels, inputs.shape[0])
+    layers = _layers(model, inputs, task_labels)
+    hidden = layers[:-1]
+    if not hidden:
+        return {}
+    modules = [layer.module for layer in layers]
+    parts: list[list[torch.Tensor]] = [[] for _ in hidden]
+    with eval_mode(model):
+        for label, index in _task_groups(model, inputs.shape[0], task_labels):
+            x = _take(inputs, index)
+            for j, f in enumerate(_features_of_group(model, modules, len(hidden), x, label, chunk_size)):
+                parts[j].append(f)
+    return {layer.name: torch.cat(p, dim=0) for layer, p in zip(hidden, parts)}
+
+
+def representation_ranks(model: nn.Module, inputs: torch.Tensor, *, energy: float = 0.99,
+                         task_labels: torch.Tensor | None = None,
+                         chunk_size: int = 1024) -> dict[str, dict[str, float]]:
+    """:func:`effective_rank` and :func:`energy_rank` of every hidden layer's features.
+
+    Features as in :func:`hidden_features`; returns
+    ``{layer name: {"effective_rank": float, "energy_rank": int}}`` (empty for a model without
+    hidden layers).
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        >>> ranks = representation_ranks(net, torch.randn(30, 4))
+        >>> sorted(ranks["0"]), ranks["0"]["energy_rank"] <= 8
+        (['effective_rank', 'energy_rank'], True)
+    """
+    _check_energy(energy)
+    feats = hidden_features(model, inputs, task_labels=task_labels, chunk_size=chunk_size)
+    return {name: {"effective_rank": effective_rank(f), "energy_rank": energy_rank(f, energy)}
+            for name, f in feats.items()}
+
+
+def active_unit_fraction(model: nn.Module, inputs: torch.Tensor, *, threshold: float = 0.0,
+                         task_labels: torch.Tensor | None = None, chunk_size: int = 1024) -> float:
+    """Fraction of hidden units that are active on at least one input.
+
+    Rule: a unit of hidden layer ℓ is active if ``|h| > threshold`` (default: non-zero) for at
+    least one input (and, for a conv layer, at least one spatial position), where ``h`` are the
+    layer's features from :func:`hidden_features` (post-activation). Units are channels (dim 1) of
+    conv layers and the last dimension otherwise. The fraction pools the units of all hidden layers:
+    ``Σ_ℓ active_ℓ / Σ_ℓ units_ℓ``. A ReLU unit that is 0 on every input is dead.
+
+    .. math:: \\frac{\\sum_\\ell \\#\\{u : \\max_i |h^{(\\ell)}_{u}(x_i)| > \\text{threshold}\\}}
+                    {\\sum_\\ell \\#\\text{units}_\\ell}
+
+    Raises:
+        ValueError: the model has no hidden layer.
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(2, 4), nn.ReLU(), nn.Linear(4, 1))
+        >>> with torch.no_grad():
+        ...     net[0].weight.zero_(); net[0].bias.copy_(torch.tensor([1.0, -1.0, 0.0, 2.0]))
+        ...     # doctest: +ELLIPSIS
+        Parameter...
+        >>> active_unit_fraction(net, torch.randn(5, 2))
+        0.5
+    """
+    check_inputs(inputs)
+    check_positive("threshold", threshold, allow_zero=True)
+    _check_task_labels(task_labels, inputs.shape[0])
+    hidden = _layers(model, inputs, task_labels)[:-1]
+    feats = hidden_features(model, inputs, task_labels=task_labels, chunk_size=chunk_size)
+    if not feats:
+        raise ValueError("model has no hidden layer (only one layer): the active-unit fraction is undefined")
+    active = total = 0
+    for layer in hidden:
+        h = feats[layer.name].abs()
+        unit_dim = 1 if layer.kind == "conv" and h.dim() >= 3 else h.dim() - 1
+        h = h.movedim(unit_dim, -1).reshape(-1, h.shape[unit_dim])
+        active += int((h.amax(dim=0) > threshold).sum())
+        total += h.shape[1]
+    return active / total
+
+
+def _output_jacobian(model, params, consts, inputs, task_labels, chunk_size):
+    """``(J, outputs)``: ``J`` is the ``(n·C, P)`` float64 Jacobian of the flattened outputs w.r.t.
+    the trainable parameters; ``outputs`` the ``(n, *out_shape)`` outputs (rows in group order)."""
+    rows, outs = [], []
+    for label, index in _task_groups(model, inputs.shape[0], task_labels):
+        x = _take(inputs, index)
+
+        def out_of(p, xi, label=label):
+            return stateless_forward(model, {**consts, **p}, xi.unsqueeze(0), label)[0]
+
+        per_sample = vmap(jacrev(out_of), in_dims=(None, 0))
+        for s in iterate_batches(x.shape[0], chunk_size):
+            jac = per_sample(params, x[s])  # {name: (m, *out_shape, *param_shape)}
+            m = s.stop - s.start
+            with torch.no_grad():
+                out = vmap(out_of, in_dims=(None, 0))(params, x[s])
+            c = out[0].numel()
+            rows.append(torch.cat([j.double().reshape(m * c, -1) for j in jac.values()], dim=1))
+            outs.append(out)
+    return torch.cat(rows, dim=0), torch.cat(outs, dim=0)
+
+
+def _gram_eigenvalues(matrix: torch.Tensor) -> torch.Tensor:
+    """Squared singular values of ``matrix`` via the smaller Gram matrix (float64)."""
+    gram = matrix @ matrix.T if matrix.shape[0] <= matrix.shape[1] else matrix.T @ matrix
+    return torch.linalg.eigvalsh(gram).clamp(min=0)
+
+
+def entk_energy_rank(model: nn.Module, inputs: torch.Tensor, energy: float = 0.99, *,
+                     task_labels: torch.Tensor | None = None, chunk_size: int = 256) -> int:
+    """Energy rank of the empirical NTK: of the output Jacobian ``J`` on ``n`` probe inputs.
+
+    ``J`` is ``(n·C) × P`` (C outputs per sample, P trainable parameters); its squared singular
+    values are the eigenvalues of the eNTK Gram matrix ``J Jᵀ``:
+
+    .. math:: \\min\\Big\\{k : \\sum_{i\\le k} σ_i(J)^2 \\ge \\text{energy}\\cdot\\lVert J\\rVert_F^2\\Big\\}
+
+    Cost: ``J`` is built with ``vmap(jacrev)`` (about ``C`` backward passes per sample) and held in
+    memory (``n·C·P`` float64 values), then one ``min(n·C, P)``-sized symmetric eigensolve. Keep
+    ``n`` modest (tens to a few hundred probes).
+
+    Example:
+        >>> net = nn.Linear(3, 2)
+        >>> entk_energy_rank(net, torch.randn(10, 3), energy=1.0)  # 2 outputs × (3 inputs + bias)
+        8
+    """
+    check_inputs(inputs)
+    _check_energy(energy)
+    check_int("chunk_size", chunk_size)
+    _check_task_labels(task_labels, inputs.shape[0])
+    params, consts = _split_params(model)
+    with eval_mode(model):
+        jac, _ = _output_jacobian(model, params, consts, inputs, task_labels, chunk_size)
+    if not torch.isfinite(jac).all():
+        raise ValueError("the output Jacobian has non-finite values")
+    return _energy_rank_from_squares(_gram_eigenvalues(jac), energy)
+
+
+def hessian_energy_rank(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: torch.Tensor,
+                        energy: float = 0.99, max_params: int = 5000, *,
+                        task_labels: torch.Tensor | None = None, chunk_size: int = 256) -> int:
+    """Energy rank of the loss Hessian's spectrum (``σ_i = |λ_i|``) w.r.t. all trainable parameters.
+
+    .. math:: \\min\\Big\\{k : \\sum_{i\\le k} λ_i^2 \\ge \\text{energy}\\cdot\\sum_i λ_i^2\\Big\\}
+              \\quad (|λ_1| \\ge |λ_2| \\ge \\dots)
+
+    * ``P ≤ max_params``: exact. The full ``P × P`` Hessian of the mean loss is assembled from
+      sample-count-weighted chunk Hessians (``jacrev`` of ``grad``, reverse-over-reverse, rows in
+      blocks of 256), then ``eigvalsh``. Cost ``O(P)`` gradient passes over the data and ``O(P³)``.
+    * ``P > max_params``: **Gauss–Newton approximation**
+      ``G = (1/N) Σ_i J_iᵀ H_i J_i`` (``J_i`` the output Jacobian of sample i, ``H_i`` the Hessian
+      of its loss w.r.t. its outputs), i.e. the Hessian without the residual-curvature term (exact
+      for models linear in their parameters). Its non-zero spectrum is that of the ``n·C × n·C``
+      dual ``(1/N) S J Jᵀ S`` with ``S = blockdiag(H_i^{1/2})`` (``H_i`` is PSD for MSE and
+      cross-entropy; negative parts are clipped). Cost as :func:`entk_energy_rank`.
+
+    Example:
+        >>> net = nn.Linear(3, 1)
+        >>> x, y = torch.randn(20, 3), torch.randn(20, 1)
+        >>> hessian_energy_rank(net, nn.MSELoss(), x, y, energy=1.0)  # (2/N) X̃ᵀX̃ has rank 4
+        4
+    """
+    check_inputs(inputs, targets)
+    _check_energy(energy)
+    check_int("max_params", max_params)
+    check_int("chunk_size", chunk_size)
+    n = inputs.shape[0]
+    _check_task_labels(task_labels, n)
+    params, consts = _split_params(model)
+    names = list(params)
+    shapes = [params[k].shape for k in names]
+    sizes = [params[k].numel() for k in names]
+    n_params = sum(sizes)
+    groups = _task_groups(model, n, task_labels)
+    with eval_mode(model):
+        if n_params <= max_params:
+            flat0 = torch.cat([params[k].reshape(-1) for k in names])
+            hessian = torch.zeros(n_params, n_params, dtype=torch.float64, device=flat0.device)
+            for label, index in groups:
+                x, y = _take(inputs, index), _take(targets, index)
+                batch_loss = _batch_loss(model, loss_fn, consts, label)
+
+                def loss_of_flat(flat, xb, yb, batch_loss=batch_loss):
+                    pieces = torch.split(flat, sizes)
+                    p = {k: v.view(shape) for k, v, shape in zip(names, pieces, shapes)}
+                    return batch_loss(p, xb, yb)
+
+                second = jacrev(grad(loss_of_flat), chunk_size=256)
+                for s in iterate_batches(x.shape[0], chunk_size):
+                    check_finite_loss(loss_of_flat(flat0, x[s], y[s]).detach(), "while computing the Hessian")
+                    hessian += second(flat0, x[s], y[s]).double() * (s.stop - s.start)
+            hessian = (hessian + hessian.T) / (2 * n)
+            if not torch.isfinite(hessian).all():
+                raise ValueError("the Hessian has non-finite values")
+            return _energy_rank_from_squares(torch.linalg.eigvalsh(hessian).pow(2), energy)
+
+        jac, outputs = _output_jacobian(model, params, consts, inputs, task_labels, chunk_size)
+        ordered_targets = torch.cat([_take(targets, index) for _, index in groups], dim=0)
+        out_shape = outputs.shape[1:]
+
+        def sample_loss(out, y):
+            return loss_fn(out.unsqueeze(0), y.unsqueeze(0))
+
+        def out_hessian(out, y):
+            flat_hessian = jacrev(grad(lambda o: sample_loss(o.view(out_shape), y)))
+            return flat_hessian(out.reshape(-1))
+
+        blocks = vmap(out_hessian)(outputs.detach(), ordered_targets).double()  # (n, C, C)
+        evals, evecs = torch.linalg.eigh((blocks + blocks.transpose(1, 2)) / 2)
+        roots = evecs @ torch.diag_embed(evals.clamp(min=0).sqrt()) @ evecs.transpose(1, 2)
+        c = blocks.shape[1]
+        scaled = torch.bmm(roots, jac.reshape(n, c, -1)).reshape(n * c, -1) / math.sqrt(n)
+    if not torch.isfinite(scaled).all():
+        raise ValueError("the Gauss–Newton factor has non-finite values")
+    return _energy_rank_from_squares(_gram_eigenvalues(scaled).pow(2), energy)
+
+

@@ -1,0 +1,207 @@
+"""The ground truth of plasticity: the relative k-step loss decrease ``G^(k)``, measured by many
+vectorised SGD / Adam runs."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.func import grad, vmap
+
+from avalanche_plugins._checks import (
+    check_choice,
+    check_finite_loss,
+    check_inputs,
+    check_int,
+    check_positive,
+)
+from avalanche_plugins.functional import (
+    eval_mode,
+    iterate_batches,
+)
+from avalanche_plugins.plasticity._common import (
+    _batch_loss,
+    _draw_batches,
+    _split_params,
+)
+
+__all__ = ["OPTIMIZERS", "GainResult", "k_step_gain"]
+
+OPTIMIZERS = ("sgd", "adam")
+
+
+
+
+@dataclass(frozen=True)
+class GainResult:
+    """Output of :func:`k_step_gain`.
+
+    Attributes:
+        gain: ``G^(k)``, the mean over runs of ``(L(θ) − L(θ_k)) / L(θ)``.
+        stderr: standard error of ``gain`` (std over runs / √n_runs; NaN when ``n_runs = 1``).
+        loss_before: ``L(θ)`` on the validation set.
+        loss_after_mean: mean over runs of ``L(θ_k)``.
+        k: number of optimizer steps per run.
+        n_runs: number of independent runs.
+        losses_after: ``(n_runs,)`` float64 tensor of ``L(θ_k)`` per run.
+        indices: ``(n_runs, k, batch_size)`` training-sample indices used by every step of every run.
+    """
+
+    gain: float
+    stderr: float
+    loss_before: float
+    loss_after_mean: float
+    k: int
+    n_runs: int
+    losses_after: torch.Tensor = field(default=None, repr=False, compare=False)
+    indices: torch.Tensor = field(default=None, repr=False, compare=False)
+
+
+def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_targets: torch.Tensor,
+                val_inputs: torch.Tensor, val_targets: torch.Tensor, *, k: int, lr: float,
+                optimizer: str = "sgd", batch_size: int, n_runs: int = 128, seed: int = 0,
+                betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                indices: torch.Tensor | None = None, task_label: int | None = None,
+                chunk_size: int = 1024, adam_state: dict | None = None) -> GainResult:
+    """Ground-truth plasticity: the expected relative validation-loss decrease after ``k`` steps.
+
+    .. math::
+
+        G^{(k)} = \\frac{L(θ) - \\mathbb{E}\\, L(θ_k)}{L(θ)}, \\qquad
+        \\mathrm{s.e.} = \\frac{\\operatorname{std}_r G_r}{\\sqrt{n_\\text{runs}}}
+
+    ``L`` is the mean loss on ``(val_inputs, val_targets)``; ``θ_k`` results from ``k`` steps of
+    minibatch SGD (``θ ← θ − η ĝ``) or Adam (fresh state, bias-corrected, like ``torch.optim.Adam``
+    with ``betas``/``eps`` and no weight decay) on minibatches of ``batch_size`` distinct training
+    samples drawn uniformly (seeded ``torch.Generator``; a fresh draw for every step and run). The
+    ``n_runs`` runs are vectorised: the parameters are stacked ``n_runs`` times and one ``vmap``-ed
+    ``grad`` of the ``functional_call`` loss updates all of them per step; the model is not changed.
+    The train and validation tensors are explicit (not a sampler), so runs are reproducible and
+    ``indices`` (shape ``(n_runs, k, batch_size)``) can replay the exact minibatches of a reference.
+    Training steps use eval mode too (no dropout, BatchNorm on running statistics), so the steps
+    are deterministic given the indices. A diverging run (too large ``lr``) gives a non-finite
+    ``L(θ_k)`` and hence a non-finite gain; no error is raised for it.
+
+    Args:
+        model, loss_fn: as in :func:`optimization_readiness`.
+        train_inputs, train_targets: the samples the optimizer steps on.
+        val_inputs, val_targets: the samples ``L`` is measured on (may be the same tensors).
+        k: steps per run. lr: step size ``η``. optimizer: ``"sgd"`` or ``"adam"``.
+        batch_size: minibatch size (1 to the number of training samples).
+        n_runs: independent runs. seed: seed of the index generator.
+        indices: optional precomputed minibatch indices (overrides ``seed``).
+        task_label: the task label of every sample, for multi-task models (default 0).
+        chunk_size: validation samples per vectorised evaluation.
+        adam_state: Adam *continuing* from a checkpoint: a ``torch.optim.Adam`` ``state_dict``
+            (entries in the order of the trainable ``model.parameters()``); every run starts from
+            its moments and step ``t₀``, so step ``t`` uses bias corrections ``1 − β^(t₀+t)``.
+            ``betas``/``eps`` are then read from its first parameter group.
+
+    Example:
+        >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+        <torch._C.Generator object at ...>
+        >>> net = nn.Linear(3, 1)
+        >>> x, y = torch.randn(32, 3), torch.randn(32, 1)
+        >>> res = k_step_gain(net, nn.MSELoss(), x, y, x, y, k=5, lr=0.05, batch_size=4, n_runs=16)
+        >>> res.gain > 0, res.indices.shape
+        (True, torch.Size([16, 5, 4]))
+    """
+    check_inputs(train_inputs, train_targets, name="train_inputs")
+    check_inputs(val_inputs, val_targets, name="val_inputs")
+    check_int("k", k)
+    check_positive("lr", lr)
+    check_choice("optimizer", optimizer, OPTIMIZERS)
+    check_int("batch_size", batch_size)
+    n_train = train_inputs.shape[0]
+    if batch_size > n_train:
+        raise ValueError(f"batch_size={batch_size} is larger than the number of training samples ({n_train})")
+    check_int("n_runs", n_runs)
+    check_int("seed", seed, minimum=0)
+    check_int("chunk_size", chunk_size)
+    if task_label is not None:
+        check_int("task_label", task_label, minimum=0)
+    if adam_state is not None and optimizer != "adam":
+        raise ValueError("adam_state is only used with optimizer='adam'")
+    if indices is None:
+        generator = torch.Generator().manual_seed(seed)
+        indices = _draw_batches(n_train, batch_size, n_runs * k, generator).reshape(n_runs, k, batch_size)
+    else:
+        if not isinstance(indices, torch.Tensor) or tuple(indices.shape) != (n_runs, k, batch_size):
+            raise ValueError(f"indices must be a tensor of shape (n_runs, k, batch_size) = "
+                             f"{(n_runs, k, batch_size)}, got {getattr(indices, 'shape', indices)}")
+        if indices.dtype not in (torch.int32, torch.int64) or bool((indices < 0).any()) \
+                or bool((indices >= n_train).any()):
+            raise ValueError(f"indices must be integer indices in [0, {n_train})")
+        indices = indices.long()
+    params, consts = _split_params(model)
+    batch_loss = _batch_loss(model, loss_fn, consts, task_label)
+    n_val = val_inputs.shape[0]
+
+    def val_losses(p, batched: bool) -> torch.Tensor:
+        loss_of = vmap(batch_loss, in_dims=(0, None, None)) if batched else batch_loss
+        total = 0.0
+        for s in iterate_batches(n_val, chunk_size):
+            total = total + loss_of(p, val_inputs[s], val_targets[s]).double() * (s.stop - s.start)
+        return total / n_val
+
+    with eval_mode(model), torch.no_grad():
+        loss_before = float(val_losses(params, batched=False))
+        check_finite_loss(torch.tensor(loss_before), "on the validation set before training")
+        if not loss_before > 0:
+            raise ValueError(f"loss is {loss_before:g} on the validation set: the relative gain "
+                             "(L(θ) − L(θ_k)) / L(θ) is undefined at a zero loss")
+        stacked = {name: p.unsqueeze(0).repeat(n_runs, *[1] * p.dim()) for name, p in params.items()}
+        step0 = 0
+        if optimizer == "adam":
+            first = {name: torch.zeros_like(p) for name, p in stacked.items()}
+            second = {name: torch.zeros_like(p) for name, p in stacked.items()}
+            if adam_state is not None:
+                step0, betas, eps = _load_adam_state(adam_state, list(params), first, second)
+        step_grads = vmap(grad(batch_loss), in_dims=(0, 0, 0))
+        device_indices = indices.to(train_inputs.device)
+        for t in range(k):
+            index = device_indices[:, t]
+            grads = step_grads(stacked, train_inputs[index], train_targets[index])
+            if optimizer == "sgd":
+                for name, g in grads.items():
+                    stacked[name].sub_(lr * g)
+            else:
+                beta1, beta2 = betas
+                correction1 = 1 - beta1 ** (step0 + t + 1)
+                correction2 = 1 - beta2 ** (step0 + t + 1)
+                for name, g in grads.items():
+                    first[name].mul_(beta1).add_(g, alpha=1 - beta1)
+                    second[name].mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                    denom = (second[name] / correction2).sqrt().add_(eps)
+                    stacked[name].sub_(lr * (first[name] / correction1) / denom)
+        losses_after = val_losses(stacked, batched=True).cpu()
+
+    relative = (loss_before - losses_after) / loss_before
+    stderr = float(relative.std() / math.sqrt(n_runs)) if n_runs > 1 else float("nan")
+    return GainResult(
+        gain=float(relative.mean()),
+        stderr=stderr,
+        loss_before=loss_before,
+        loss_after_mean=float(losses_after.mean()),
+        k=k,
+        n_runs=n_runs,
+        losses_after=losses_after,
+        indices=indices,
+    )
+
+
+def _load_adam_state(adam_state: dict, names: list[str], first: dict, second: dict):
+    """Copy a ``torch.optim.Adam`` state_dict's moments into the stacked run buffers (in place);
+    return ``(step, betas, eps)``."""
+    state, group = adam_state["state"], adam_state["param_groups"][0]
+    if len(state) != len(names):
+        raise ValueError(f"adam_state has {len(state)} entries for {len(names)} trainable parameters")
+    entries = [state[i] for i in sorted(state)]
+    for name, entry in zip(names, entries):
+        first[name].copy_(entry["exp_avg"].expand_as(first[name]))
+        second[name].copy_(entry["exp_avg_sq"].expand_as(second[name]))
+    return int(float(entries[0]["step"])), tuple(group["betas"]), float(group["eps"])
+
+
