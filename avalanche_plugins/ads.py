@@ -1,0 +1,656 @@
+"""Architecture-Driven Shift (ADS): how far old-task logits move when a trained model learns a new task.
+
+ADS is a stability score for choosing among architectures before continual training (seed 000,
+arXiv 2605.27469, via ``docs/references.md`` §4). The paper's formula was not available; this
+module implements the project's own reconstruction from the first-order expansion below.
+
+Derivation
+----------
+Let ``z(θ, x) ∈ R^C`` be the logits, ``x_a`` (``a = 1..N``) inputs of the earlier tasks (the *old*
+calibration set) and ``(x_b, y_b)`` (``b = 1..m``) a labelled sample of the new task with mean loss
+``L_new(θ) = (1/m) Σ_b ℓ(z(θ, x_b), y_b)``. One optimizer step ``Δθ = η u`` changes the old logits
+by, to first order,
+
+.. math::
+
+    Δz(x_a) = η \\, J(x_a) \\, u = η \\sum_ℓ J_ℓ(x_a) \\, u_ℓ ,
+
+a sum over the layers ``ℓ`` of the package's layer map (:func:`avalanche_plugins.layers.discover_layers`),
+where ``J_ℓ`` is the Jacobian of the logits w.r.t. layer ``ℓ``'s parameters and ``u_ℓ`` the
+layer's part of the update direction: ``u = −∇L_new`` for SGD, ``u = −g/(|g| + ε)`` for the first
+step of Adam from a fresh state (bias-corrected moments ``m̂ = g``, ``v̂ = g²``). For a linear
+layer ``a_ℓ = W_ℓ h_{ℓ−1}`` with fan-in ``n_{ℓ−1}``, the SGD gradient is
+``G_ℓ = (1/m) Σ_b B_ℓ(x_b)ᵀ r_b h_{ℓ−1}(x_b)ᵀ`` with ``B_ℓ = ∂z/∂a_ℓ`` (backward Jacobian) and
+``r_b = ∂ℓ/∂z`` (new-task residual), so
+
+.. math::
+
+    Δz_ℓ(x_a) = −η \\, n_{ℓ−1} \\, \\frac1m \\sum_b \\hat k_{ℓ−1}(x_a, x_b) \\,
+        B_ℓ(x_a) B_ℓ(x_b)^⊤ r_b ,
+    \\qquad \\hat k_{ℓ−1}(x_a, x_b) = \\frac{h_{ℓ−1}(x_a)^⊤ h_{ℓ−1}(x_b)}{n_{ℓ−1}} .
+
+In the standard parametrisation (PyTorch's fan-in initialisation) the width-normalised forward
+kernel ``k̂`` and ``B_ℓ B_ℓᵀ`` (a sum over ``n_ℓ`` units of ``O(1/n_ℓ)`` terms) have width-free
+limits, so the fan-in ``n_{ℓ−1}`` is the *architecture term* and the rest is a width-free *data
+term* (task conflict between old and new inputs). We define, for a unit step,
+
+.. math::
+
+    \\hat d_ℓ = \\frac{1}{n_{ℓ−1}} \\cdot \\frac1N \\sum_a \\lVert J_ℓ(x_a) u_ℓ \\rVert_2 ,
+    \\qquad
+    \\mathrm{ADS} = P \\sum_ℓ n_{ℓ−1} \\, \\hat d_ℓ ,
+
+with the *path factor* ``P``: ``η·T`` for a budget of ``T`` steps (``path="budget"``), or
+``η Σ_{t<T} ρ^t = η (1 − ρ^T)/(1 − ρ)`` where ``ρ ≤ 1`` is the per-step decay of the update norm
+(for SGD: the gradient norm) fitted log-linearly over a short full-batch probe on the new-task
+sample (``path="probe"``). ``J_ℓ(x_a) u_ℓ`` is computed by one ``torch.func.jvp`` per layer (tangent
+``u_ℓ`` on layer ``ℓ``'s parameters, zero elsewhere) over all old inputs; no Jacobian is formed.
+
+Assumptions (when ADS is a good proxy, not an identity):
+
+1. The model is trained on the old tasks, so old-task logits move only because of the new task.
+2. The update direction over the ``T`` steps stays close to the first one (the first-order
+   picture with a scalar path length); path ``"probe"`` corrects only the step *size* decay.
+3. Per-layer shifts add without cancellation: ``Σ_ℓ ‖Δz_ℓ‖ ≥ ‖Σ_ℓ Δz_ℓ‖`` (triangle
+   inequality), so ADS is an upper-bound style score, exact only when the per-layer shifts align.
+   :attr:`ADSResult.first_order_shift` holds the norm of the sum for comparison.
+4. Minibatch noise is ignored: the direction is that of the full calibration-batch gradient.
+5. The split ``n_{ℓ−1} × d̂_ℓ`` is an identity for the measured model; it is *predictive across
+   widths* (the topology-only variant, :func:`topology_only_shift`) only where ``d̂_ℓ`` is close
+   to its wide limit: same design (depth, layer kinds, activation, normalisation, initialisation
+   and parametrisation), moderate to large widths, and training in or near the lazy regime.
+
+Parameters that belong to no layer (a ViT's class token and positional embedding, pre-norm
+LayerNorm affines) form one extra group, named ``"(unassigned)"``, with architecture term 1 (they
+act like biases, whose input is the constant 1); normalisation affines that follow a layer and
+other tasks' heads are attached to layers by :meth:`~avalanche_plugins.layers.LayerMap.attach_parameters`.
+Frozen parameters (``requires_grad=False``) and buffers are held fixed. The Jacobian-vector
+products therefore add up to the full first-order change ``J u``.
+
+Also here: the ground truth :func:`logit_shift`, :func:`expected_calibration_error`,
+:func:`direction_consistency`; ranking statistics are
+:func:`avalanche_plugins.plasticity.spearman` and :func:`~avalanche_plugins.plasticity.kendall_tau`
+(re-exported). Conventions as in :mod:`avalanche_plugins.plasticity`: eval mode (restored),
+parameters read through ``torch.func.functional_call`` (nothing written to ``.grad``, the model is
+never changed, the global RNG is never used), ``loss_fn`` mean-reduced, Avalanche multi-task models
+receive ``task_labels`` (each forward pass uses one ``int`` label).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import grad, jvp
+
+from avalanche_plugins._checks import check_choice, check_inputs, check_int, check_positive
+from avalanche_plugins.functional import (
+    eval_mode,
+    is_multitask,
+    iterate_batches,
+    model_forward,
+    stateless_forward,
+)
+from avalanche_plugins.layers import LayerMap, discover_layers
+from avalanche_plugins.plasticity import kendall_tau, spearman
+
+__all__ = [
+    "ADS_OPTIMIZERS",
+    "ADS_PATHS",
+    "UNASSIGNED",
+    "ADSResult",
+    "architecture_driven_shift",
+    "update_direction",
+    "layer_logit_changes",
+    "layer_groups",
+    "topology_only_shift",
+    "logit_shift",
+    "expected_calibration_error",
+    "direction_consistency",
+    "spearman",
+    "kendall_tau",
+]
+
+ADS_OPTIMIZERS = ("sgd", "adam")
+ADS_PATHS = ("budget", "probe")
+UNASSIGNED = "(unassigned)"
+
+
+def _forward_ad_attention():
+    """Scaled-dot-product attention's fused CPU kernels have no forward-mode derivative; the
+    math backend (plain matmul/softmax) has one, so JVPs run under it."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # torch < 2.3: no fused-kernel selection to work around
+        return contextlib.nullcontext()
+    return sdpa_kernel(SDPBackend.MATH)
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    """Trainable parameters of one layer (or of no layer) and the group's architecture term."""
+
+    name: str
+    fan_in: int
+    params: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ADSResult:
+    """Output of :func:`architecture_driven_shift`.
+
+    Attributes:
+        ads: ``P · Σ_ℓ n_{ℓ−1} d̂_ℓ``.
+        layer_names: the groups' names (layer-map order; ``"(unassigned)"`` last when present).
+        architecture_terms: fan-ins ``n_{ℓ−1}`` (1 for the unassigned group).
+        data_terms: ``d̂_ℓ = mean_a ‖J_ℓ(x_a) u_ℓ‖ / n_{ℓ−1}`` for a unit step.
+        path_factor: ``P`` (``lr·steps``, or ``lr·Σ_{t<T} ρ^t`` for the probe).
+        first_order_shift: ``mean_a ‖Σ_ℓ J_ℓ(x_a) u_ℓ‖`` (unit step): the first-step logit
+            change without the width decomposition; ``lr·first_order_shift`` predicts one step.
+        new_loss: new-task loss at the checkpoint. grad_norm: ``‖∇L_new‖``.
+        optimizer, path, lr, steps: the arguments.
+        decay: fitted per-step decay ``ρ`` (probe path; None for the budget path).
+        probe_norms: update norms measured by the probe (empty for the budget path).
+        seconds: wall time of the whole computation.
+    """
+
+    ads: float
+    layer_names: list[str]
+    architecture_terms: list[int]
+    data_terms: list[float]
+    path_factor: float
+    first_order_shift: float
+    new_loss: float
+    grad_norm: float
+    optimizer: str
+    path: str
+    lr: float
+    steps: int
+    decay: float | None = None
+    probe_norms: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def layer_shifts(self) -> list[float]:
+        """``n_{ℓ−1} d̂_ℓ`` per group: mean logit-change norm of each layer's unit step."""
+        return [n * d for n, d in zip(self.architecture_terms, self.data_terms)]
+
+    @property
+    def unit_shift(self) -> float:
+        """``Σ_ℓ n_{ℓ−1} d̂_ℓ`` (ADS with ``P = 1``), the quantity the topology-only variant rescales."""
+        return float(sum(self.layer_shifts))
+
+
+# --------------------------------------------------------------------------------------------
+# Building blocks
+# --------------------------------------------------------------------------------------------
+
+
+def _fan_in(layer) -> int:
+    """``n_{ℓ−1}``: the weight's fan-in for Linear/Conv (``in_channels/groups × kernel``), else
+    the layer map's ``in_units``."""
+    weight = getattr(layer.module, "weight", None)
+    if layer.kind in ("linear", "conv") and isinstance(weight, torch.Tensor) and weight.dim() >= 2:
+        return int(weight[0].numel())
+    return max(1, int(layer.in_units))
+
+
+def layer_groups(model: nn.Module, layer_map: LayerMap) -> list[LayerGroup]:
+    """Partition the trainable parameters into per-layer groups (module docstring rules).
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+        >>> [(g.name, g.fan_in, g.params) for g in layer_groups(net, discover_layers(net, torch.randn(2, 4)))]
+        [('0', 4, ('0.weight', '0.bias')), ('2', 8, ('2.weight', '2.bias'))]
+    """
+    index_of, leftovers = layer_map.attach_parameters()
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    if not trainable:
+        raise ValueError(f"model {type(model).__name__} has no trainable parameters "
+                         "(every parameter has requires_grad=False)")
+    groups = []
+    for layer in layer_map:
+        names = tuple(n for n in trainable if index_of.get(n) == layer.index)
+        if names:
+            groups.append(LayerGroup(layer.name, _fan_in(layer), names))
+    rest = tuple(n for n in trainable if n in leftovers or n not in index_of)
+    if rest:
+        groups.append(LayerGroup(UNASSIGNED, 1, rest))
+    if not groups:
+        raise ValueError("no trainable parameter belongs to a layer of the model")
+    return groups
+
+
+def _split_params(model: nn.Module):
+    params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    consts = {n: p.detach() for n, p in model.named_parameters() if not p.requires_grad}
+    consts.update({n: b.detach() for n, b in model.named_buffers()})
+    return params, consts
+
+
+def _task_groups(n: int, task_labels, device) -> list[tuple[torch.Tensor | None, int | None]]:
+    """``[(index, label)]`` so every forward pass has one task label (``(None, None)``: all, no label)."""
+    if task_labels is None:
+        return [(None, None)]
+    labels = torch.as_tensor(task_labels).reshape(-1)
+    if labels.numel() != n:
+        raise ValueError(f"task_labels has {labels.numel()} entries for {n} samples")
+    values = torch.unique(labels)
+    if values.numel() == 1:
+        return [(None, int(values[0]))]
+    return [(torch.nonzero(labels == v).reshape(-1).to(device), int(v)) for v in values]
+
+
+def _check_targets(model, params, consts, x, y, groups) -> torch.Tensor:
+    """Forward the new inputs once; integer targets must index an output column."""
+    with torch.no_grad():
+        idx, label = groups[0]
+        out = stateless_forward(model, {**params, **consts}, x if idx is None else x[idx], label)
+    if not y.dtype.is_floating_point and out.dim() >= 2:
+        n_classes = out.shape[1]
+        bad = (y < 0) | (y >= n_classes)
+        if bool(bad.any()):
+            raise ValueError(f"new_targets must be class indices in [0, {n_classes}) for a model with "
+                             f"{n_classes} outputs; got values {torch.unique(y[bad]).tolist()[:5]}")
+    return out
+
+
+def _loss_function(model, loss_fn, consts, x, y, groups):
+    n = x.shape[0]
+
+    def loss_of(p):
+        total = 0.0
+        for idx, label in groups:
+            xs, ys = (x, y) if idx is None else (x[idx], y[idx])
+            weight = xs.shape[0] / n
+            total = total + weight * loss_fn(stateless_forward(model, {**p, **consts}, xs, label), ys)
+        return total
+
+    return loss_of
+
+
+def update_direction(model: nn.Module, loss_fn, new_inputs: torch.Tensor, new_targets: torch.Tensor, *,
+                     optimizer: str = "sgd", eps: float = 1e-8, task_labels=None
+                     ) -> tuple[dict[str, torch.Tensor], float, float]:
+    """The unit-lr update direction ``u`` of the first optimizer step on the new task.
+
+    .. math:: u = -\\nabla L_\\text{new}(θ) \\;(\\text{SGD}), \\qquad
+              u = -\\frac{g}{|g| + ε} \\;(\\text{first Adam step, fresh state})
+
+    Returns ``(direction, loss, grad_norm)``; ``direction`` maps every trainable parameter name
+    to a detached tensor. The model is not changed.
+
+    Example:
+        >>> net = nn.Linear(2, 1)
+        >>> u, loss, gn = update_direction(net, nn.MSELoss(), torch.ones(4, 2), torch.zeros(4, 1))
+        >>> sorted(u), bool(torch.allclose(-u["bias"], 2 * net(torch.ones(1, 2)).detach().reshape(1)))
+        (['bias', 'weight'], True)
+    """
+    check_inputs(new_inputs, new_targets, name="new_inputs")
+    check_choice("optimizer", optimizer, ADS_OPTIMIZERS)
+    params, consts = _split_params(model)
+    if not params:
+        raise ValueError(f"model {type(model).__name__} has no trainable parameters")
+    groups = _task_groups(new_inputs.shape[0], task_labels, new_inputs.device)
+    with eval_mode(model):
+        _check_targets(model, params, consts, new_inputs, new_targets, groups)
+        loss_of = _loss_function(model, loss_fn, consts, new_inputs, new_targets, groups)
+        grads = grad(loss_of)(params)
+        with torch.no_grad():
+            loss = float(loss_of(params))
+    if not math.isfinite(loss):
+        raise ValueError(f"the new-task loss is {loss} at the checkpoint; the model or data produce "
+                         "non-finite values")
+    grad_norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads.values()))
+    if optimizer == "sgd":
+        direction = {n: -g.detach() for n, g in grads.items()}
+    else:
+        direction = {n: -(g / (g.abs() + eps)).detach() for n, g in grads.items()}
+    return direction, loss, grad_norm
+
+
+def layer_logit_changes(model: nn.Module, old_inputs: torch.Tensor, direction: Mapping[str, torch.Tensor],
+                        groups: Sequence[LayerGroup], *, task_labels=None, chunk_size: int | None = None
+                        ) -> dict[str, torch.Tensor]:
+    """``J_ℓ(x_a) u_ℓ`` for every group ``ℓ`` and old input ``x_a``: one ``torch.func.jvp`` per group
+    (tangent ``u_ℓ`` on the group's parameters, zero elsewhere), chunked over the inputs.
+
+    Returns ``{group name: (N, *output_shape) tensor}``; their sum over groups is ``J(x_a) u``.
+    """
+    check_inputs(old_inputs, name="old_inputs")
+    params, consts = _split_params(model)
+    tasks = _task_groups(old_inputs.shape[0], task_labels, old_inputs.device)
+    out: dict[str, torch.Tensor] = {}
+    with eval_mode(model), _forward_ad_attention():
+        for group in groups:
+            primal = {n: params[n] for n in group.params}
+            tangent = {n: direction[n].to(params[n].dtype) for n in group.params}
+            rest = {n: p for n, p in params.items() if n not in primal}
+            pieces = []
+            for idx, label in tasks:
+                xs = old_inputs if idx is None else old_inputs[idx]
+                chunks = []
+                for s in iterate_batches(xs.shape[0], chunk_size):
+                    def f(p, xc=xs[s], label=label, rest=rest):
+                        return stateless_forward(model, {**rest, **consts, **p}, xc, label)
+
+                    chunks.append(jvp(f, (primal,), (tangent,))[1].detach())
+                pieces.append((idx, torch.cat(chunks)))
+            if len(pieces) == 1:
+                out[group.name] = pieces[0][1]
+            else:
+                full = torch.empty((old_inputs.shape[0], *pieces[0][1].shape[1:]),
+                                   dtype=pieces[0][1].dtype, device=old_inputs.device)
+                for idx, values in pieces:
+                    full[idx] = values
+                out[group.name] = full
+    return out
+
+
+def _mean_norm(delta: torch.Tensor) -> float:
+    return float(delta.reshape(delta.shape[0], -1).double().norm(dim=1).mean())
+
+
+def _probe(model, loss_fn, new_inputs, new_targets, groups, *, lr, optimizer, probe_steps, eps,
+           betas=(0.9, 0.999)) -> list[float]:
+    """Update norms of ``probe_steps`` full-batch steps on the new-task sample (functional copy)."""
+    params, consts = _split_params(model)
+    loss_of = _loss_function(model, loss_fn, consts, new_inputs, new_targets, groups)
+    theta = {n: p.clone() for n, p in params.items()}
+    first = {n: torch.zeros_like(p) for n, p in theta.items()}
+    second = {n: torch.zeros_like(p) for n, p in theta.items()}
+    norms = []
+    with eval_mode(model):
+        for t in range(probe_steps):
+            g = grad(loss_of)(theta)
+            if optimizer == "sgd":
+                step = {n: lr * v for n, v in g.items()}
+            else:
+                b1, b2 = betas
+                step = {}
+                for n, v in g.items():
+                    first[n].mul_(b1).add_(v, alpha=1 - b1)
+                    second[n].mul_(b2).addcmul_(v, v, value=1 - b2)
+                    m_hat = first[n] / (1 - b1 ** (t + 1))
+                    v_hat = second[n] / (1 - b2 ** (t + 1))
+                    step[n] = lr * m_hat / (v_hat.sqrt() + eps)
+            norms.append(math.sqrt(sum(float((s.double() ** 2).sum()) for s in step.values())))
+            theta = {n: (theta[n] - step[n]).detach() for n in theta}
+    return norms
+
+
+def _fit_decay(norms: Sequence[float]) -> float:
+    """Per-step decay ``ρ = exp(slope)`` of a least-squares line through ``log‖step_t‖``, in ``(0, 1]``."""
+    values = np.asarray(norms, dtype=np.float64)
+    keep = np.isfinite(values) & (values > 0)
+    if keep.sum() < 2:
+        return 1.0
+    t = np.arange(values.size)[keep]
+    slope = np.polyfit(t, np.log(values[keep]), 1)[0]
+    return float(min(1.0, math.exp(slope)))
+
+
+def _path_sum(decay: float, steps: int) -> float:
+    if decay >= 1.0:
+        return float(steps)
+    return float((1.0 - decay ** steps) / (1.0 - decay))
+
+
+def _example(model: nn.Module, x: torch.Tensor, task_labels):
+    if task_labels is None or not is_multitask(model):
+        return x[:2]
+    return x[:2], torch.as_tensor(task_labels).reshape(-1)[:2].to(x.device)
+
+
+# --------------------------------------------------------------------------------------------
+# ADS
+# --------------------------------------------------------------------------------------------
+
+
+def architecture_driven_shift(model: nn.Module, old_inputs: torch.Tensor, new_inputs: torch.Tensor,
+                              new_targets: torch.Tensor, loss_fn, *, lr: float, steps: int,
+                              optimizer: str = "sgd", path: str = "budget", probe_steps: int = 10,
+                              eps: float = 1e-8, old_task_labels=None, new_task_labels=None,
+                              chunk_size: int | None = 1024) -> ADSResult:
+    """Predicted logit shift on old-task inputs when ``model`` trains ``steps`` steps on the new task.
+
+    .. math::
+
+        \\mathrm{ADS} = P \\sum_ℓ n_{ℓ-1}\\, \\hat d_ℓ, \\qquad
+        \\hat d_ℓ = \\frac{1}{n_{ℓ-1}} \\frac1N \\sum_a \\lVert J_ℓ(x_a)\\, u_ℓ \\rVert_2, \\qquad
+        P = η T \\ (\\text{budget}) \\ \\text{or} \\ η \\sum_{t<T} ρ^t \\ (\\text{probe})
+
+    (derivation and assumptions in the module docstring). Cost: one gradient on the new sample,
+    one JVP per layer over the old inputs (about 3 forward passes each); the probe adds
+    ``probe_steps`` gradients.
+
+    Args:
+        model: the checkpoint, trained on the earlier tasks (not changed).
+        old_inputs: earlier tasks' calibration inputs ``x_a``.
+        new_inputs, new_targets: labelled sample of the new task.
+        loss_fn: mean-reduced loss ``loss_fn(outputs, targets)``.
+        lr: step size ``η``. steps: training steps ``T`` on the new task.
+        optimizer: ``"sgd"`` (direction ``−g``) or ``"adam"`` (first Adam step ``−g/(|g|+ε)``).
+        path: ``"budget"`` (``P = ηT``) or ``"probe"`` (fit of the update-norm decay over
+            ``probe_steps`` full-batch steps on the new sample).
+        old_task_labels, new_task_labels: task labels for Avalanche multi-task models.
+        chunk_size: old inputs per JVP call (None: all at once).
+
+    Raises:
+        ValueError: empty inputs, mismatched targets, integer targets outside the model's output
+            range, no parametrised layer / no trainable parameter, bad arguments, non-finite loss.
+
+    Example:
+        >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+        <torch._C.Generator object at ...>
+        >>> net = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 3))
+        >>> old, new, y = torch.randn(20, 5), torch.randn(30, 5), torch.randint(0, 3, (30,))
+        >>> res = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=0.01, steps=100)
+        >>> res.layer_names, res.architecture_terms, res.path_factor
+        (['0', '2'], [5, 16], 1.0)
+        >>> abs(res.ads - sum(n * d for n, d in zip(res.architecture_terms, res.data_terms))) < 1e-9
+        True
+    """
+    start = time.perf_counter()
+    check_inputs(old_inputs, name="old_inputs")
+    check_inputs(new_inputs, new_targets, name="new_inputs")
+    check_positive("lr", lr)
+    check_int("steps", steps)
+    check_choice("optimizer", optimizer, ADS_OPTIMIZERS)
+    check_choice("path", path, ADS_PATHS)
+    check_int("probe_steps", probe_steps, minimum=2)
+    check_positive("eps", eps)
+    if chunk_size is not None:
+        check_int("chunk_size", chunk_size)
+    layer_map = discover_layers(model, _example(model, new_inputs, new_task_labels))
+    groups = layer_groups(model, layer_map)
+    direction, loss, grad_norm = update_direction(model, loss_fn, new_inputs, new_targets,
+                                                  optimizer=optimizer, eps=eps, task_labels=new_task_labels)
+    changes = layer_logit_changes(model, old_inputs, direction, groups, task_labels=old_task_labels,
+                                  chunk_size=chunk_size)
+    data_terms = [_mean_norm(changes[g.name]) / g.fan_in for g in groups]
+    first_order = _mean_norm(sum(changes.values()))
+    decay, norms = None, []
+    if path == "budget":
+        path_factor = lr * steps
+    else:
+        tasks = _task_groups(new_inputs.shape[0], new_task_labels, new_inputs.device)
+        norms = _probe(model, loss_fn, new_inputs, new_targets, tasks, lr=lr, optimizer=optimizer,
+                       probe_steps=probe_steps, eps=eps)
+        decay = _fit_decay(norms)
+        path_factor = lr * _path_sum(decay, steps)
+    unit = sum(g.fan_in * d for g, d in zip(groups, data_terms))
+    return ADSResult(ads=float(path_factor * unit), layer_names=[g.name for g in groups],
+                     architecture_terms=[g.fan_in for g in groups], data_terms=data_terms,
+                     path_factor=float(path_factor), first_order_shift=first_order, new_loss=loss,
+                     grad_norm=grad_norm, optimizer=optimizer, path=path, lr=float(lr), steps=int(steps),
+                     decay=decay, probe_norms=norms, seconds=time.perf_counter() - start)
+
+
+def topology_only_shift(model: nn.Module, example_input, reference: ADSResult) -> float:
+    """ADS of ``model`` from its topology alone, reusing a reference member's data terms.
+
+    .. math:: \\mathrm{ADS}_\\text{topo}(\\text{model}) = P_\\text{ref} \\sum_ℓ n_{ℓ-1}^\\text{model}\\,
+              \\hat d_ℓ^\\text{ref}
+
+    For ranking many widths of one design without data per candidate: compute
+    :func:`architecture_driven_shift` once on one member (``reference``), then score every other
+    member by its fan-ins. Valid when ``d̂_ℓ`` is (near) width-free: same depth, layer kinds,
+    activation, normalisation, initialisation and parametrisation (standard, fan-in init), the
+    same optimizer/lr/steps, widths not tiny, and the same training recipe on the old task (so the
+    checkpoints sit in comparable regimes). It is not valid across depths or designs, under μP-like
+    parametrisations (which rescale ``n_{ℓ−1}`` away), or far in the feature-learning regime.
+
+    Raises:
+        ValueError: the model's layer groups do not correspond one-to-one to the reference's.
+
+    Example:
+        >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+        <torch._C.Generator object at ...>
+        >>> small = nn.Sequential(nn.Linear(5, 32), nn.ReLU(), nn.Linear(32, 3))
+        >>> ref = architecture_driven_shift(small, torch.randn(8, 5), torch.randn(8, 5),
+        ...                                 torch.randint(0, 3, (8,)), nn.CrossEntropyLoss(), lr=0.1, steps=1)
+        >>> wide = nn.Sequential(nn.Linear(5, 64), nn.ReLU(), nn.Linear(64, 3))
+        >>> topo = topology_only_shift(wide, torch.randn(2, 5), ref)
+        >>> round(topo, 6) == round(ref.path_factor * (5 * ref.data_terms[0] + 64 * ref.data_terms[1]), 6)
+        True
+    """
+    if not isinstance(reference, ADSResult):
+        raise TypeError(f"reference must be an ADSResult, got {type(reference).__name__}")
+    groups = layer_groups(model, discover_layers(model, example_input))
+    if len(groups) != len(reference.layer_names) or \
+            any((g.name == UNASSIGNED) != (r == UNASSIGNED) for g, r in zip(groups, reference.layer_names)):
+        raise ValueError(f"model has layer groups {[g.name for g in groups]} but the reference has "
+                         f"{reference.layer_names}; the topology-only variant needs the same design "
+                         "(same depth and layer kinds), only widths may differ")
+    return float(reference.path_factor * sum(g.fan_in * d for g, d in zip(groups, reference.data_terms)))
+
+
+# --------------------------------------------------------------------------------------------
+# Ground truth and evaluation
+# --------------------------------------------------------------------------------------------
+
+
+def _outputs(model: nn.Module, inputs: torch.Tensor, task_labels, batch_size: int | None) -> torch.Tensor:
+    tasks = _task_groups(inputs.shape[0], task_labels, inputs.device)
+    out = None
+    with eval_mode(model), torch.no_grad():
+        for idx, label in tasks:
+            xs = inputs if idx is None else inputs[idx]
+            z = torch.cat([model_forward(model, xs[s], label) for s in iterate_batches(xs.shape[0], batch_size)])
+            if idx is None:
+                return z
+            if out is None:
+                out = torch.empty((inputs.shape[0], *z.shape[1:]), dtype=z.dtype, device=z.device)
+            out[idx] = z
+    return out
+
+
+def logit_shift(model_before: nn.Module, model_after: nn.Module, inputs: torch.Tensor, *,
+                task_labels=None, batch_size: int | None = 1024) -> float:
+    """Ground truth: mean L2 norm of the logit change on ``inputs`` (eval mode, no gradient).
+
+    .. math:: \\mathrm{shift} = \\frac1N \\sum_a \\lVert z_\\text{after}(x_a) - z_\\text{before}(x_a) \\rVert_2
+
+    Example:
+        >>> a = nn.Linear(2, 2)
+        >>> b = nn.Linear(2, 2)
+        >>> b.load_state_dict(a.state_dict())
+        <All keys matched successfully>
+        >>> with torch.no_grad():
+        ...     _ = b.bias.add_(torch.tensor([3.0, 4.0]))
+        >>> round(logit_shift(a, b, torch.randn(10, 2)), 6)
+        5.0
+    """
+    check_inputs(inputs, name="inputs")
+    before = _outputs(model_before, inputs, task_labels, batch_size)
+    after = _outputs(model_after, inputs, task_labels, batch_size)
+    if before.shape != after.shape:
+        raise ValueError(f"the models' outputs differ in shape: {tuple(before.shape)} vs {tuple(after.shape)}")
+    return _mean_norm(after - before)
+
+
+def expected_calibration_error(logits: torch.Tensor, targets: torch.Tensor, n_bins: int = 15) -> float:
+    """Expected calibration error with ``n_bins`` equal-width confidence bins.
+
+    .. math:: \\mathrm{ECE} = \\sum_{k=1}^{K} \\frac{|B_k|}{N} \\,
+              \\big| \\operatorname{acc}(B_k) - \\operatorname{conf}(B_k) \\big|
+
+    Confidence = max softmax probability, prediction = its argmax; bin ``k`` holds confidences in
+    ``((k−1)/K, k/K]``.
+
+    Example:
+        >>> logits = torch.log(torch.tensor([[0.9, 0.1], [0.6, 0.4], [0.3, 0.7]]))
+        >>> round(expected_calibration_error(logits, torch.tensor([0, 1, 1]), n_bins=4), 6)
+        0.133333
+    """
+    check_int("n_bins", n_bins)
+    check_inputs(logits, targets, name="logits")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must have shape (N, C), got {tuple(logits.shape)}")
+    if targets.dtype.is_floating_point or targets.dim() != 1:
+        raise ValueError("targets must be a 1-D tensor of class indices")
+    n_classes = logits.shape[1]
+    if bool(((targets < 0) | (targets >= n_classes)).any()):
+        raise ValueError(f"targets must be class indices in [0, {n_classes})")
+    probs = torch.softmax(logits.detach().double(), dim=1)
+    confidence, prediction = probs.max(dim=1)
+    correct = (prediction == targets.to(prediction.device)).double()
+    bins = torch.clamp(torch.ceil(confidence * n_bins).long() - 1, 0, n_bins - 1)
+    n = logits.shape[0]
+    ece = 0.0
+    for k in range(n_bins):
+        members = bins == k
+        count = int(members.sum())
+        if count:
+            ece += count / n * abs(float(correct[members].mean() - confidence[members].mean()))
+    return float(ece)
+
+
+def direction_consistency(pairs, ads, shift) -> float:
+    """Fraction of one-edit architecture pairs whose ADS and true shift change in the same direction.
+
+    .. math:: \\mathrm{DC} = \\frac{\\sum_{(i,j)} \\big[\\mathbb 1\\{(a_j-a_i)(s_j-s_i) > 0\\}
+              + \\tfrac12 \\mathbb 1\\{a_j = a_i\\}\\big]}{\\#\\{(i,j) : s_i \\ne s_j\\}}
+
+    ``pairs`` are ``(i, j)`` keys into ``ads`` and ``shift`` (sequences or mappings). Pairs with
+    equal true shifts are skipped; ADS ties count ½ (as
+    :func:`~avalanche_plugins.plasticity.pairwise_ranking_accuracy`).
+
+    Raises:
+        ValueError: no pairs, a key missing, non-finite values, or every pair has tied shifts.
+
+    Example:
+        >>> direction_consistency([(0, 1), (1, 2), (0, 2)], [1.0, 2.0, 1.5], [10.0, 20.0, 30.0])
+        0.6666666666666666
+    """
+    pairs = list(pairs)
+    if not pairs:
+        raise ValueError("pairs is empty: direction consistency needs at least one pair")
+    score, counted = 0.0, 0
+    for pair in pairs:
+        if len(pair) != 2:
+            raise ValueError(f"every pair must be (i, j), got {pair!r}")
+        i, j = pair
+        try:
+            a_i, a_j, s_i, s_j = float(ads[i]), float(ads[j]), float(shift[i]), float(shift[j])
+        except (KeyError, IndexError) as error:
+            raise ValueError(f"pair {pair!r} names an architecture missing from ads or shift") from error
+        if not all(math.isfinite(v) for v in (a_i, a_j, s_i, s_j)):
+            raise ValueError(f"pair {pair!r} has non-finite ads or shift values")
+        if s_i == s_j:
+            continue
+        counted += 1
+        if a_i == a_j:
+            score += 0.5
+        elif (a_j - a_i) * (s_j - s_i) > 0:
+            score += 1.0
+    if counted == 0:
+        raise ValueError("every pair has equal true shifts: there is no direction to compare")
+    return score / counted

@@ -1,0 +1,224 @@
+"""Architecture-Driven Shift (ADS) as an Avalanche metric: predicted vs realised old-task logit shift.
+
+``ArchitectureDrivenShiftMetric`` keeps a small buffer of every trained experience's samples
+(``calibration_size`` random samples each, evaluation transforms, with targets and task labels).
+For every experience after the first:
+
+* at ``before_training_exp`` (the checkpoint after the strategy's model adaptation; the incoming
+  experience is the new task) it draws the *old set* — ``calibration_size`` samples of the buffer
+  (seeded) — and ``calibration_size`` labelled samples of the incoming experience, and computes
+  :func:`avalanche_plugins.ads.architecture_driven_shift` with the strategy's loss
+  (``strategy._criterion``) and, unless given, its optimizer's step size, the number of steps
+  the experience will take (``train_epochs × ⌈|dataset| / train_mb_size⌉``) and the optimizer
+  kind (``"adam"`` for ``Adam``/``AdamW``, else ``"sgd"``; SGD momentum ``μ`` is folded into the
+  step size as ``lr / (1 − μ)``, its steady-state effective step). It also stores the old set's
+  logits and their ECE;
+* at ``after_training_exp`` it measures the realised shift ``mean ‖z_after − z_before‖`` on the
+  same old set (:func:`~avalanche_plugins.ads.logit_shift` semantics) and the ECE on it.
+
+Values go through the ``EvaluationPlugin`` with Avalanche's template names (``Name/train_phase/
+train_stream/TaskNNN/ExpNNN``, the incoming experience in both callbacks, so predicted and
+realised values sit side by side under the same suffix):
+
+* ``ADS/...`` — the prediction (before training), ``ADSRealisedShift/...`` — the truth (after);
+* ``ADSFirstStep/...`` — ``lr × ‖Σ_ℓ J_ℓ u_ℓ‖``, the one-step change without the width
+  decomposition; ``ADSPathFactor/...`` — ``P``;
+* ``ADSLayerShift/...`` — ``{layer: P·n_{ℓ−1}·d̂_ℓ}`` (loggers split dicts into one scalar each);
+* ``ADSOldECEBefore/...`` and ``ADSOldECE/...`` — ECE (``n_bins`` bins) of the old set before and
+  after training on the new experience.
+
+Every record (with the seconds spent) is appended to :attr:`ArchitectureDrivenShiftMetric.history`.
+
+Side effects: none on the training run. ADS reads parameters through ``torch.func`` (no
+``.grad`` written, nothing changed), the model runs in eval mode (restored), the optimizer is only
+read, sample draws use seeded generators and the global torch RNG (CPU and the strategy's CUDA
+device) is saved and restored around every measurement.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from avalanche.evaluation import PluginMetric
+from avalanche.evaluation.metric_results import MetricValue
+
+from avalanche_plugins._avalanche import experience_tensors, metric_name
+from avalanche_plugins._checks import check_choice, check_int, check_positive
+from avalanche_plugins.ads import (
+    ADS_OPTIMIZERS,
+    ADS_PATHS,
+    _mean_norm,
+    _outputs,
+    architecture_driven_shift,
+    expected_calibration_error,
+)
+from avalanche_plugins.readiness_metric import _preserved_rng
+
+__all__ = ["ArchitectureDrivenShiftMetric"]
+
+
+class ArchitectureDrivenShiftMetric(PluginMetric[float]):
+    """Logs ADS before each experience after the first, and the realised shift and ECE after it.
+
+    :param calibration_size: samples kept per trained experience, samples of the old set and of
+        the incoming experience used by ADS.
+    :param lr, steps, optimizer: ADS's step size, step budget and ``"sgd"``/``"adam"``; None
+        reads them from the strategy (module docstring).
+    :param path: ``"budget"`` (``P = lr·steps``) or ``"probe"`` (fitted decay over
+        ``probe_steps`` steps).
+    :param n_bins: ECE bins. :param seed: base seed; experience ``e`` uses ``seed + e``.
+
+    Raises ``ValueError`` naming the argument for bad arguments.
+
+    Example::
+
+        ads = ArchitectureDrivenShiftMetric(calibration_size=256)
+        evaluator = EvaluationPlugin(accuracy_metrics(experience=True), ads, loggers=[InteractiveLogger()])
+        strategy = Naive(model=model, optimizer=optimizer, criterion=criterion, evaluator=evaluator)
+        for experience in benchmark.train_stream:
+            strategy.train(experience)   # logs ADS/... before, ADSRealisedShift/... after
+        ads.history[-1]["ads"], ads.history[-1]["realised_shift"]
+    """
+
+    def __init__(self, calibration_size: int = 256, *, lr: float | None = None, steps: int | None = None,
+                 optimizer: str | None = None, path: str = "budget", probe_steps: int = 10,
+                 n_bins: int = 15, seed: int = 0):
+        super().__init__()
+        check_int("calibration_size", calibration_size)
+        if lr is not None:
+            check_positive("lr", lr)
+        if steps is not None:
+            check_int("steps", steps)
+        if optimizer is not None:
+            check_choice("optimizer", optimizer, ADS_OPTIMIZERS)
+        check_choice("path", path, ADS_PATHS)
+        check_int("probe_steps", probe_steps, minimum=2)
+        check_int("n_bins", n_bins)
+        check_int("seed", seed, minimum=0)
+        self.calibration_size, self.lr, self.steps, self.optimizer = calibration_size, lr, steps, optimizer
+        self.path, self.probe_steps, self.n_bins, self.seed = path, probe_steps, n_bins, seed
+        self.history: list[dict] = []
+        self.calibration: dict | None = None  # tensors of the last measurement
+        self._buffer: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._pending: dict | None = None
+
+    def result(self) -> float | None:
+        """The last predicted ADS (None before the second experience)."""
+        return self.history[-1]["ads"] if self.history else None
+
+    def reset(self) -> None:
+        """Forget the history and the buffer (a fresh run)."""
+        self.history, self.calibration, self._buffer, self._pending = [], None, [], None
+
+    def __str__(self) -> str:
+        return "ArchitectureDrivenShift"
+
+    # ----------------------------------------------------------------------------------------
+
+    def _training_settings(self, strategy) -> tuple[float, int, str]:
+        opt = strategy.optimizer
+        kind = self.optimizer or ("adam" if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)) else "sgd")
+        lr = self.lr
+        if lr is None:
+            group = opt.param_groups[0]
+            lr = float(group["lr"])
+            if kind == "sgd" and isinstance(opt, torch.optim.SGD):
+                lr /= 1.0 - float(group.get("momentum", 0.0))
+        steps = self.steps
+        if steps is None:
+            n = len(strategy.adapted_dataset)
+            steps = max(1, strategy.train_epochs * math.ceil(n / strategy.train_mb_size))
+        return lr, steps, kind
+
+    def _old_set(self, seed: int):
+        x = torch.cat([b[0] for b in self._buffer])
+        y = torch.cat([b[1] for b in self._buffer])
+        t = torch.cat([b[2] for b in self._buffer])
+        if x.shape[0] > self.calibration_size:
+            g = torch.Generator().manual_seed(seed)
+            idx = torch.randperm(x.shape[0], generator=g)[: self.calibration_size].sort().values.to(x.device)
+            x, y, t = x[idx], y[idx], t[idx]
+        return x, y, t
+
+    def before_training_exp(self, strategy) -> list[MetricValue] | None:
+        self._pending = None
+        if not self._buffer:
+            return None
+        with _preserved_rng(strategy.device):
+            record = self.measure(strategy)
+        return self._values(strategy, record, after=False)
+
+    def measure(self, strategy) -> dict:
+        """ADS of ``strategy.model`` for the incoming experience; returns the (pending) record."""
+        model = strategy.model
+        exp_counter = strategy.clock.train_exp_counter
+        seed = self.seed + exp_counter
+        start = time.perf_counter()
+        old_x, old_y, old_t = self._old_set(seed)
+        new_x, new_y, new_t = experience_tensors(strategy, n_samples=self.calibration_size, seed=seed)
+        lr, steps, kind = self._training_settings(strategy)
+        res = architecture_driven_shift(model, old_x, new_x, new_y, strategy._criterion, lr=lr, steps=steps,
+                                        optimizer=kind, path=self.path, probe_steps=self.probe_steps,
+                                        old_task_labels=old_t, new_task_labels=new_t)
+        logits = _outputs(model, old_x, old_t, 1024)
+        record = {
+            "experience": getattr(strategy.experience, "current_experience", exp_counter),
+            "train_exp_counter": exp_counter, "seed": seed, "n_old": int(old_x.shape[0]),
+            "n_new": int(new_x.shape[0]), "lr": lr, "steps": steps, "optimizer": kind, "path": self.path,
+            "ads": res.ads, "first_step": lr * res.first_order_shift, "path_factor": res.path_factor,
+            "layer_names": res.layer_names, "architecture_terms": res.architecture_terms,
+            "data_terms": res.data_terms,
+            "layer_shifts": {n: res.path_factor * s for n, s in zip(res.layer_names, res.layer_shifts)},
+            "ece_before": self._ece(logits, old_y),
+            "seconds": {"ads": res.seconds},
+        }
+        record["seconds"]["before"] = time.perf_counter() - start
+        self.calibration = {"old_inputs": old_x, "old_targets": old_y, "old_task_labels": old_t,
+                            "new_inputs": new_x, "new_targets": new_y, "new_task_labels": new_t}
+        self._pending = {"record": record, "logits": logits}
+        return record
+
+    def _ece(self, logits: torch.Tensor, targets: torch.Tensor) -> float | None:
+        """ECE for classifiers (2-D logits, integer targets); None otherwise."""
+        if logits.dim() != 2 or targets.dtype.is_floating_point:
+            return None
+        return expected_calibration_error(logits, targets, self.n_bins)
+
+    def after_training_exp(self, strategy) -> list[MetricValue] | None:
+        values = None
+        with _preserved_rng(strategy.device):
+            if self._pending is not None:
+                start = time.perf_counter()
+                record, before = self._pending["record"], self._pending["logits"]
+                cal = self.calibration
+                after = _outputs(strategy.model, cal["old_inputs"], cal["old_task_labels"], 1024)
+                record["realised_shift"] = _mean_norm(after - before)
+                record["ece_after"] = self._ece(after, cal["old_targets"])
+                record["seconds"]["after"] = time.perf_counter() - start
+                self.history.append(record)
+                self._pending = None
+                values = self._values(strategy, record, after=True)
+            exp_counter = strategy.clock.train_exp_counter
+            self._buffer.append(experience_tensors(strategy, n_samples=self.calibration_size,
+                                                   seed=self.seed + exp_counter))
+        return values
+
+    def _values(self, strategy, record: dict, *, after: bool) -> list[MetricValue]:
+        x_plot = strategy.clock.train_iterations
+
+        def value(name, v):
+            return MetricValue(self, metric_name(name, strategy), v, x_plot)
+
+        if after:
+            values = [value("ADSRealisedShift", float(record["realised_shift"]))]
+            if record["ece_after"] is not None:
+                values.append(value("ADSOldECE", float(record["ece_after"])))
+            return values
+        values = [value("ADS", float(record["ads"])), value("ADSFirstStep", float(record["first_step"])),
+                  value("ADSPathFactor", float(record["path_factor"])),
+                  value("ADSLayerShift", dict(record["layer_shifts"]))]
+        if record["ece_before"] is not None:
+            values.append(value("ADSOldECEBefore", float(record["ece_before"])))
+        return values
