@@ -95,7 +95,9 @@ from avalanche_plugins.functional import (
     is_multitask,
     iterate_batches,
     model_forward,
+    split_params,
     stateless_forward,
+    task_groups,
 )
 from avalanche_plugins.layers import LayerMap, discover_layers
 from avalanche_plugins.plasticity import kendall_tau, spearman
@@ -227,30 +229,10 @@ def layer_groups(model: nn.Module, layer_map: LayerMap) -> list[LayerGroup]:
     return groups
 
 
-def _split_params(model: nn.Module):
-    params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
-    consts = {n: p.detach() for n, p in model.named_parameters() if not p.requires_grad}
-    consts.update({n: b.detach() for n, b in model.named_buffers()})
-    return params, consts
-
-
-def _task_groups(n: int, task_labels, device) -> list[tuple[torch.Tensor | None, int | None]]:
-    """``[(index, label)]`` so every forward pass has one task label (``(None, None)``: all, no label)."""
-    if task_labels is None:
-        return [(None, None)]
-    labels = torch.as_tensor(task_labels).reshape(-1)
-    if labels.numel() != n:
-        raise ValueError(f"task_labels has {labels.numel()} entries for {n} samples")
-    values = torch.unique(labels)
-    if values.numel() == 1:
-        return [(None, int(values[0]))]
-    return [(torch.nonzero(labels == v).reshape(-1).to(device), int(v)) for v in values]
-
-
 def _check_targets(model, params, consts, x, y, groups) -> torch.Tensor:
     """Forward the new inputs once; integer targets must index an output column."""
     with torch.no_grad():
-        idx, label = groups[0]
+        label, idx = groups[0]
         out = stateless_forward(model, {**params, **consts}, x if idx is None else x[idx], label)
     if not y.dtype.is_floating_point and out.dim() >= 2:
         n_classes = out.shape[1]
@@ -266,7 +248,7 @@ def _loss_function(model, loss_fn, consts, x, y, groups):
 
     def loss_of(p):
         total = 0.0
-        for idx, label in groups:
+        for label, idx in groups:
             xs, ys = (x, y) if idx is None else (x[idx], y[idx])
             weight = xs.shape[0] / n
             total = total + weight * loss_fn(stateless_forward(model, {**p, **consts}, xs, label), ys)
@@ -294,10 +276,8 @@ def update_direction(model: nn.Module, loss_fn, new_inputs: torch.Tensor, new_ta
     """
     check_inputs(new_inputs, new_targets, name="new_inputs")
     check_choice("optimizer", optimizer, ADS_OPTIMIZERS)
-    params, consts = _split_params(model)
-    if not params:
-        raise ValueError(f"model {type(model).__name__} has no trainable parameters")
-    groups = _task_groups(new_inputs.shape[0], task_labels, new_inputs.device)
+    params, consts = split_params(model)
+    groups = task_groups(model, new_inputs.shape[0], task_labels)
     with eval_mode(model):
         _check_targets(model, params, consts, new_inputs, new_targets, groups)
         loss_of = _loss_function(model, loss_fn, consts, new_inputs, new_targets, groups)
@@ -324,8 +304,8 @@ def layer_logit_changes(model: nn.Module, old_inputs: torch.Tensor, direction: M
     Returns ``{group name: (N, *output_shape) tensor}``; their sum over groups is ``J(x_a) u``.
     """
     check_inputs(old_inputs, name="old_inputs")
-    params, consts = _split_params(model)
-    tasks = _task_groups(old_inputs.shape[0], task_labels, old_inputs.device)
+    params, consts = split_params(model)
+    tasks = task_groups(model, old_inputs.shape[0], task_labels)
     out: dict[str, torch.Tensor] = {}
     with eval_mode(model), _forward_ad_attention():
         for group in groups:
@@ -333,7 +313,7 @@ def layer_logit_changes(model: nn.Module, old_inputs: torch.Tensor, direction: M
             tangent = {n: direction[n].to(params[n].dtype) for n in group.params}
             rest = {n: p for n, p in params.items() if n not in primal}
             pieces = []
-            for idx, label in tasks:
+            for label, idx in tasks:
                 xs = old_inputs if idx is None else old_inputs[idx]
                 chunks = []
                 for s in iterate_batches(xs.shape[0], chunk_size):
@@ -360,7 +340,7 @@ def _mean_norm(delta: torch.Tensor) -> float:
 def _probe(model, loss_fn, new_inputs, new_targets, groups, *, lr, optimizer, probe_steps, eps,
            betas=(0.9, 0.999)) -> list[float]:
     """Update norms of ``probe_steps`` full-batch steps on the new-task sample (functional copy)."""
-    params, consts = _split_params(model)
+    params, consts = split_params(model)
     loss_of = _loss_function(model, loss_fn, consts, new_inputs, new_targets, groups)
     theta = {n: p.clone() for n, p in params.items()}
     first = {n: torch.zeros_like(p) for n, p in theta.items()}
@@ -480,7 +460,7 @@ def architecture_driven_shift(model: nn.Module, old_inputs: torch.Tensor, new_in
     if path == "budget":
         path_factor = lr * steps
     else:
-        tasks = _task_groups(new_inputs.shape[0], new_task_labels, new_inputs.device)
+        tasks = task_groups(model, new_inputs.shape[0], new_task_labels)
         norms = _probe(model, loss_fn, new_inputs, new_targets, tasks, lr=lr, optimizer=optimizer,
                        probe_steps=probe_steps, eps=eps)
         decay = _fit_decay(norms)
@@ -538,10 +518,10 @@ def topology_only_shift(model: nn.Module, example_input, reference: ADSResult) -
 
 
 def _outputs(model: nn.Module, inputs: torch.Tensor, task_labels, batch_size: int | None) -> torch.Tensor:
-    tasks = _task_groups(inputs.shape[0], task_labels, inputs.device)
+    tasks = task_groups(model, inputs.shape[0], task_labels)
     out = None
     with eval_mode(model), torch.no_grad():
-        for idx, label in tasks:
+        for label, idx in tasks:
             xs = inputs if idx is None else inputs[idx]
             z = torch.cat([model_forward(model, xs[s], label) for s in iterate_batches(xs.shape[0], batch_size)])
             if idx is None:

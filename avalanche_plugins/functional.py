@@ -8,7 +8,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-__all__ = ["is_multitask", "model_forward", "stateless_forward", "iterate_batches", "eval_mode"]
+__all__ = ["is_multitask", "model_forward", "stateless_forward", "iterate_batches", "eval_mode",
+           "split_params", "task_groups"]
 
 
 def is_multitask(model: nn.Module) -> bool:
@@ -62,3 +63,37 @@ def eval_mode(model: nn.Module):
     finally:
         for module, training in modes:
             module.training = training
+
+
+def split_params(model: nn.Module) -> tuple[dict, dict]:
+    """``(trainable, constants)`` for ``functional_call``: detached trainable parameters, and frozen
+    parameters + buffers. Raises ``ValueError`` when nothing is trainable."""
+    params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
+    if not params:
+        raise ValueError(f"model {type(model).__name__} has no trainable parameters (requires_grad=True)")
+    consts = {k: v.detach() for k, v in model.named_parameters() if not v.requires_grad}
+    consts.update({k: v.detach() for k, v in model.named_buffers()})
+    return params, consts
+
+
+def task_groups(model: nn.Module, n: int, task_labels) -> list[tuple[int | None, torch.Tensor | None]]:
+    """``[(label, index)]``: the ``n`` samples grouped by task label so that every forward pass has
+    one ``int`` label (Avalanche's fast path, the only one ``torch.func`` transforms can trace);
+    ``index`` is None for "all samples".
+
+    Plain models (and multi-task models without labels) form one group with label ``None``, which
+    :func:`stateless_forward` turns into task 0 for multi-task models.
+    """
+    if task_labels is None:
+        return [(None, None)]
+    if not isinstance(task_labels, torch.Tensor):
+        raise TypeError(f"task_labels must be a tensor, got {type(task_labels).__name__}")
+    labels = task_labels.reshape(-1)
+    if labels.shape[0] != n:
+        raise ValueError(f"task_labels has {labels.shape[0]} entries but inputs has {n}")
+    if not is_multitask(model):
+        return [(None, None)]
+    unique = torch.unique(labels)
+    if unique.numel() == 1:
+        return [(int(unique[0]), None)]
+    return [(int(u), (labels == u).nonzero().squeeze(1)) for u in unique]

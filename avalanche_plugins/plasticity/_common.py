@@ -4,23 +4,11 @@ task grouping and gradient norms (``torch.func``)."""
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from avalanche_plugins.functional import (
-    is_multitask,
     iterate_batches,
     stateless_forward,
 )
-
-
-def _split_params(model: nn.Module):
-    """``(trainable, constants)``: detached trainable parameters, and frozen parameters + buffers."""
-    params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
-    if not params:
-        raise ValueError("model has no trainable parameter (requires_grad=True)")
-    consts = {k: v.detach() for k, v in model.named_parameters() if not v.requires_grad}
-    consts.update({k: v.detach() for k, v in model.named_buffers()})
-    return params, consts
 
 
 def _check_task_labels(task_labels, n: int) -> None:
@@ -30,21 +18,6 @@ def _check_task_labels(task_labels, n: int) -> None:
         raise TypeError(f"task_labels must be a tensor, got {type(task_labels).__name__}")
     if task_labels.reshape(-1).shape[0] != n:
         raise ValueError(f"task_labels has {task_labels.reshape(-1).shape[0]} entries but inputs has {n}")
-
-
-def _task_groups(model: nn.Module, n: int, task_labels):
-    """``[(label, index)]``: samples grouped by task; ``index`` is None for "all samples".
-
-    Plain models (and multi-task models without labels) form one group with label ``None``, which
-    :func:`avalanche_plugins.functional.stateless_forward` turns into task 0 for multi-task models.
-    """
-    if task_labels is None or not is_multitask(model):
-        return [(None, None)]
-    labels = task_labels.reshape(-1)
-    unique = torch.unique(labels)
-    if unique.numel() == 1:
-        return [(int(unique[0]), None)]
-    return [(int(u), (labels == u).nonzero().squeeze(1)) for u in unique]
 
 
 def _take(tensor, index):

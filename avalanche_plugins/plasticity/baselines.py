@@ -20,15 +20,15 @@ from avalanche_plugins.functional import (
     is_multitask,
     iterate_batches,
     model_forward,
+    split_params,
     stateless_forward,
+    task_groups,
 )
 from avalanche_plugins.layers import discover_layers
 from avalanche_plugins.plasticity._common import (
     _batch_loss,
     _check_task_labels,
-    _split_params,
     _take,
-    _task_groups,
 )
 
 __all__ = ["effective_rank", "energy_rank", "hidden_features", "representation_ranks",
@@ -196,7 +196,7 @@ def hidden_features(model: nn.Module, inputs: torch.Tensor, *, task_labels: torc
     modules = [layer.module for layer in layers]
     parts: list[list[torch.Tensor]] = [[] for _ in hidden]
     with eval_mode(model):
-        for label, index in _task_groups(model, inputs.shape[0], task_labels):
+        for label, index in task_groups(model, inputs.shape[0], task_labels):
             x = _take(inputs, index)
             for j, f in enumerate(_features_of_group(model, modules, len(hidden), x, label, chunk_size)):
                 parts[j].append(f)
@@ -270,7 +270,7 @@ def _output_jacobian(model, params, consts, inputs, task_labels, chunk_size):
     """``(J, outputs)``: ``J`` is the ``(n·C, P)`` float64 Jacobian of the flattened outputs w.r.t.
     the trainable parameters; ``outputs`` the ``(n, *out_shape)`` outputs (rows in group order)."""
     rows, outs = [], []
-    for label, index in _task_groups(model, inputs.shape[0], task_labels):
+    for label, index in task_groups(model, inputs.shape[0], task_labels):
         x = _take(inputs, index)
 
         def out_of(p, xi, label=label):
@@ -316,7 +316,7 @@ def entk_energy_rank(model: nn.Module, inputs: torch.Tensor, energy: float = 0.9
     _check_energy(energy)
     check_int("chunk_size", chunk_size)
     _check_task_labels(task_labels, inputs.shape[0])
-    params, consts = _split_params(model)
+    params, consts = split_params(model)
     with eval_mode(model):
         jac, _ = _output_jacobian(model, params, consts, inputs, task_labels, chunk_size)
     if not torch.isfinite(jac).all():
@@ -354,12 +354,12 @@ def hessian_energy_rank(model: nn.Module, loss_fn, inputs: torch.Tensor, targets
     check_int("chunk_size", chunk_size)
     n = inputs.shape[0]
     _check_task_labels(task_labels, n)
-    params, consts = _split_params(model)
+    params, consts = split_params(model)
     names = list(params)
     shapes = [params[k].shape for k in names]
     sizes = [params[k].numel() for k in names]
     n_params = sum(sizes)
-    groups = _task_groups(model, n, task_labels)
+    groups = task_groups(model, n, task_labels)
     with eval_mode(model):
         if n_params <= max_params:
             flat0 = torch.cat([params[k].reshape(-1) for k in names])

@@ -20,11 +20,11 @@ from avalanche_plugins._checks import (
 from avalanche_plugins.functional import (
     eval_mode,
     iterate_batches,
+    split_params,
 )
 from avalanche_plugins.plasticity._common import (
     _batch_loss,
     _draw_batches,
-    _split_params,
 )
 
 __all__ = ["OPTIMIZERS", "GainResult", "k_step_gain"]
@@ -135,7 +135,7 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
                 or bool((indices >= n_train).any()):
             raise ValueError(f"indices must be integer indices in [0, {n_train})")
         indices = indices.long()
-    params, consts = _split_params(model)
+    params, consts = split_params(model)
     batch_loss = _batch_loss(model, loss_fn, consts, task_label)
     n_val = val_inputs.shape[0]
 

@@ -18,6 +18,8 @@ from avalanche_plugins._checks import (
 from avalanche_plugins.functional import (
     eval_mode,
     iterate_batches,
+    split_params,
+    task_groups,
 )
 from avalanche_plugins.plasticity._common import (
     _batch_loss,
@@ -25,10 +27,8 @@ from avalanche_plugins.plasticity._common import (
     _draw_batches,
     _flat,
     _sample_loss,
-    _split_params,
     _sq_norms,
     _take,
-    _task_groups,
 )
 
 __all__ = ["ESTIMATORS", "ReadinessResult", "optimization_readiness"]
@@ -196,8 +196,8 @@ def optimization_readiness(model: nn.Module, loss_fn, inputs: torch.Tensor, targ
     check_int("seed", seed, minimum=0)
     check_int("chunk_size", chunk_size)
     _check_task_labels(task_labels, n)
-    params, consts = _split_params(model)
-    groups = _task_groups(model, n, task_labels)
+    params, consts = split_params(model)
+    groups = task_groups(model, n, task_labels)
 
     with eval_mode(model):
         if estimator == "per_sample":
