@@ -42,7 +42,8 @@ import torch
 from torch import nn
 
 from avalanche_plugins._checks import check_choice, check_int, check_positive
-from avalanche_plugins.functional import eval_mode, model_forward
+from avalanche_plugins.functional import eval_mode, is_multitask, model_forward
+from avalanche_plugins.layers import split_model
 
 __all__ = [
     "FAMILIES",
@@ -362,8 +363,14 @@ class StitchedModel(nn.Module):
     Works for any architecture where ``stage`` is a submodule whose output is the only thing
     the rest of the forward pass reads (a chain cut point: a ``nn.Sequential`` item, a ResNet
     stage, a Transformer block). Multi-task (multi-head) models take ``task_labels`` and use the
-    *late* model's head. The late model's modules before ``stage`` still run (their outputs are
-    discarded), so a stitched forward costs at most two forward passes.
+    *late* model's head.
+
+    Cost: when the late model's forward is a chain (:func:`~avalanche_plugins.layers.split_model`
+    can cut it at ``stage``), only its part after ``stage`` runs, so a stitched forward costs one
+    forward pass. Otherwise (multi-task models, non-chain forwards) the late model runs whole
+    with its ``stage`` output replaced by a hook, and its modules before ``stage`` run for
+    nothing: at most two forward passes. Wrap a multi-head model's trunk and one head in an
+    ``nn.Sequential`` to get the fast path.
     """
 
     def __init__(self, early_model: nn.Module, late_model: nn.Module, stage: str, key: nn.Module):
@@ -371,6 +378,8 @@ class StitchedModel(nn.Module):
         _module(early_model, stage)
         _module(late_model, stage)
         self.early_model, self.late_model, self.stage, self.key = early_model, late_model, stage, key
+        self._late_part: nn.Module | None = None  # the late model after `stage`, when it is a chain
+        self._chain_checked = False
 
     def forward(self, x: torch.Tensor, task_labels=None) -> torch.Tensor:
         u = stage_activations(self.early_model, self.stage, x, task_labels)
@@ -378,6 +387,14 @@ class StitchedModel(nn.Module):
 
     def forward_from_stage(self, h: torch.Tensor, x: torch.Tensor, task_labels=None) -> torch.Tensor:
         """The late model's output with its ``stage`` output replaced by ``h``."""
+        if not self._chain_checked and not is_multitask(self.late_model):
+            self._chain_checked = True
+            try:
+                self._late_part = split_model(self.late_model, self.stage, x[:2])[1]
+            except (ValueError, TypeError):
+                self._late_part = None  # not a chain at this stage: use the hook below
+        if self._late_part is not None:
+            return self._late_part(h)
 
         def replace(module, inputs, output):
             if output.shape != h.shape:

@@ -133,7 +133,7 @@ def train_task(model, task: int, x, y, epochs: int, lr: float, batch_size: int, 
 def accuracy_from_stage(stitched, h_test, x, y, batch: int = 500) -> float:
     correct = 0
     for s in range(0, len(x), batch):
-        out = stitched.forward_from_stage(stitched.key(h_test[s:s + batch]), x[s:s + batch], 0)
+        out = stitched.forward_from_stage(stitched.key(h_test[s:s + batch]), x[s:s + batch])
         correct += int((out.argmax(-1) == y[s:s + batch]).sum())
     return correct / len(x)
 
@@ -157,7 +157,7 @@ def train_stitch(stitched, u, x, y, steps: int, lr: float, batch: int, seed: int
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         idx = torch.randperm(len(x), generator=g)[:batch]
-        loss = nn.functional.cross_entropy(stitched.forward_from_stage(key(u[idx]), x[idx], 0), y[idx])
+        loss = nn.functional.cross_entropy(stitched.forward_from_stage(key(u[idx]), x[idx]), y[idx])
         grads = torch.autograd.grad(loss, params)
         for p, grad in zip(params, grads):
             p.grad = grad
@@ -173,9 +173,9 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: dict, with
     xa, ya = anchors
     xte, yte = test
     with torch.no_grad():
-        u = stage_activations(theta_ab, stage, xa, 0)
-        v = stage_activations(theta_a, stage, xa, 0)
-        h_test = stage_activations(theta_ab, stage, xte, 0)
+        u = stage_activations(theta_ab, stage, xa)
+        v = stage_activations(theta_a, stage, xa)
+        h_test = stage_activations(theta_ab, stage, xte)
     rows = []
 
     def record(variant, key, seconds, **extra):
@@ -185,13 +185,13 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: dict, with
                      "residual": getattr(key, "residual", float("nan")), **extra})
         return stitched
 
-    for family in ("identity", "channel", "cross_channel"):
+    for family in ("identity", "channel", "cross_channel") if with_controls else ("channel", "cross_channel"):
         with Timer() as t:
             key = fit_transport_key(u, v, family, ridge=cfg["ridge"])
         stitched = record(family, key, t.seconds)
         if family == "cross_channel":
             with Timer() as t_refine:
-                refine_key(key, stitched, xa, 0, steps=cfg["refine_steps"], lr=cfg["refine_lr"])
+                refine_key(key, stitched, xa, steps=cfg["refine_steps"], lr=cfg["refine_lr"])
             record("cross_channel+refine", key, t.seconds + t_refine.seconds)
             key = fit_transport_key(u, v, family, ridge=cfg["ridge"])
         if with_controls and family != "identity":
@@ -208,11 +208,13 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: dict, with
 
 def run_job(job: Job) -> list[dict]:
     cfg = _CONTEXT
+    start = time.perf_counter()
     seed_everything(job.seed)
     data = task_data(job.pair, cfg["data_root"], cfg["quick"])
     xtr_a, ytr_a, xte_a, yte_a = data["A"]
     xtr_b, ytr_b, _, _ = data["B"]
     xte_a, yte_a = xte_a[:cfg["max_test"]], yte_a[:cfg["max_test"]]
+    xtr_a, ytr_a, xtr_b, ytr_b = xtr_a[:cfg["max_train"]], ytr_a[:cfg["max_train"]], xtr_b[:cfg["max_train"]], ytr_b[:cfg["max_train"]]
     n_classes = int(ytr_a.max()) + 1
     kwargs = {"dim": 48, "depth": 2, "heads": 4} if job.model == "vit" else {}
     if job.model == "cnn":
@@ -232,15 +234,19 @@ def run_job(job: Job) -> list[dict]:
     for p in [*theta_a.parameters(), *theta_ab.parameters()]:
         p.requires_grad_(False)
     acc_a, acc_ab = accuracy(theta_a, xte_a, yte_a), accuracy(theta_ab, xte_a, yte_a)
+    # task-A views as plain chains (trunk -> head A), so stitched models run only the late part
+    view_a, view_ab = nn.Sequential(theta_a.trunk, theta_a.heads[0]), nn.Sequential(theta_ab.trunk, theta_ab.heads[0])
     rows = []
     for n_anchors in cfg["anchor_counts"]:
         anchors = class_balanced_anchors((xtr_a, ytr_a), n_anchors, seed=job.seed)
         for stage in STAGES[job.model]:
             main = n_anchors == cfg["main_anchors"]
-            for row in evaluate_stage(theta_a, theta_ab, f"trunk.{stage}", anchors, (xte_a, yte_a), cfg, main):
+            for row in evaluate_stage(view_a, view_ab, f"0.{stage}", anchors, (xte_a, yte_a), cfg, main):
                 row.update(asdict(job), stage=stage, n_anchors=n_anchors, acc_a=acc_a, acc_ab=acc_ab,
                            recovery=recovery(row["acc"], acc_ab, acc_a).value, bn_mode="eval", **times)
                 rows.append(row)
+    for row in rows:
+        row["job_s"] = time.perf_counter() - start
     return rows
 
 
@@ -253,8 +259,9 @@ def _copy(model):
 def config_for(args) -> dict:
     quick = args.quick
     return {"data_root": args.data_root, "quick": quick, "dataset": "mnist" if args.data_root else "digits",
-            "epochs_a": 3, "epochs_b": 3 if quick else 2, "lr": 3e-3, "batch_size": 64, "max_test": 1000,
-            "ridge": 1e-4, "refine_steps": 30, "refine_lr": 1e-3, "stitch_steps": 150, "stitch_batch": 64,
+            "epochs_a": 3, "epochs_b": 3 if quick else 2, "lr": 3e-3, "batch_size": 64, "max_train": 4000,
+            "max_test": 500, "ridge": 1e-4, "refine_steps": 30, "refine_lr": 1e-3, "stitch_steps": 100,
+            "stitch_batch": 64,
             "stitch_lr": 1e-2, "anchor_counts": [10, 100] if quick else [10, 50, 100, 500], "main_anchors": 100}
 
 
@@ -320,6 +327,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--models", default=None, help=f"comma-separated subset of {','.join(MODELS)}")
     parser.add_argument("--pairs", default=None, help=f"comma-separated subset of {','.join(PAIRS)}")
     parser.add_argument("--workers", type=int, default=1, help="processes (each uses one torch thread)")
+    parser.add_argument("--skip", default="", help="comma-separated pair/model cells to skip (e.g. domain/resnet)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     models = args.models.split(",") if args.models else (["cnn"] if args.quick else list(MODELS))
@@ -331,7 +339,8 @@ def main(argv=None) -> dict:
     seeds = 1 if args.quick else args.seeds
     cfg = config_for(args)
     out = Path(args.out)
-    jobs = [Job(p, m, s) for p in pairs for m in models for s in range(seeds)]
+    skip = {tuple(c.split("/")) for c in args.skip.split(",") if c}
+    jobs = [Job(p, m, s) for p in pairs for m in models if (p, m) not in skip for s in range(seeds)]
     start = time.perf_counter()
     executor = LocalExecutor(args.workers, initializer=_init_worker, initargs=(cfg,))
     per_job = run_jobs(run_job, jobs, key=lambda j: json.dumps({**asdict(j), **cfg}, sort_keys=True),

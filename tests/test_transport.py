@@ -278,3 +278,17 @@ def test_bad_input_gives_clear_errors(trained_cnn, digits):
         correspondence_break(torch.randn(10, 3), torch.randn(10, 3), mode="within_class")
     with pytest.raises(ValueError, match="stage='x'"):
         stitch(trained_cnn, trained_cnn, "x", TransportKey("identity", 8))
+
+
+def test_chain_fast_path_equals_the_hook_path(trained_cnn, digits):
+    x, y = digits
+    updated = drifted(trained_cnn, *channel_mixing())
+    u, v = stage_activations(updated, STAGE, x[:100]), stage_activations(trained_cnn, STAGE, x[:100])
+    fast = stitch(updated, trained_cnn, STAGE, fit_transport_key(u, v, "cross_channel"))
+    with torch.no_grad():
+        out_fast = fast(x[1500:])
+    assert fast._late_part is not None  # the Sequential was cut: only the late part runs
+    slow = stitch(updated, trained_cnn, STAGE, fast.key)
+    slow._chain_checked = True  # force the hook path
+    with torch.no_grad():
+        torch.testing.assert_close(slow(x[1500:]), out_fast)
