@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader
 
-__all__ = ["experience_tensors", "experience_batches", "metric_name", "profile_figure"]
+__all__ = ["experience_tensors", "experience_batches", "metric_name", "profile_figure", "preserved_rng"]
 
 
 def experience_batches(strategy, *, dataset=None, batch_size=None, num_workers: int = 0,
@@ -87,3 +87,13 @@ def profile_figure(names, values, title: str):
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def preserved_rng(device):
+    """A context that restores the RNG state on exit (measuring must not change the training run's
+    random stream): ``torch.random.fork_rng`` over the CPU generator and, for a CUDA ``device``, that device's."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.random.fork_rng(devices=[index])
+    return torch.random.fork_rng(devices=[])

@@ -333,7 +333,8 @@ def layer_logit_changes(model: nn.Module, old_inputs: torch.Tensor, direction: M
     return out
 
 
-def _mean_norm(delta: torch.Tensor) -> float:
+def mean_row_norm(delta: torch.Tensor) -> float:
+    """``mean_i ‖delta_i‖₂`` over the first dimension (float64): the mean per-sample shift."""
     return float(delta.reshape(delta.shape[0], -1).double().norm(dim=1).mean())
 
 
@@ -454,8 +455,8 @@ def architecture_driven_shift(model: nn.Module, old_inputs: torch.Tensor, new_in
                                                   optimizer=optimizer, eps=eps, task_labels=new_task_labels)
     changes = layer_logit_changes(model, old_inputs, direction, groups, task_labels=old_task_labels,
                                   chunk_size=chunk_size)
-    data_terms = [_mean_norm(changes[g.name]) / g.fan_in for g in groups]
-    first_order = _mean_norm(sum(changes.values()))
+    data_terms = [mean_row_norm(changes[g.name]) / g.fan_in for g in groups]
+    first_order = mean_row_norm(sum(changes.values()))
     decay, norms = None, []
     if path == "budget":
         path_factor = lr * steps
@@ -517,7 +518,9 @@ def topology_only_shift(model: nn.Module, example_input, reference: ADSResult) -
 # --------------------------------------------------------------------------------------------
 
 
-def _outputs(model: nn.Module, inputs: torch.Tensor, task_labels, batch_size: int | None) -> torch.Tensor:
+def model_outputs(model: nn.Module, inputs: torch.Tensor, task_labels, batch_size: int | None) -> torch.Tensor:
+    """Outputs of ``model`` on ``inputs`` in eval mode without gradients, batched, each sample with
+    its own task label (samples grouped by task for multi-task models)."""
     tasks = task_groups(model, inputs.shape[0], task_labels)
     out = None
     with eval_mode(model), torch.no_grad():
@@ -549,11 +552,11 @@ def logit_shift(model_before: nn.Module, model_after: nn.Module, inputs: torch.T
         5.0
     """
     check_inputs(inputs, name="inputs")
-    before = _outputs(model_before, inputs, task_labels, batch_size)
-    after = _outputs(model_after, inputs, task_labels, batch_size)
+    before = model_outputs(model_before, inputs, task_labels, batch_size)
+    after = model_outputs(model_after, inputs, task_labels, batch_size)
     if before.shape != after.shape:
         raise ValueError(f"the models' outputs differ in shape: {tuple(before.shape)} vs {tuple(after.shape)}")
-    return _mean_norm(after - before)
+    return mean_row_norm(after - before)
 
 
 def expected_calibration_error(logits: torch.Tensor, targets: torch.Tensor, n_bins: int = 15) -> float:

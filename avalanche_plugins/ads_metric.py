@@ -44,17 +44,16 @@ import torch
 from avalanche.evaluation import PluginMetric
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche import experience_tensors, metric_name
+from avalanche_plugins._avalanche import experience_tensors, metric_name, preserved_rng
 from avalanche_plugins._checks import check_choice, check_int, check_positive
 from avalanche_plugins.ads import (
     ADS_OPTIMIZERS,
     ADS_PATHS,
-    _mean_norm,
-    _outputs,
     architecture_driven_shift,
     expected_calibration_error,
+    mean_row_norm,
+    model_outputs,
 )
-from avalanche_plugins.readiness_metric import _preserved_rng
 
 __all__ = ["ArchitectureDrivenShiftMetric"]
 
@@ -146,7 +145,7 @@ class ArchitectureDrivenShiftMetric(PluginMetric[float]):
         self._pending = None
         if not self._buffer:
             return None
-        with _preserved_rng(strategy.device):
+        with preserved_rng(strategy.device):
             record = self.measure(strategy)
         return self._values(strategy, record, after=False)
 
@@ -162,7 +161,7 @@ class ArchitectureDrivenShiftMetric(PluginMetric[float]):
         res = architecture_driven_shift(model, old_x, new_x, new_y, strategy._criterion, lr=lr, steps=steps,
                                         optimizer=kind, path=self.path, probe_steps=self.probe_steps,
                                         old_task_labels=old_t, new_task_labels=new_t)
-        logits = _outputs(model, old_x, old_t, 1024)
+        logits = model_outputs(model, old_x, old_t, 1024)
         record = {
             "experience": getattr(strategy.experience, "current_experience", exp_counter),
             "train_exp_counter": exp_counter, "seed": seed, "n_old": int(old_x.shape[0]),
@@ -188,13 +187,13 @@ class ArchitectureDrivenShiftMetric(PluginMetric[float]):
 
     def after_training_exp(self, strategy) -> list[MetricValue] | None:
         values = None
-        with _preserved_rng(strategy.device):
+        with preserved_rng(strategy.device):
             if self._pending is not None:
                 start = time.perf_counter()
                 record, before = self._pending["record"], self._pending["logits"]
                 cal = self.calibration
-                after = _outputs(strategy.model, cal["old_inputs"], cal["old_task_labels"], 1024)
-                record["realised_shift"] = _mean_norm(after - before)
+                after = model_outputs(strategy.model, cal["old_inputs"], cal["old_task_labels"], 1024)
+                record["realised_shift"] = mean_row_norm(after - before)
                 record["ece_after"] = self._ece(after, cal["old_targets"])
                 record["seconds"]["after"] = time.perf_counter() - start
                 self.history.append(record)

@@ -72,7 +72,7 @@ import torch
 from avalanche.evaluation import PluginMetric
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche import experience_tensors, metric_name
+from avalanche_plugins._avalanche import experience_tensors, metric_name, preserved_rng
 from avalanche_plugins._checks import check_choice, check_int, check_positive
 from avalanche_plugins.functional import eval_mode, is_multitask
 from avalanche_plugins.plasticity import (
@@ -87,15 +87,6 @@ from avalanche_plugins.plasticity import (
 )
 
 __all__ = ["OptimizationReadinessMetric"]
-
-
-def _preserved_rng(device):
-    """``torch.random.fork_rng`` over the CPU generator and, for a CUDA ``device``, that device's."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return torch.random.fork_rng(devices=[index])
-    return torch.random.fork_rng(devices=[])
 
 
 class OptimizationReadinessMetric(PluginMetric[float]):
@@ -185,7 +176,7 @@ class OptimizationReadinessMetric(PluginMetric[float]):
     # ----------------------------------------------------------------------------------------
 
     def before_training_exp(self, strategy) -> list[MetricValue]:
-        with _preserved_rng(strategy.device):
+        with preserved_rng(strategy.device):
             record = self.measure(strategy)
         self.history.append(record)
         return self._values(strategy, record)

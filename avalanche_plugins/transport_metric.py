@@ -34,7 +34,7 @@ import torch
 from avalanche.evaluation import PluginMetric
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche import metric_name
+from avalanche_plugins._avalanche import metric_name, preserved_rng
 from avalanche_plugins._checks import check_choice, check_int, check_positive
 from avalanche_plugins.functional import eval_mode, model_forward
 from avalanche_plugins.transport import (
@@ -116,11 +116,8 @@ class TransportKeyMetric(PluginMetric[dict]):
             return None
         data = strategy.experience.dataset
         data = data.eval() if hasattr(data, "eval") else data
-        state = torch.get_rng_state()  # anchor loading must not move the training RNG stream
-        try:
+        with preserved_rng(strategy.device):  # loading anchors must not move the training RNG stream
             x, y = class_balanced_anchors(data, self.n_anchors, seed=self.seed + exp_id)
-        finally:
-            torch.set_rng_state(state)
         task = int(strategy.experience.task_label) if hasattr(strategy.experience, "task_label") else 0
         snapshot = copy.deepcopy(strategy.model).eval()
         for p in snapshot.parameters():
