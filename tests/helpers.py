@@ -43,3 +43,21 @@ def small_bn_cnn(seed=0):
     with torch.no_grad():
         net(torch.randn(64, 1, 8, 8))  # non-trivial running statistics
     return net
+
+
+def train_with_checkpoints(fresh, experiences, path, *, resume_at=None, **train_kwargs):
+    """Train a strategy from ``fresh()`` on ``experiences``, saving an Avalanche checkpoint after each.
+
+    With ``resume_at=i`` a second ``fresh()`` strategy loads the checkpoint before experience ``i``,
+    as a restarted process would; comparing with ``resume_at=None`` tests checkpoint/resume.
+    """
+    from avalanche.checkpointing import maybe_load_checkpoint, save_checkpoint
+
+    strategy = fresh()
+    for i, experience in enumerate(experiences):
+        if i == resume_at:
+            strategy, start = maybe_load_checkpoint(fresh(), path)
+            assert start == resume_at
+        strategy.train(experience, **train_kwargs)
+        save_checkpoint(strategy, path)
+    return strategy

@@ -17,6 +17,7 @@ from avalanche_plugins.schedules import layer_weights
 from benchmarks.continual import accuracy_evaluator
 from benchmarks.data import make_stream
 from benchmarks.models import build_model
+from tests.helpers import train_with_checkpoints
 
 
 def incremental_mlp(stream):
@@ -139,7 +140,6 @@ def test_bad_arguments(kwargs):
 
 
 def test_checkpoint_resume_matches_uninterrupted(tmp_path):
-    from avalanche.checkpointing import maybe_load_checkpoint, save_checkpoint
     from avalanche.training.determinism.rng_manager import RNGManager
 
     from avalanche_plugins.compat import fix_checkpoint_pickling
@@ -158,16 +158,8 @@ def test_checkpoint_resume_matches_uninterrupted(tmp_path):
                          plugins=[LayerAdaptiveEWCPlugin(10.0, schedule="smoothed", spectrum_samples=64)],
                          evaluator=accuracy_evaluator())
 
-        strategy = fresh()
-        path = tmp_path / f"ckpt_{resume}.pkl"
-        for i, experience in enumerate(stream.benchmark.train_stream[:3]):
-            if resume and i == 2:
-                strategy = fresh()  # a new process would start here
-                strategy, start = maybe_load_checkpoint(strategy, path)
-                assert start == 2
-            strategy.train(experience)
-            save_checkpoint(strategy, path)
-        return strategy
+        return train_with_checkpoints(fresh, stream.benchmark.train_stream[:3], tmp_path / f"ckpt_{resume}.pkl",
+                                      resume_at=2 if resume else None)
 
     straight, resumed = run(False), run(True)
     assert len(resumed.plugins[0].profiles) == 3

@@ -22,6 +22,7 @@ from avalanche_plugins.structural_plasticity import (
 )
 from benchmarks.data import make_stream
 from benchmarks.models import build_model
+from tests.helpers import train_with_checkpoints
 
 torch.set_num_threads(1)
 HIDDEN = (32, 32)
@@ -116,7 +117,6 @@ def test_grow_within_one_experience():
 
 
 def test_checkpoint_resume_matches_uninterrupted(tmp_path):
-    from avalanche.checkpointing import maybe_load_checkpoint, save_checkpoint
     from avalanche.training.determinism.rng_manager import RNGManager
 
     from avalanche_plugins.compat import fix_checkpoint_pickling
@@ -137,16 +137,8 @@ def test_checkpoint_resume_matches_uninterrupted(tmp_path):
                          plugins=[grow, EWCPlugin(10.0), ReplayPlugin(mem_size=40)],
                          evaluator=quiet_evaluator(*metrics))
 
-        strategy = fresh()
-        path = tmp_path / f"ckpt_{resume}.pkl"
-        for i, experience in enumerate(stream.benchmark.train_stream[:3]):
-            if resume and i == 2:
-                strategy = fresh()  # a new process would start here
-                strategy, start = maybe_load_checkpoint(strategy, path)
-                assert start == 2
-            strategy.train(experience, num_workers=0)
-            save_checkpoint(strategy, path)
-        return strategy
+        return train_with_checkpoints(fresh, stream.benchmark.train_stream[:3], tmp_path / f"ckpt_{resume}.pkl",
+                                      resume_at=2 if resume else None, num_workers=0)
 
     straight, resumed = go(False), go(True)
     for p, q in zip(straight.model.parameters(), resumed.model.parameters()):
