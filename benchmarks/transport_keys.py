@@ -281,18 +281,26 @@ def tables(rows: list[dict], main_anchors: int) -> str:
     return "\n\n".join(out)
 
 
-def time_ratios(rows: list[dict]) -> dict:
-    """Trained stitch time over closed-form time (and over closed form + refinement)."""
-    def mean_time(variant):
-        xs = [r["fit_s"] for r in rows if r["variant"] == variant]
-        return float(np.mean(xs)) if xs else float("nan")
+def time_ratios(rows: list[dict], main_anchors: int) -> dict:
+    """Trained-stitch time over closed-form time (and over closed form + refinement), at the main
+    anchor count: overall and per ``pair/model``. Every time is measured in the same process."""
+    def ratios(selected):
+        def mean_time(variant):
+            xs = [r["fit_s"] for r in selected if r["variant"] == variant]
+            return float(np.mean(xs)) if xs else float("nan")
 
-    trained = mean_time("trained_stitch")
-    return {"trained_stitch_s": trained, "cross_channel_s": mean_time("cross_channel"),
-            "channel_s": mean_time("channel"), "cross_channel_refine_s": mean_time("cross_channel+refine"),
-            "trained_over_cross_channel": trained / mean_time("cross_channel"),
-            "trained_over_channel": trained / mean_time("channel"),
-            "trained_over_refined": trained / mean_time("cross_channel+refine")}
+        trained = mean_time("trained_stitch")
+        return {"trained_stitch_s": trained, "cross_channel_s": mean_time("cross_channel"),
+                "channel_s": mean_time("channel"), "cross_channel_refine_s": mean_time("cross_channel+refine"),
+                "trained_over_cross_channel": trained / mean_time("cross_channel"),
+                "trained_over_channel": trained / mean_time("channel"),
+                "trained_over_refined": trained / mean_time("cross_channel+refine")}
+
+    main = [r for r in rows if r["n_anchors"] == main_anchors]
+    out = ratios(main)
+    out["per_model"] = {f"{p}/{m}": ratios([r for r in main if (r["pair"], r["model"]) == (p, m)])
+                        for p, m in dict.fromkeys((r["pair"], r["model"]) for r in main)}
+    return out
 
 
 def plot(rows: list[dict], out: Path, main_anchors: int) -> None:
@@ -347,7 +355,7 @@ def main(argv=None) -> dict:
                        executor=executor, cache=out / "jobs.jsonl", desc="transport keys",
                        progress=not args.no_progress)
     rows = [r for job_rows in per_job for r in job_rows]
-    ratios = time_ratios(rows)
+    ratios = time_ratios(rows, cfg["main_anchors"])
     summary = summarize(rows, ["pair", "model", "stage", "n_anchors", "variant"],
                         ["acc", "recovery", "residual", "fit_s", "key_params"])
     write_results(out, config=cfg, rows=rows, summary=summary, wall_seconds=time.perf_counter() - start,
