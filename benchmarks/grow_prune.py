@@ -19,16 +19,25 @@ fresh init, same stream) and, for Grow, the newborn/incumbent gradient ratio (me
 cycles). Cost: time per training epoch of the masked model (fixed mask at c) over the same dense
 model, measured in the same process. ``--quick``: one seed, c = 30 %, fewer methods.
 
+Every (setting, method, compactness, seed) run and every timing measurement is one job of
+:func:`benchmarks.executor.run_jobs`: finished jobs are appended to ``OUT/jobs.jsonl`` and reused
+when the same command is run again, so an interrupted run resumes where it stopped. To fit a
+budget: ``--settings`` (a subset of the settings by name), ``--epochs`` / ``--iid-epochs`` (epochs
+per experience of the split / IID settings), ``--cnn-methods`` / ``--iid-methods`` (fewer methods
+on the CNN / IID settings).
+
 Run ``python -m benchmarks.grow_prune --help``.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -48,6 +57,7 @@ from avalanche_plugins.structural_plasticity import (
 )
 from benchmarks.continual import _quiet_deprecations
 from benchmarks.data import make_stream
+from benchmarks.executor import LocalExecutor, run_jobs
 from benchmarks.harness import (
     Timer,
     benchmark_parser,
@@ -240,53 +250,123 @@ def plot_trajectories(rows, path) -> None:
     plt.close(fig)
 
 
+@dataclass(frozen=True)
+class Job:
+    """One run (``kind="run"``) or the masked/dense timing of a setting (``kind="timing"``)."""
+
+    kind: str
+    setting: Setting
+    method: str = ""
+    c: float = 1.0
+    seed: int = 0
+
+    def key(self) -> str:
+        return json.dumps({"kind": self.kind, "setting": asdict(self.setting), "method": self.method,
+                           "c": self.c, "seed": self.seed}, sort_keys=True)
+
+
+@functools.lru_cache(maxsize=4)
+def _stream(dataset: str, scenario: str, n_experiences: int, data_root):
+    return make_stream(dataset, scenario, n_experiences=n_experiences, data_root=data_root, seed=0)
+
+
+def _init_worker(threads: int) -> None:
+    torch.set_num_threads(threads)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def run_job(job: Job) -> dict:
+    setting = job.setting
+    stream = _stream(setting.dataset, setting.scenario, setting.n_experiences, setting.data_root)
+    if job.kind == "timing":
+        dense_s = time_per_epoch(setting, stream, None)
+        masked_s = time_per_epoch(setting, stream, job.c)
+        print(f"{setting.name}: masked/dense time per epoch {masked_s / dense_s:.2f}", flush=True)
+        return {"kind": "timing", "setting": setting.name, "dense_s_per_epoch": dense_s,
+                "masked_s_per_epoch": masked_s, "masked_over_dense": masked_s / dense_s, "compactness": job.c}
+    row = run_one(setting, stream, job.method, job.c, job.seed)
+    row["config"] = asdict(setting)
+    ticket = f" ticket {row['ticket_acc']:.3f}/{row['ticket_taa']:.3f}" if row["ticket_acc"] is not None else ""
+    ratio = f" ratio {row['newborn_grad_ratio']:.2f}" if row["newborn_grad_ratio"] else ""
+    print(f"{setting.name:<18} {job.method:<17} c={job.c:.2f} seed {job.seed}: ACC {row['acc']:.3f} "
+          f"TAA {row['taa']:.3f}{ticket}{ratio} ({row['wall_s']:.1f}s)", flush=True)
+    return row
+
+
+def _methods(value: str | None, default, parser, flag: str) -> list[str]:
+    methods = [m.strip() for m in (value or ",".join(default)).split(",") if m.strip()]
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        parser.error(f"{flag}: unknown {sorted(unknown)}; choose from {METHODS}")
+    return methods
+
+
 def main(argv=None) -> dict:
     parser = benchmark_parser("grow_prune", __doc__.splitlines()[0])
     parser.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS)}")
+    parser.add_argument("--cnn-methods", default=None,
+                        help="methods on the CNN settings (default: --methods; grow+leaky never runs there)")
+    parser.add_argument("--iid-methods", default=None, help="methods on the IID settings (default: --methods)")
     parser.add_argument("--compactness", default=None, help="comma-separated targets (default 0.2,0.3,0.4,0.5)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--settings", default=None,
+                        help="comma-separated subset of the setting names (default: all; see the docstring)")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="epochs per experience of the split settings (default: per setting)")
+    parser.add_argument("--iid-epochs", type=int, default=None,
+                        help="epochs of the IID settings (default: per setting; at least edits + 1)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (per worker)")
+    parser.add_argument("--workers", type=int, default=1, help="processes")
+    parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
                         help="sgd: lr 0.01, momentum 0.9; adam: lr 1e-3")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     default_methods = ("dense", "prune", "grow", "grow+zero_out", "grow+fresh_state") if args.quick else METHODS
-    methods = [m.strip() for m in (args.methods or ",".join(default_methods)).split(",") if m.strip()]
-    unknown = set(methods) - set(METHODS)
-    if unknown:
-        parser.error(f"--methods: unknown {sorted(unknown)}; choose from {METHODS}")
+    methods = _methods(args.methods, default_methods, parser, "--methods")
+    cnn_methods = _methods(args.cnn_methods, methods, parser, "--cnn-methods")
+    iid_methods = _methods(args.iid_methods, methods, parser, "--iid-methods")
     targets = [float(v) for v in (args.compactness or ("0.3" if args.quick else "0.2,0.3,0.4,0.5")).split(",")]
     seeds = range(1 if args.quick and args.seeds == 3 else args.seeds)
-    rows, timing = [], []
+    settings = settings_for(args)
+    if args.settings:
+        names = [n.strip() for n in args.settings.split(",") if n.strip()]
+        known = [s.name for s in settings]
+        if set(names) - set(known):
+            parser.error(f"--settings: unknown {sorted(set(names) - set(known))}; choose from {known}")
+        settings = [s for s in settings if s.name in names]
+    for i, setting in enumerate(settings):
+        epochs = args.iid_epochs if setting.n_experiences == 1 else args.epochs
+        if epochs is not None:
+            if setting.n_experiences == 1 and epochs <= setting.edits:
+                parser.error(f"--iid-epochs must exceed the {setting.edits} edits of {setting.name!r}")
+            settings[i] = replace(setting, epochs=epochs)
+        settings[i] = replace(settings[i], optimizer=args.optimizer)
+    jobs = [Job("timing", s, c=targets[0]) for s in settings]
+    for setting in settings:
+        for seed in seeds:
+            for method in (cnn_methods if setting.model == "cnn" else
+                           iid_methods if setting.n_experiences == 1 else methods):
+                if method == "grow+leaky" and setting.model != "mlp":
+                    continue
+                jobs += [Job("run", setting, method, c, seed) for c in ([1.0] if method == "dense" else targets)]
+    out = Path(args.out)
     with Timer() as total:
-        for setting in settings_for(args):
-            setting.optimizer = args.optimizer
-            stream = make_stream(setting.dataset, setting.scenario, n_experiences=setting.n_experiences,
-                                 data_root=setting.data_root, seed=0)
-            dense_s = time_per_epoch(setting, stream, None)
-            masked_s = time_per_epoch(setting, stream, targets[0])
-            timing.append({"setting": setting.name, "dense_s_per_epoch": dense_s,
-                           "masked_s_per_epoch": masked_s, "masked_over_dense": masked_s / dense_s,
-                           "compactness": targets[0]})
-            print(f"{setting.name}: masked/dense time per epoch {masked_s / dense_s:.2f}", flush=True)
-            for seed in seeds:
-                for method in methods:
-                    if method == "grow+leaky" and setting.model != "mlp":
-                        continue
-                    for c in ([1.0] if method == "dense" else targets):
-                        row = run_one(setting, stream, method, c, seed)
-                        row["config"] = asdict(setting)
-                        rows.append(row)
-                        ticket = f" ticket {row['ticket_acc']:.3f}/{row['ticket_taa']:.3f}" \
-                            if row["ticket_acc"] is not None else ""
-                        ratio = f" ratio {row['newborn_grad_ratio']:.2f}" if row["newborn_grad_ratio"] else ""
-                        print(f"{setting.name:<18} {method:<17} c={c:.2f} seed {seed}: ACC {row['acc']:.3f} "
-                              f"TAA {row['taa']:.3f}{ticket}{ratio} ({row['wall_s']:.1f}s)", flush=True)
+        done = run_jobs(run_job, jobs, key=Job.key, executor=LocalExecutor(
+                            args.workers, initializer=_init_worker, initargs=(args.threads,)),
+                        cache=out / "jobs.jsonl", desc="grow/prune", progress=not args.no_progress)
+    order = {job.key(): i for i, job in enumerate(jobs)}
+    timing = [r for r in done if r.get("kind") == "timing"]
+    rows = [r for r in done if r.get("kind") != "timing"]
+    rank = {(s.name, m, c, seed): i for i, (s, m, c, seed) in enumerate(
+        (j.setting, j.method, j.c, j.seed) for j in sorted(jobs, key=lambda j: order[j.key()]) if j.kind == "run")}
+    rows.sort(key=lambda r: rank.get((r["setting"], r["method"], r["compactness"], r["seed"]), len(rank)))
     values = ["acc", "taa", "ticket_acc", "ticket_taa", "newborn_grad_ratio"]
     summary = summarize(rows, ["setting", "method", "compactness"], values)
     table = format_table(summary, ["setting", "method", "compactness"], values)
-    out = write_results(args.out, config={"args": vars(args), "methods": methods, "compactness": targets,
-                                          "settings": [asdict(s) for s in settings_for(args)],
+    out = write_results(args.out, config={"args": vars(args), "methods": methods, "cnn_methods": cnn_methods,
+                                          "iid_methods": iid_methods,
+                                          "compactness": targets, "settings": [asdict(s) for s in settings],
                                           "optimizer": args.optimizer},
                         rows=rows, summary=summary, wall_seconds=total.seconds,
                         extra={"timing": timing, "masked_over_dense_time_per_epoch":
@@ -294,7 +374,7 @@ def main(argv=None) -> dict:
     plot_trajectories(rows, out / "trajectory.png")
     print(table)
     print("masked/dense time per epoch: " + ", ".join(f"{t['setting']} {t['masked_over_dense']:.2f}" for t in timing))
-    print(f"wrote {out}/results.json, results.csv, trajectory.png ({total.seconds:.0f}s)")
+    print(f"wrote {out}/results.json, results.csv, trajectory.png, jobs.jsonl ({total.seconds:.0f}s)")
     return {"rows": rows, "summary": summary, "timing": timing, "out": out}
 
 
