@@ -47,7 +47,7 @@ import json
 import math
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -229,14 +229,56 @@ class ScenarioConfig:
     calibration: int
 
 
-def scenario_config(name: str, quick: bool, calibration: int) -> ScenarioConfig:
+def scenario_config(name: str, quick: bool, calibration: int, overrides: dict | None = None) -> ScenarioConfig:
+    """The training budget of a scenario; ``overrides`` (from :func:`parse_overrides`) replace fields.
+
+    Example:
+        >>> over = {"split_digits.old_epochs": 8, "old_epochs": 3, "max_train": 2000}
+        >>> scenario_config("split_mnist", False, 128, over)
+        ScenarioConfig(old_epochs=3, old_lr=0.001, batch_size=64, new_epochs=10, new_lr=0.01, max_train=2000, max_test=10000, calibration=128)
+        >>> scenario_config("split_digits", False, 128, over).old_epochs
+        8
+    """
     if name == "split_digits":
-        return ScenarioConfig(old_epochs=20 if quick else 40, old_lr=1e-3, batch_size=32, new_epochs=10,
-                              new_lr=0.02, max_train=10_000, max_test=10_000, calibration=calibration)
-    # ../shared/data holds an 8,000-image MNIST subset (≈4,000 per split task): 10 epochs on the
-    # new task give ≈600 (split) / ≈1,250 (permuted) SGD steps of ground truth
-    return ScenarioConfig(old_epochs=2 if quick else 5, old_lr=1e-3, batch_size=64, new_epochs=2 if quick else 10,
-                          new_lr=0.01, max_train=60_000, max_test=10_000, calibration=calibration)
+        cfg = ScenarioConfig(old_epochs=20 if quick else 40, old_lr=1e-3, batch_size=32, new_epochs=10,
+                             new_lr=0.02, max_train=10_000, max_test=10_000, calibration=calibration)
+    else:
+        # ../shared/data holds an 8,000-image MNIST subset (≈4,000 per split task): 10 epochs on the
+        # new task give ≈600 (split) / ≈1,250 (permuted) SGD steps of ground truth
+        cfg = ScenarioConfig(old_epochs=2 if quick else 5, old_lr=1e-3, batch_size=64,
+                             new_epochs=2 if quick else 10, new_lr=0.01, max_train=60_000, max_test=10_000,
+                             calibration=calibration)
+    changes = {}
+    for key, value in (overrides or {}).items():
+        scenario, _, field = key.rpartition(".")
+        if scenario in ("", name) and (field not in changes or scenario):  # scenario-specific wins
+            changes[field] = value
+    return replace(cfg, **changes)
+
+
+def parse_overrides(items) -> dict:
+    """``["max_train=2000", "split_digits.old_epochs=20"]`` → ``{field or scenario.field: value}``
+    (typed like the :class:`ScenarioConfig` field; ``calibration`` has its own flag).
+
+    Example:
+        >>> parse_overrides(["max_train=2000", "split_digits.new_lr=0.05"])
+        {'max_train': 2000, 'split_digits.new_lr': 0.05}
+        >>> parse_overrides(["epochs=3"])
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown field 'epochs' in 'epochs=3'; choose from old_epochs, old_lr, batch_size, new_epochs, new_lr, max_train, max_test
+    """
+    types = {f.name: f.type for f in fields(ScenarioConfig) if f.name != "calibration"}
+    out = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        scenario, _, field = key.strip().rpartition(".")
+        if not sep or field not in types:
+            raise ValueError(f"unknown field {field!r} in {item!r}; choose from {', '.join(types)}")
+        if scenario and scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {scenario!r} in {item!r}; choose from {SCENARIOS}")
+        out[key.strip()] = float(value) if types[field] in (float, "float") else int(value)
+    return out
 
 
 _CONTEXT: dict = {}
@@ -306,7 +348,8 @@ def _accuracy(logits, y) -> float:
 
 def run_job(job: Job) -> dict:
     """Train on the old task, compute ADS and the naive predictors, train on the new task, measure."""
-    cfg = scenario_config(job.scenario, _CONTEXT.get("quick", False), _CONTEXT.get("calibration", 256))
+    cfg = scenario_config(job.scenario, _CONTEXT.get("quick", False), _CONTEXT.get("calibration", 256),
+                          json.loads(_CONTEXT.get("overrides") or "{}"))
     data = scenario_data(job.scenario, _CONTEXT.get("data_root"))
     seed_everything(job.seed)
     g = torch.Generator().manual_seed(job.seed)
@@ -324,8 +367,10 @@ def run_job(job: Job) -> dict:
                optimizer="adam", generator=g)
     steps = cfg.new_epochs * math.ceil(len(new_x) / cfg.batch_size)
     loss_fn = nn.CrossEntropyLoss()
+    cpu_ads = time.process_time()
     with Timer() as t_ads:
         res = architecture_driven_shift(model, cal_old, cal_new_x, cal_new_y, loss_fn, lr=cfg.new_lr, steps=steps)
+    cpu_ads = time.process_time() - cpu_ads
     with Timer() as t_probe:
         probe = architecture_driven_shift(model, cal_old, cal_new_x, cal_new_y, loss_fn, lr=cfg.new_lr,
                                           steps=steps, path="probe", probe_steps=10)
@@ -337,10 +382,12 @@ def run_job(job: Job) -> dict:
     with torch.no_grad():
         logits_before = model(test_x)
     before = copy.deepcopy(model)
+    cpu_truth = time.process_time()
     with Timer() as t_truth:
         _train(model, new_x, new_y, epochs=cfg.new_epochs, lr=cfg.new_lr, batch_size=cfg.batch_size,
                optimizer="sgd", generator=g)
         shift = logit_shift(before, model, test_x)
+    cpu_truth = time.process_time() - cpu_truth
     with torch.no_grad():
         logits_after = model(test_x)
     finite = math.isfinite(shift)
@@ -353,6 +400,8 @@ def run_job(job: Job) -> dict:
         ece_after=expected_calibration_error(logits_after, test_y) if finite else None,
         old_train_s=t_old.seconds, ads_s=t_ads.seconds, ads_probe_s=t_probe.seconds, first_step_s=t_first.seconds,
         truth_s=t_truth.seconds, time_ratio=t_ads.seconds / t_truth.seconds,
+        ads_cpu_s=cpu_ads, truth_cpu_s=cpu_truth, n_old_train=len(old_x), n_new_train=len(new_x),
+        n_old_test=len(test_x),
     )
     return row
 
@@ -456,6 +505,11 @@ def analyse(rows: list[dict], archs: list[Arch], scenarios: list[str], seeds: li
         entry["time_ratio_median"] = float(np.median(ratios))
         entry["time_ratio_total"] = float(sum(r["ads_s"] for r in part) / sum(r["truth_s"] for r in part))
         entry["probe_time_ratio_total"] = float(sum(r["ads_probe_s"] for r in part) / sum(r["truth_s"] for r in part))
+        if all("ads_cpu_s" in r for r in part):  # process CPU time: robust to a shared machine
+            entry["cpu_time_ratio_total"] = float(sum(r["ads_cpu_s"] for r in part)
+                                                  / max(sum(r["truth_cpu_s"] for r in part), 1e-12))
+        entry["ads_seconds_total"] = float(sum(r["ads_s"] for r in part))
+        entry["truth_seconds_total"] = float(sum(r["truth_s"] for r in part))
         entry["spearman_target_met"] = bool(entry["ads_spearman_mean"] >= 0.8)
         per_scenario[scenario] = entry
     return per_scenario
@@ -517,7 +571,16 @@ def main(argv=None) -> dict:
     parser.add_argument("--workers", type=int, default=2, help="parallel processes (1 thread each)")
     parser.add_argument("--calibration", type=int, default=256, help="old / new samples given to ADS")
     parser.add_argument("--limit", type=int, default=0, help="first N architectures only (0: all)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="[SCENARIO.]FIELD=VALUE",
+                        help="override a training-budget field (old_epochs, old_lr, batch_size, new_epochs, "
+                             "new_lr, max_train, max_test) for every scenario or, prefixed, one; repeatable")
+    parser.add_argument("--max-width", type=int, default=0,
+                        help="drop MLPs with a hidden width above this (0: keep all)")
     args = parser.parse_args(argv)
+    try:
+        overrides = parse_overrides(args.overrides)
+    except ValueError as err:
+        parser.error(str(err))
     scenarios = [s for s in args.scenarios.split(",") if s]
     for s in scenarios:
         if s not in SCENARIOS:
@@ -530,12 +593,16 @@ def main(argv=None) -> dict:
     archs = quick_zoo() if args.quick else build_zoo()
     if args.quick:
         scenarios = ["split_digits"] if "split_digits" in scenarios or not scenarios else scenarios[:1]
+    if args.max_width:
+        archs = [a for a in archs if a.family != "mlp" or max(a.widths) <= args.max_width]
     if args.limit:
         archs = archs[:args.limit]
     seeds = list(range(1 if args.quick and args.seeds == 3 else args.seeds))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     context = {"data_root": args.data_root, "quick": args.quick, "calibration": args.calibration}
+    if overrides:  # only when set, so caches of runs without overrides stay valid
+        context["overrides"] = json.dumps(overrides, sort_keys=True)
     jobs = [Job(s, a, seed) for s in scenarios for seed in seeds for a in archs]
     warnings.filterwarnings("ignore")
     start = time.perf_counter()
@@ -550,7 +617,7 @@ def main(argv=None) -> dict:
     summary = [{"scenario": s, **{k: v for k, v in e.items() if k != "per_seed"}} for s, e in per_scenario.items()]
     config = {"args": vars(args), "scenarios": scenarios, "seeds": seeds, "n_archs": len(archs),
               "archs": [asdict(a) | {"name": a.name} for a in archs],
-              "train": {s: asdict(scenario_config(s, args.quick, args.calibration)) for s in scenarios}}
+              "train": {s: asdict(scenario_config(s, args.quick, args.calibration, overrides)) for s in scenarios}}
     write_results(out, config=config, rows=rows, summary=summary, wall_seconds=wall,
                   extra={"scenarios": per_scenario})
     plot(rows, scenarios, out / "ads_scatter.png")
