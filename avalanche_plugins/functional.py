@@ -9,7 +9,7 @@ from torch import nn
 from torch.func import functional_call
 
 __all__ = ["is_multitask", "model_forward", "stateless_forward", "iterate_batches", "eval_mode",
-           "split_params", "task_groups"]
+           "split_params", "task_groups", "check_task_labels"]
 
 
 def is_multitask(model: nn.Module) -> bool:
@@ -76,6 +76,16 @@ def split_params(model: nn.Module) -> tuple[dict, dict]:
     return params, consts
 
 
+def check_task_labels(task_labels, n: int) -> None:
+    """``task_labels`` is None or a tensor with one entry per sample (``n``)."""
+    if task_labels is None:
+        return
+    if not isinstance(task_labels, torch.Tensor):
+        raise TypeError(f"task_labels must be a tensor, got {type(task_labels).__name__}")
+    if task_labels.reshape(-1).shape[0] != n:
+        raise ValueError(f"task_labels has {task_labels.reshape(-1).shape[0]} entries but inputs has {n}")
+
+
 def task_groups(model: nn.Module, n: int, task_labels) -> list[tuple[int | None, torch.Tensor | None]]:
     """``[(label, index)]``: the ``n`` samples grouped by task label so that every forward pass has
     one ``int`` label (Avalanche's fast path, the only one ``torch.func`` transforms can trace);
@@ -84,15 +94,10 @@ def task_groups(model: nn.Module, n: int, task_labels) -> list[tuple[int | None,
     Plain models (and multi-task models without labels) form one group with label ``None``, which
     :func:`stateless_forward` turns into task 0 for multi-task models.
     """
-    if task_labels is None:
+    check_task_labels(task_labels, n)
+    if task_labels is None or not is_multitask(model):
         return [(None, None)]
-    if not isinstance(task_labels, torch.Tensor):
-        raise TypeError(f"task_labels must be a tensor, got {type(task_labels).__name__}")
     labels = task_labels.reshape(-1)
-    if labels.shape[0] != n:
-        raise ValueError(f"task_labels has {labels.shape[0]} entries but inputs has {n}")
-    if not is_multitask(model):
-        return [(None, None)]
     unique = torch.unique(labels)
     if unique.numel() == 1:
         return [(int(unique[0]), None)]

@@ -55,6 +55,7 @@ __all__ = [
     "correspondence_break",
     "fit_transport_key",
     "recovery",
+    "optimize_key",
     "refine_key",
     "stage_activations",
     "stitch",
@@ -457,18 +458,25 @@ def refine_key(key: TransportKey, stitched: StitchedModel, anchors: torch.Tensor
     with torch.no_grad(), eval_mode(stitched.late_model), eval_mode(stitched.early_model):
         target = model_forward(stitched.late_model, anchors, task_labels)
         u = stage_activations(stitched.early_model, stitched.stage, anchors, task_labels)
+    with eval_mode(stitched.late_model):
+        return optimize_key(
+            key, lambda: ((stitched.forward_from_stage(key(u), anchors, task_labels) - target) ** 2).mean(),
+            steps=steps, lr=lr)
+
+
+def optimize_key(key: TransportKey, loss_of_key, *, steps: int, lr: float) -> TransportKey:
+    """Adam on ``key``'s parameters only, in place: ``steps`` times ``loss_of_key()`` (a closure that
+    calls the key). Gradients come from ``torch.autograd.grad`` w.r.t. the key, so the models the
+    loss runs through never get ``.grad`` written; the key is left frozen again."""
     params = list(key.parameters())
     for p in params:
         p.requires_grad_(True)
     optimizer = torch.optim.Adam(params, lr=lr)
     try:
-        with eval_mode(stitched.late_model):
-            for _ in range(steps):
-                loss = ((stitched.forward_from_stage(key(u), anchors, task_labels) - target) ** 2).mean()
-                grads = torch.autograd.grad(loss, params)
-                for p, g in zip(params, grads):
-                    p.grad = g
-                optimizer.step()
+        for _ in range(steps):
+            for p, g in zip(params, torch.autograd.grad(loss_of_key(), params)):
+                p.grad = g
+            optimizer.step()
     finally:
         for p in params:
             p.grad = None

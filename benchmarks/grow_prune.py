@@ -301,6 +301,47 @@ def _methods(value: str | None, default, parser, flag: str) -> list[str]:
     return methods
 
 
+def _mean(xs) -> float:
+    xs = [x for x in xs if x is not None and x == x]
+    return float(np.mean(xs)) if xs else float("nan")
+
+
+INTERVENTIONS = ("zero_out", "zero_state", "fresh_state", "reinit_in", "newborn_lr", "leaky")
+
+
+def analysis(rows: list[dict]) -> str:
+    """The docs' reading tables from the run rows: paired Grow − Prune differences per compactness
+    (and in how many seeds Grow is higher), each intervention's paired change of the newborn
+    gradient ratio against plain Grow, and Grow's newborn/incumbent activation ratio."""
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    by = {(r["setting"], r["method"], r["compactness"], r["seed"]): r for r in rows}
+    out = ["Paired Grow − Prune (mean over seeds; seeds where Grow is higher)",
+           "| setting | c | ΔACC | ΔTAA | Δticket ACC | Δticket TAA |", "|---|---|---|---|---|---|"]
+    for s in settings:
+        for c in sorted({r["compactness"] for r in rows if r["setting"] == s and r["method"] == "grow"}):
+            seeds = sorted(k[3] for k in by if k[:3] == (s, "grow", c) and (s, "prune", c, k[3]) in by)
+            cells = []
+            for key in ("acc", "taa", "ticket_acc", "ticket_taa"):
+                d = [by[(s, "grow", c, x)][key] - by[(s, "prune", c, x)][key] for x in seeds]
+                cells.append(f"{np.mean(d):+.3f} ({sum(v > 0 for v in d)}/{len(d)})")
+            out.append(f"| {s} | {c:.0%} | " + " | ".join(cells) + " |")
+    out += ["", "Newborn gradient ratio: intervention − plain Grow (paired over compactness × seed); "
+            "Grow's newborn/incumbent activation ratio",
+            "| setting | grow grad ratio | grow act ratio | " + " | ".join(INTERVENTIONS) + " |",
+            "|---|---|---|" + "---|" * len(INTERVENTIONS)]
+    for s in settings:
+        base = {k[2:]: r["newborn_grad_ratio"] for k, r in by.items() if k[:2] == (s, "grow")}
+        act = _mean([e["newborn_act"] / e["incumbent_act"] for k, r in by.items() if k[:2] == (s, "grow")
+                     for e in r.get("newborn_log") or [] if e["incumbent_act"] > 0])
+        cells = [f"{_mean(base.values()):.2f}", f"{act:.2f}"]
+        for iv in INTERVENTIONS:
+            other = {k[2:]: r["newborn_grad_ratio"] for k, r in by.items() if k[:2] == (s, f"grow+{iv}")}
+            d = [other[k] - base[k] for k in sorted(set(base) & set(other))]
+            cells.append(f"{np.mean(d):+.2f} ({sum(v > 0 for v in d)}/{len(d)} up)" if d else "–")
+        out.append(f"| {s} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> dict:
     parser = benchmark_parser("grow_prune", __doc__.splitlines()[0])
     parser.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS)}")
@@ -319,7 +360,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
                         help="sgd: lr 0.01, momentum 0.9; adam: lr 1e-3")
+    parser.add_argument("--report", default=None, metavar="RESULTS_JSON",
+                        help="only print the analysis tables of an earlier run's results.json")
     args = parser.parse_args(argv)
+    if args.report:
+        text = analysis(json.loads(Path(args.report).read_text())["runs"])
+        print(text)
+        return {"analysis": text}
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     default_methods = ("dense", "prune", "grow", "grow+zero_out", "grow+fresh_state") if args.quick else METHODS
@@ -373,6 +420,7 @@ def main(argv=None) -> dict:
                                max(t["masked_over_dense"] for t in timing)})
     plot_trajectories(rows, out / "trajectory.png")
     print(table)
+    print(analysis(rows))
     print("masked/dense time per epoch: " + ", ".join(f"{t['setting']} {t['masked_over_dense']:.2f}" for t in timing))
     print(f"wrote {out}/results.json, results.csv, trajectory.png, jobs.jsonl ({total.seconds:.0f}s)")
     return {"rows": rows, "summary": summary, "timing": timing, "out": out}

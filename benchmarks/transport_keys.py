@@ -23,6 +23,7 @@ variant), ``recovery.png``, and prints the tables quoted in docs/RESULTS.md.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 import warnings
@@ -39,10 +40,12 @@ from avalanche_plugins.transport import (
     class_balanced_anchors,
     correspondence_break,
     fit_transport_key,
+    optimize_key,
     recovery,
     refine_key,
     stage_activations,
     stitch,
+    stitched_accuracy,
 )
 from benchmarks.data import load_digits_arrays, load_mnist_arrays
 from benchmarks.executor import LocalExecutor, run_jobs
@@ -138,34 +141,19 @@ def accuracy_from_stage(stitched, h_test, x, y, batch: int = 500) -> float:
     return correct / len(x)
 
 
-@torch.no_grad()
-def accuracy(model, x, y, task: int = 0, batch: int = 500) -> float:
-    return sum(int((model(x[s:s + batch], task).argmax(-1) == y[s:s + batch]).sum())
-               for s in range(0, len(x), batch)) / len(x)
-
-
 def train_stitch(stitched, u, x, y, steps: int, lr: float, batch: int, seed: int) -> TransportKey:
     """Model-stitching baseline: a linear/1×1-conv key (identity start) trained with labels by
     Adam on minibatches of the anchors."""
     key = TransportKey("cross_channel", u.shape[1] if u.dim() == 4 else u.shape[-1],
                        layout="channels_first" if u.dim() == 4 else ("tokens" if u.dim() == 3 else "flat"))
     stitched.key = key
-    params = list(key.parameters())
-    for p in params:
-        p.requires_grad_(True)
-    opt = torch.optim.Adam(params, lr=lr)
     g = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
+
+    def loss_of_key():
         idx = torch.randperm(len(x), generator=g)[:batch]
-        loss = nn.functional.cross_entropy(stitched.forward_from_stage(key(u[idx]), x[idx]), y[idx])
-        grads = torch.autograd.grad(loss, params)
-        for p, grad in zip(params, grads):
-            p.grad = grad
-        opt.step()
-    for p in params:
-        p.grad = None
-        p.requires_grad_(False)
-    return key
+        return nn.functional.cross_entropy(stitched.forward_from_stage(key(u[idx]), x[idx]), y[idx])
+
+    return optimize_key(key, loss_of_key, steps=steps, lr=lr)
 
 
 def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: dict, with_controls: bool) -> list[dict]:
@@ -227,13 +215,14 @@ def run_job(job: Job) -> list[dict]:
     with Timer() as t:
         train_task(theta_a, 0, xtr_a, ytr_a, cfg["epochs_a"], cfg["lr"], cfg["batch_size"], job.seed)
     times["train_a_s"] = t.seconds
-    theta_ab = _copy(theta_a)
+    theta_ab = copy.deepcopy(theta_a)
     with Timer() as t:
         train_task(theta_ab, 1, xtr_b, ytr_b, cfg["epochs_b"], cfg["lr"], cfg["batch_size"], job.seed + 1)
     times["train_b_s"] = t.seconds
     for p in [*theta_a.parameters(), *theta_ab.parameters()]:
         p.requires_grad_(False)
-    acc_a, acc_ab = accuracy(theta_a, xte_a, yte_a), accuracy(theta_ab, xte_a, yte_a)
+    acc_a, acc_ab = (stitched_accuracy(m, xte_a, yte_a, torch.zeros(len(yte_a), dtype=torch.long))
+                     for m in (theta_a, theta_ab))
     # task-A views as plain chains (trunk -> head A), so stitched models run only the late part
     view_a, view_ab = nn.Sequential(theta_a.trunk, theta_a.heads[0]), nn.Sequential(theta_ab.trunk, theta_ab.heads[0])
     rows = []
@@ -248,12 +237,6 @@ def run_job(job: Job) -> list[dict]:
     for row in rows:
         row["job_s"] = time.perf_counter() - start
     return rows
-
-
-def _copy(model):
-    import copy
-
-    return copy.deepcopy(model)
 
 
 def config_for(args) -> dict:

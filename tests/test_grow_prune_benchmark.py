@@ -19,3 +19,8 @@ def test_quick_run_writes_acc_taa_tickets_ratio_and_cost(tmp_path):
             assert r["newborn_grad_ratio"] > 0
     assert 0 < data["masked_over_dense_time_per_epoch"] < 10
     assert (tmp_path / "trajectory.png").exists() and (tmp_path / "jobs.jsonl").exists()
+    # --report re-prints the paired analysis from the saved file, matching the rows
+    grow = next(r for r in rows if r["method"] == "grow")
+    prune = next(r for r in rows if r["method"] == "prune")
+    report = grow_prune.main(["--report", str(tmp_path / "results.json")])["analysis"]
+    assert f"| {grow['setting']} | 30% | {grow['acc'] - prune['acc']:+.3f} (" in report

@@ -11,15 +11,6 @@ from avalanche_plugins.functional import (
 )
 
 
-def _check_task_labels(task_labels, n: int) -> None:
-    if task_labels is None:
-        return
-    if not isinstance(task_labels, torch.Tensor):
-        raise TypeError(f"task_labels must be a tensor, got {type(task_labels).__name__}")
-    if task_labels.reshape(-1).shape[0] != n:
-        raise ValueError(f"task_labels has {task_labels.reshape(-1).shape[0]} entries but inputs has {n}")
-
-
 def _take(tensor, index):
     return tensor if index is None else tensor[index]
 

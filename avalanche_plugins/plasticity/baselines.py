@@ -16,6 +16,7 @@ from avalanche_plugins._checks import (
     check_positive,
 )
 from avalanche_plugins.functional import (
+    check_task_labels,
     eval_mode,
     is_multitask,
     iterate_batches,
@@ -27,7 +28,6 @@ from avalanche_plugins.functional import (
 from avalanche_plugins.layers import discover_layers
 from avalanche_plugins.plasticity._common import (
     _batch_loss,
-    _check_task_labels,
     _take,
 )
 
@@ -188,7 +188,7 @@ def hidden_features(model: nn.Module, inputs: torch.Tensor, *, task_labels: torc
     """
     check_inputs(inputs)
     check_int("chunk_size", chunk_size)
-    _check_task_labels(task_labels, inputs.shape[0])
+    check_task_labels(task_labels, inputs.shape[0])
     layers = _layers(model, inputs, task_labels)
     hidden = layers[:-1]
     if not hidden:
@@ -251,7 +251,7 @@ def active_unit_fraction(model: nn.Module, inputs: torch.Tensor, *, threshold: f
     """
     check_inputs(inputs)
     check_positive("threshold", threshold, allow_zero=True)
-    _check_task_labels(task_labels, inputs.shape[0])
+    check_task_labels(task_labels, inputs.shape[0])
     hidden = _layers(model, inputs, task_labels)[:-1]
     feats = hidden_features(model, inputs, task_labels=task_labels, chunk_size=chunk_size)
     if not feats:
@@ -315,7 +315,7 @@ def entk_energy_rank(model: nn.Module, inputs: torch.Tensor, energy: float = 0.9
     check_inputs(inputs)
     _check_energy(energy)
     check_int("chunk_size", chunk_size)
-    _check_task_labels(task_labels, inputs.shape[0])
+    check_task_labels(task_labels, inputs.shape[0])
     params, consts = split_params(model)
     with eval_mode(model):
         jac, _ = _output_jacobian(model, params, consts, inputs, task_labels, chunk_size)
@@ -353,7 +353,7 @@ def hessian_energy_rank(model: nn.Module, loss_fn, inputs: torch.Tensor, targets
     check_int("max_params", max_params)
     check_int("chunk_size", chunk_size)
     n = inputs.shape[0]
-    _check_task_labels(task_labels, n)
+    check_task_labels(task_labels, n)
     params, consts = split_params(model)
     names = list(params)
     shapes = [params[k].shape for k in names]

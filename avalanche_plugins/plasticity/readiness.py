@@ -16,6 +16,7 @@ from avalanche_plugins._checks import (
     check_int,
 )
 from avalanche_plugins.functional import (
+    check_task_labels,
     eval_mode,
     iterate_batches,
     split_params,
@@ -23,7 +24,6 @@ from avalanche_plugins.functional import (
 )
 from avalanche_plugins.plasticity._common import (
     _batch_loss,
-    _check_task_labels,
     _draw_batches,
     _flat,
     _sample_loss,
@@ -195,7 +195,7 @@ def optimization_readiness(model: nn.Module, loss_fn, inputs: torch.Tensor, targ
     check_int("n_batches", n_batches)
     check_int("seed", seed, minimum=0)
     check_int("chunk_size", chunk_size)
-    _check_task_labels(task_labels, n)
+    check_task_labels(task_labels, n)
     params, consts = split_params(model)
     groups = task_groups(model, n, task_labels)
 
