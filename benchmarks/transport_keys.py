@@ -7,8 +7,12 @@ late layers and head through a key fitted on class-balanced task-A anchors:
 * ``identity`` (no key), ``channel`` and ``cross_channel`` closed-form keys;
 * ``cross_channel+refine``: the closed form refined label-free for a few Adam steps to match
   θ_A's own logits on the anchors (``avalanche_plugins.transport.refine_key``);
+* ``cross_channel+gauss_newton``: the same label-free objective, two Levenberg–Marquardt steps
+  from the closed form (``avalanche_plugins.transport.gauss_newton_key``);
 * ``trained_stitch``: the model-stitching baseline, a linear / 1×1-conv layer (identity start)
   trained by Adam with cross-entropy on the anchors' labels through the frozen late layers;
+* ``trained_stitch_short``: the same with ``short_stitch_steps`` (2) steps, i.e. the trained
+  stitch held to about 1/50 of its time budget;
 * controls for the closed-form keys: permuted channels, globally shuffled pairs, pairs
   shuffled within class.
 
@@ -40,6 +44,7 @@ from avalanche_plugins.transport import (
     class_balanced_anchors,
     correspondence_break,
     fit_transport_key,
+    gauss_newton_key,
     optimize_key,
     recovery,
     refine_key,
@@ -182,6 +187,11 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: dict, with
                 refine_key(key, stitched, xa, steps=cfg["refine_steps"], lr=cfg["refine_lr"])
             record("cross_channel+refine", key, t.seconds + t_refine.seconds)
             key = fit_transport_key(u, v, family, ridge=cfg["ridge"])
+            with Timer() as t_gn:
+                gauss_newton_key(key, stitch(theta_ab, theta_a, stage, key), xa,
+                                 iterations=cfg["gn_iterations"], damping=cfg["gn_damping"])
+            record("cross_channel+gauss_newton", key, t.seconds + t_gn.seconds)
+            key = fit_transport_key(u, v, family, ridge=cfg["ridge"])
         if with_controls and family != "identity":
             record(f"{family}/channel_permutation", channel_permutation(key, seed=0), float("nan"))
             for mode in ("global", "within_class"):
@@ -191,6 +201,10 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: dict, with
     with Timer() as t:
         key = train_stitch(stitched, u, xa, ya, cfg["stitch_steps"], cfg["stitch_lr"], cfg["stitch_batch"], seed=0)
     record("trained_stitch", key, t.seconds)
+    stitched = stitch(theta_ab, theta_a, stage, TransportKey("identity", 1))
+    with Timer() as t:
+        key = train_stitch(stitched, u, xa, ya, cfg["short_stitch_steps"], cfg["stitch_lr"], cfg["stitch_batch"], seed=0)
+    record("trained_stitch_short", key, t.seconds)
     return rows
 
 
@@ -243,7 +257,8 @@ def config_for(args) -> dict:
     quick = args.quick
     return {"data_root": args.data_root, "quick": quick, "dataset": "mnist" if args.data_root else "digits",
             "epochs_a": 3, "epochs_b": 3 if quick else 2, "lr": 3e-3, "batch_size": 64, "max_train": 4000,
-            "max_test": 500, "ridge": 1e-4, "refine_steps": 30, "refine_lr": 1e-3, "stitch_steps": 100,
+            "max_test": 500, "ridge": 1e-4, "refine_steps": 30, "refine_lr": 1e-3,
+            "gn_iterations": 2, "gn_damping": 0.1, "stitch_steps": 100, "short_stitch_steps": 2,
             "stitch_batch": 64,
             "stitch_lr": 1e-2, "anchor_counts": [10, 100] if quick else [10, 50, 100, 500], "main_anchors": 100}
 
@@ -277,7 +292,9 @@ def time_ratios(rows: list[dict], main_anchors: int) -> dict:
                 "channel_s": mean_time("channel"), "cross_channel_refine_s": mean_time("cross_channel+refine"),
                 "trained_over_cross_channel": trained / mean_time("cross_channel"),
                 "trained_over_channel": trained / mean_time("channel"),
-                "trained_over_refined": trained / mean_time("cross_channel+refine")}
+                "trained_over_refined": trained / mean_time("cross_channel+refine"),
+                "gauss_newton_s": mean_time("cross_channel+gauss_newton"),
+                "trained_over_gauss_newton": trained / mean_time("cross_channel+gauss_newton")}
 
     main = [r for r in rows if r["n_anchors"] == main_anchors]
     out = ratios(main)
@@ -292,7 +309,8 @@ def plot(rows: list[dict], out: Path, main_anchors: int) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    variants = ["identity", "channel", "cross_channel", "cross_channel+refine", "trained_stitch"]
+    variants = ["identity", "channel", "cross_channel", "cross_channel+refine", "cross_channel+gauss_newton",
+                "trained_stitch"]
     combos = sorted({(r["pair"], r["model"]) for r in rows})
     fig, axes = plt.subplots(1, len(combos), figsize=(3.2 * len(combos), 3), squeeze=False)
     for ax, (pair, model) in zip(axes[0], combos):

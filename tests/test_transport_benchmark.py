@@ -15,11 +15,12 @@ def test_quick_run_writes_recovery_per_stage_family_control_and_time_ratio(tmp_p
     for family in ("channel", "cross_channel"):
         assert {family, f"{family}/channel_permutation", f"{family}/global_shuffle",
                 f"{family}/within_class_shuffle"} <= variants
-    assert {"identity", "cross_channel+refine", "trained_stitch"} <= variants
+    assert {"identity", "cross_channel+refine", "cross_channel+gauss_newton", "trained_stitch"} <= variants
     assert {r["stage"] for r in main} == set(transport_keys.STAGES["cnn"])
     assert all(0.0 <= r["acc"] <= 1.0 and r["bn_mode"] == "eval" for r in rows)
     for r in rows:  # recovery is the formula of the row's accuracies
         expected = (r["acc"] - r["acc_ab"]) / (r["acc_a"] - r["acc_ab"])
         assert math.isclose(r["recovery"], expected, rel_tol=1e-9)
     assert data["time_ratios"]["trained_over_cross_channel"] > 1
+    assert math.isfinite(data["time_ratios"]["trained_over_gauss_newton"])
     assert (tmp_path / "recovery.png").exists() and (tmp_path / "jobs.jsonl").exists()
