@@ -43,6 +43,7 @@ from avalanche_plugins.transport import (
     class_balanced_anchors,
     correspondence_break,
     fit_transport_key,
+    gauss_newton_key,
     recovery,
     stage_activations,
     stitch,
@@ -64,6 +65,11 @@ class TransportKeyMetric(PluginMetric[dict]):
     :param experiences: experience ids to snapshot (None: all).
     :param ridge: relative ridge of the key fits.
     :param seed: anchor selection and control shuffles.
+    :param gauss_newton_iterations: when > 0, also log ``family=<f>+gauss_newton`` for every
+        non-identity family: the closed-form key refined label-free by that many
+        Levenberg–Marquardt steps on the checkpoint's own anchor logits
+        (:func:`~avalanche_plugins.transport.gauss_newton_key`). It recovers much more at deep
+        stages (docs/RESULTS.md) for about ``K + 1`` backward passes of the late layers per step.
 
     Example::
 
@@ -75,7 +81,8 @@ class TransportKeyMetric(PluginMetric[dict]):
     """
 
     def __init__(self, stages, families=("identity", "channel", "cross_channel"), n_anchors: int = 100,
-                 controls: bool = True, experiences=None, ridge: float = 1e-4, seed: int = 0):
+                 controls: bool = True, experiences=None, ridge: float = 1e-4, seed: int = 0,
+                 gauss_newton_iterations: int = 0):
         super().__init__()
         if isinstance(stages, str) or not stages:
             raise ValueError(f"stages must be a non-empty list of submodule names, got {stages!r}")
@@ -91,6 +98,8 @@ class TransportKeyMetric(PluginMetric[dict]):
             experiences = [int(e) for e in experiences]
         check_positive("ridge", ridge, allow_zero=True)
         check_int("seed", seed, minimum=0)
+        check_int("gauss_newton_iterations", gauss_newton_iterations, minimum=0)
+        self.gauss_newton_iterations = gauss_newton_iterations
         self.stages, self.families, self.n_anchors = list(stages), families, n_anchors
         self.controls, self.experiences, self.ridge, self.seed = controls, experiences, ridge, seed
         self.snapshots: dict[int, dict] = {}
@@ -146,6 +155,12 @@ class TransportKeyMetric(PluginMetric[dict]):
                     key = fit_transport_key(u, v, family, ridge=self.ridge)
                     keys[f"family={family}"] = key
                     residuals[f"stage={stage}/family={family}"] = key.residual
+                    if self.gauss_newton_iterations and family != "identity":
+                        refined = fit_transport_key(u, v, family, ridge=self.ridge)
+                        with torch.enable_grad():
+                            gauss_newton_key(refined, stitch(model, snap["model"], stage, refined), snap["x"],
+                                             snap["task"], iterations=self.gauss_newton_iterations)
+                        keys[f"family={family}+gauss_newton"] = refined
                     if self.controls and family != "identity":
                         keys[f"family={family}/control=channel_permutation"] = channel_permutation(key, self.seed)
                         for mode in ("global", "within_class"):
@@ -204,7 +219,8 @@ class TransportKeyMetric(PluginMetric[dict]):
 
         fig = Figure(figsize=(max(3.5, 0.9 * len(self.stages) + 2), 3.0))
         ax = fig.subplots()
-        for family in self.families:
+        refined = [f"{f}+gauss_newton" for f in self.families if f != "identity" and self.gauss_newton_iterations]
+        for family in (*self.families, *refined):
             ys = [record["recovery"].get(f"stage={s}/family={family}", math.nan) for s in self.stages]
             ax.plot(range(len(self.stages)), ys, marker="o", label=family)
         ax.set_xticks(range(len(self.stages)))

@@ -12,6 +12,7 @@ from torch import nn
 
 from avalanche_plugins.transport import (
     fit_transport_key,
+    gauss_newton_key,
     stage_activations,
     stitch,
     stitched_accuracy,
@@ -42,7 +43,7 @@ def run(metric=None, tmp_path=None, text=None):
 
 
 def test_metric_logs_stitched_accuracy_and_recovery_and_leaves_training_alone(tmp_path):
-    metric = TransportKeyMetric(stages=STAGES, n_anchors=20, experiences=[0, 1])
+    metric = TransportKeyMetric(stages=STAGES, n_anchors=20, experiences=[0, 1], gauss_newton_iterations=1)
     text = io.StringIO()
     strategy, stream, loggers = run(metric, tmp_path, text)
     last = strategy.evaluator.get_last_metrics()
@@ -52,6 +53,7 @@ def test_metric_logs_stitched_accuracy_and_recovery_and_leaves_training_alone(tm
             assert 0.0 <= last[f"{PREFIX}/stage={stage}/family={family}"] <= 1.0
         for control in ("channel_permutation", "global_shuffle", "within_class_shuffle"):
             assert f"{PREFIX}/stage={stage}/family=channel/control={control}" in last
+        assert 0.0 <= last[f"{PREFIX}/stage={stage}/family=cross_channel+gauss_newton"] <= 1.0
     rec_name = f"TransportKeyRecovery/eval_phase/test_stream/Task000/Exp000/stage={STAGES[0]}/family=channel"
     assert rec_name in last
     # acc_AB is the strategy's own accuracy on the same batches
@@ -74,6 +76,9 @@ def test_metric_logs_stitched_accuracy_and_recovery_and_leaves_training_alone(tm
     key = fit_transport_key(u, v, "cross_channel", ridge=1e-4)
     direct = stitched_accuracy(stitch(model, snap["model"], STAGES[1], key), x, y, t)
     assert last[f"{PREFIX}/stage={STAGES[1]}/family=cross_channel"] == pytest.approx(direct)
+    gauss_newton_key(key, stitch(model, snap["model"], STAGES[1], key), snap["x"], snap["task"], iterations=1)
+    direct = stitched_accuracy(stitch(model, snap["model"], STAGES[1], key), x, y, t)
+    assert last[f"{PREFIX}/stage={STAGES[1]}/family=cross_channel+gauss_newton"] == pytest.approx(direct)
     assert last["TransportKeyAccCheckpoint/eval_phase/test_stream/Task000/Exp000"] == pytest.approx(
         stitched_accuracy(snap["model"], x, y, t))
 
@@ -100,3 +105,5 @@ def test_bad_arguments():
         TransportKeyMetric(stages=["a"], families=("affine",))
     with pytest.raises(ValueError, match="n_anchors must be"):
         TransportKeyMetric(stages=["a"], n_anchors=0)
+    with pytest.raises(ValueError, match="gauss_newton_iterations must be"):
+        TransportKeyMetric(stages=["a"], gauss_newton_iterations=-1)
