@@ -43,7 +43,11 @@ term* (task conflict between old and new inputs). We define, for a unit step,
 with the *path factor* ``P``: ``η·T`` for a budget of ``T`` steps (``path="budget"``), or
 ``η Σ_{t<T} ρ^t = η (1 − ρ^T)/(1 − ρ)`` where ``ρ ≤ 1`` is the per-step decay of the update norm
 (for SGD: the gradient norm) fitted log-linearly over a short full-batch probe on the new-task
-sample (``path="probe"``). ``J_ℓ(x_a) u_ℓ`` is computed by one ``torch.func.jvp`` per layer (tangent
+sample (``path="probe"``), or the step length after which the first-order new-task loss reaches
+its target, ``P = min(η T, (L_new − L*) / (−⟨∇L_new, u⟩))`` (``path="loss"``, ``L* = 0`` by
+default): training stops moving the logits once the new task is fitted, so a fast-fitting model
+(large ``‖∇L‖²`` relative to its loss) travels a short path however long the budget. It costs
+nothing beyond the budget path and ranks saturated runs (long budgets) much better. ``J_ℓ(x_a) u_ℓ`` is computed by one ``torch.func.jvp`` per layer (tangent
 ``u_ℓ`` on layer ``ℓ``'s parameters, zero elsewhere) over all old inputs; no Jacobian is formed.
 
 Assumptions (when ADS is a good proxy, not an identity):
@@ -120,7 +124,7 @@ __all__ = [
 ]
 
 ADS_OPTIMIZERS = ("sgd", "adam")
-ADS_PATHS = ("budget", "probe")
+ADS_PATHS = ("budget", "probe", "loss")
 UNASSIGNED = "(unassigned)"
 
 
@@ -152,7 +156,8 @@ class ADSResult:
         layer_names: the groups' names (layer-map order; ``"(unassigned)"`` last when present).
         architecture_terms: fan-ins ``n_{ℓ−1}`` (1 for the unassigned group).
         data_terms: ``d̂_ℓ = mean_a ‖J_ℓ(x_a) u_ℓ‖ / n_{ℓ−1}`` for a unit step.
-        path_factor: ``P`` (``lr·steps``, or ``lr·Σ_{t<T} ρ^t`` for the probe).
+        path_factor: ``P`` (``lr·steps``; ``lr·Σ_{t<T} ρ^t`` for the probe; ``min(lr·steps,
+            (L_new − L*)/(−⟨∇L_new, u⟩))`` for the loss path).
         first_order_shift: ``mean_a ‖Σ_ℓ J_ℓ(x_a) u_ℓ‖`` (unit step): the first-step logit
             change without the width decomposition; ``lr·first_order_shift`` predicts one step.
         new_loss: new-task loss at the checkpoint. grad_norm: ``‖∇L_new‖``.
@@ -274,6 +279,15 @@ def update_direction(model: nn.Module, loss_fn, new_inputs: torch.Tensor, new_ta
         >>> sorted(u), bool(torch.allclose(-u["bias"], 2 * net(torch.ones(1, 2)).detach().reshape(1)))
         (['bias', 'weight'], True)
     """
+    return _first_step(model, loss_fn, new_inputs, new_targets, optimizer=optimizer, eps=eps,
+                       task_labels=task_labels)[:3]
+
+
+def _first_step(model: nn.Module, loss_fn, new_inputs: torch.Tensor, new_targets: torch.Tensor, *,
+                optimizer: str = "sgd", eps: float = 1e-8, task_labels=None
+                ) -> tuple[dict[str, torch.Tensor], float, float, float]:
+    """:func:`update_direction` plus the descent rate ``−⟨∇L, u⟩`` (first-order loss decrease
+    per unit step)."""
     check_inputs(new_inputs, new_targets, name="new_inputs")
     check_choice("optimizer", optimizer, ADS_OPTIMIZERS)
     params, consts = split_params(model)
@@ -292,7 +306,9 @@ def update_direction(model: nn.Module, loss_fn, new_inputs: torch.Tensor, new_ta
         direction = {n: -g.detach() for n, g in grads.items()}
     else:
         direction = {n: -(g / (g.abs() + eps)).detach() for n, g in grads.items()}
-    return direction, loss, grad_norm
+    # first-order loss decrease per unit step, −⟨g, u⟩: ‖g‖² (SGD), Σ g²/(|g| + ε) (Adam)
+    rate = sum(float((-g.double() * direction[n].double()).sum()) for n, g in grads.items())
+    return direction, loss, grad_norm, rate
 
 
 def layer_logit_changes(model: nn.Module, old_inputs: torch.Tensor, direction: Mapping[str, torch.Tensor],
@@ -397,7 +413,7 @@ def _example(model: nn.Module, x: torch.Tensor, task_labels):
 def architecture_driven_shift(model: nn.Module, old_inputs: torch.Tensor, new_inputs: torch.Tensor,
                               new_targets: torch.Tensor, loss_fn, *, lr: float, steps: int,
                               optimizer: str = "sgd", path: str = "budget", probe_steps: int = 10,
-                              eps: float = 1e-8, old_task_labels=None, new_task_labels=None,
+                              target_loss: float = 0.0, eps: float = 1e-8, old_task_labels=None, new_task_labels=None,
                               chunk_size: int | None = 1024) -> ADSResult:
     """Predicted logit shift on old-task inputs when ``model`` trains ``steps`` steps on the new task.
 
@@ -405,7 +421,8 @@ def architecture_driven_shift(model: nn.Module, old_inputs: torch.Tensor, new_in
 
         \\mathrm{ADS} = P \\sum_ℓ n_{ℓ-1}\\, \\hat d_ℓ, \\qquad
         \\hat d_ℓ = \\frac{1}{n_{ℓ-1}} \\frac1N \\sum_a \\lVert J_ℓ(x_a)\\, u_ℓ \\rVert_2, \\qquad
-        P = η T \\ (\\text{budget}) \\ \\text{or} \\ η \\sum_{t<T} ρ^t \\ (\\text{probe})
+        P = η T \\ (\\text{budget}), \\quad η \\sum_{t<T} ρ^t \\ (\\text{probe}), \\quad
+        \\min\\Big(η T, \\frac{L_\\text{new} - L^*}{-\\langle ∇L_\\text{new}, u\\rangle}\\Big) \\ (\\text{loss})
 
     (derivation and assumptions in the module docstring). Cost: one gradient on the new sample,
     one JVP per layer over the old inputs (about 3 forward passes each); the probe adds
@@ -418,8 +435,11 @@ def architecture_driven_shift(model: nn.Module, old_inputs: torch.Tensor, new_in
         loss_fn: mean-reduced loss ``loss_fn(outputs, targets)``.
         lr: step size ``η``. steps: training steps ``T`` on the new task.
         optimizer: ``"sgd"`` (direction ``−g``) or ``"adam"`` (first Adam step ``−g/(|g|+ε)``).
-        path: ``"budget"`` (``P = ηT``) or ``"probe"`` (fit of the update-norm decay over
-            ``probe_steps`` full-batch steps on the new sample).
+        path: ``"budget"`` (``P = ηT``), ``"probe"`` (fit of the update-norm decay over
+            ``probe_steps`` full-batch steps on the new sample) or ``"loss"`` (the step length at
+            which the first-order new-task loss reaches ``target_loss``, capped by ``ηT``: the
+            run stops moving once the new task is fitted; no extra cost).
+        target_loss: ``L*`` of the ``"loss"`` path (default 0: cross-entropy fitted).
         old_task_labels, new_task_labels: task labels for Avalanche multi-task models.
         chunk_size: old inputs per JVP call (None: all at once).
 
@@ -446,12 +466,13 @@ def architecture_driven_shift(model: nn.Module, old_inputs: torch.Tensor, new_in
     check_choice("optimizer", optimizer, ADS_OPTIMIZERS)
     check_choice("path", path, ADS_PATHS)
     check_int("probe_steps", probe_steps, minimum=2)
+    check_positive("target_loss", target_loss, allow_zero=True)
     check_positive("eps", eps)
     if chunk_size is not None:
         check_int("chunk_size", chunk_size)
     layer_map = discover_layers(model, _example(model, new_inputs, new_task_labels))
     groups = layer_groups(model, layer_map)
-    direction, loss, grad_norm = update_direction(model, loss_fn, new_inputs, new_targets,
+    direction, loss, grad_norm, rate = _first_step(model, loss_fn, new_inputs, new_targets,
                                                   optimizer=optimizer, eps=eps, task_labels=new_task_labels)
     changes = layer_logit_changes(model, old_inputs, direction, groups, task_labels=old_task_labels,
                                   chunk_size=chunk_size)
@@ -460,6 +481,9 @@ def architecture_driven_shift(model: nn.Module, old_inputs: torch.Tensor, new_in
     decay, norms = None, []
     if path == "budget":
         path_factor = lr * steps
+    elif path == "loss":
+        to_go = max(loss - target_loss, 0.0)
+        path_factor = min(lr * steps, to_go / rate) if rate > 0 else lr * steps
     else:
         tasks = task_groups(model, new_inputs.shape[0], new_task_labels)
         norms = _probe(model, loss_fn, new_inputs, new_targets, tasks, lr=lr, optimizer=optimizer,

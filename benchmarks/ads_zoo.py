@@ -2,7 +2,7 @@
 
 For every architecture of a zoo and every scenario: train on the old task for a fixed budget
 (Adam), compute ADS (:func:`avalanche_plugins.ads.architecture_driven_shift`, SGD direction,
-``path="budget"`` and, as a variant, ``"probe"``) from ``--calibration`` old-task training inputs
+``path="loss"``, and from the same terms ``"budget"``; ``"probe"`` as a variant) from ``--calibration`` old-task training inputs
 and ``--calibration`` labelled new-task samples, then train on the new task with plain SGD for the
 fixed budget the prediction assumed and measure the ground truth on the old task's *test* inputs:
 the realised logit shift ``mean ‖z_after − z_before‖`` and the ECE (15 bins) before and after.
@@ -27,11 +27,11 @@ a seeded pixel permutation of it, shared head), both from ``--data-root``, and `
 Reported per scenario (mean ± std over seeds; each seed's statistics are over all
 architectures): Spearman and Kendall between the predictor and the realised shift, direction
 consistency over one-edit pairs, Spearman with the old-task ECE after training (and with its
-increase), for ADS (budget), ADS (probe), the topology-only variant (per design family — same
+increase), for ADS (loss path), ADS (budget), ADS (probe), the topology-only variant (per design family — same
 pattern, depth and activation, or same ViT depth/heads/ratio — the data terms of the member with
-the median base width score the other widths), and two naive predictors: the parameter count and
-the measured logit change of one real SGD step (the first-step change without the width
-decomposition). The cost ratio is ADS seconds / ground-truth seconds (new-task training plus the
+the median base width score the other widths), and naive predictors: the parameter count, the
+measured logit change of one real SGD step (the first-step change without the width
+decomposition), and that first-order change times the loss path (``first_order_loss``). The cost ratio is ADS seconds / ground-truth seconds (new-task training plus the
 shift measurement it replaces), in the same run.
 
 Jobs run through the shared executor interface (:mod:`benchmarks.executor`: ``--workers N``
@@ -69,7 +69,7 @@ SCENARIOS = ("split_mnist", "permuted_mnist", "split_digits")
 WIDTHS = (16, 32, 64, 128, 256, 512)
 PATTERNS = ("constant", "increasing", "decreasing", "bottleneck")
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
-PREDICTORS = ("ads", "ads_probe", "ads_topology", "first_step", "n_params")
+PREDICTORS = ("ads_loss", "ads", "ads_probe", "ads_topology", "first_order_loss", "first_step", "n_params")
 
 
 # --------------------------------------------------------------------------------------------
@@ -368,9 +368,11 @@ def run_job(job: Job) -> dict:
     steps = cfg.new_epochs * math.ceil(len(new_x) / cfg.batch_size)
     loss_fn = nn.CrossEntropyLoss()
     cpu_ads = time.process_time()
-    with Timer() as t_ads:
-        res = architecture_driven_shift(model, cal_old, cal_new_x, cal_new_y, loss_fn, lr=cfg.new_lr, steps=steps)
+    with Timer() as t_ads:  # the loss path; the budget path differs only in P = lr·steps
+        res = architecture_driven_shift(model, cal_old, cal_new_x, cal_new_y, loss_fn, lr=cfg.new_lr, steps=steps,
+                                        path="loss")
     cpu_ads = time.process_time() - cpu_ads
+    unit_shift = sum(n * d for n, d in zip(res.architecture_terms, res.data_terms))
     with Timer() as t_probe:
         probe = architecture_driven_shift(model, cal_old, cal_new_x, cal_new_y, loss_fn, lr=cfg.new_lr,
                                           steps=steps, path="probe", probe_steps=10)
@@ -392,8 +394,10 @@ def run_job(job: Job) -> dict:
         logits_after = model(test_x)
     finite = math.isfinite(shift)
     row.update(
-        ads=res.ads, ads_probe=probe.ads, first_step=first_step, realised_shift=shift if finite else None,
-        diverged=not finite, decay=probe.decay, path_factor=res.path_factor, layer_names=res.layer_names,
+        ads=cfg.new_lr * steps * unit_shift, ads_loss=res.ads, first_order_loss=res.path_factor * res.first_order_shift,
+        ads_probe=probe.ads, first_step=first_step, realised_shift=shift if finite else None,
+        diverged=not finite, decay=probe.decay, path_factor=cfg.new_lr * steps, loss_path_factor=res.path_factor,
+        new_loss=res.new_loss, grad_norm=res.grad_norm, layer_names=res.layer_names,
         architecture_terms=res.architecture_terms, data_terms=res.data_terms, steps=steps,
         acc_old_before=_accuracy(logits_before, test_y), acc_old_after=_accuracy(logits_after, test_y) if finite else None,
         ece_before=expected_calibration_error(logits_before, test_y),
@@ -418,7 +422,7 @@ def _init_worker(context: dict) -> None:
     # first torch.func calls of a process pay a one-off setup cost; keep it out of the timings
     net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
     x = torch.randn(4, 4)
-    for path in ("budget", "probe"):
+    for path in ("loss", "probe"):
         architecture_driven_shift(net, x, x, torch.tensor([0, 1, 0, 1]), nn.CrossEntropyLoss(), lr=0.1,
                                   steps=2, path=path, probe_steps=2)
 
@@ -510,7 +514,7 @@ def analyse(rows: list[dict], archs: list[Arch], scenarios: list[str], seeds: li
                                                   / max(sum(r["truth_cpu_s"] for r in part), 1e-12))
         entry["ads_seconds_total"] = float(sum(r["ads_s"] for r in part))
         entry["truth_seconds_total"] = float(sum(r["truth_s"] for r in part))
-        entry["spearman_target_met"] = bool(entry["ads_spearman_mean"] >= 0.8)
+        entry["spearman_target_met"] = bool(entry["ads_loss_spearman_mean"] >= 0.8)
         per_scenario[scenario] = entry
     return per_scenario
 
@@ -524,7 +528,7 @@ def plot(rows: list[dict], scenarios: list[str], path: Path) -> None:
     axes = fig.subplots(2, len(present), squeeze=False)
     for col, scenario in enumerate(present):
         part = [r for r in rows if r["scenario"] == scenario and r.get("realised_shift") is not None]
-        for row, (key, label) in enumerate((("ads", "ADS (budget)"), ("first_step", "naive: one-step change"))):
+        for row, (key, label) in enumerate((("ads_loss", "ADS (loss path)"), ("ads", "ADS (budget path)"))):
             ax = axes[row][col]
             for family, marker in (("mlp", "o"), ("vit", "^")):
                 pts = [(r[key], r["realised_shift"]) for r in part if r["family"] == family and r[key] > 0]

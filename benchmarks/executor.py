@@ -36,9 +36,11 @@ class LocalExecutor:
             threads = torch.get_num_threads()
             if self.initializer is not None:
                 self.initializer(*self.initargs)
-            torch.set_num_threads(threads)  # in-process: keep the caller's thread count
-            for job in jobs:
-                yield job, fn(job)
+            try:  # the jobs run with the initializer's settings; the caller gets its thread count back
+                for job in jobs:
+                    yield job, fn(job)
+            finally:
+                torch.set_num_threads(threads)
             return
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=self.initializer,

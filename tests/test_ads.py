@@ -138,6 +138,33 @@ def test_probe_path_fits_the_exact_geometric_decay():
     assert res.ads == pytest.approx(budget.ads * res.path_factor / budget.path_factor, rel=1e-9)
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_loss_path_is_the_first_order_distance_to_the_fitted_loss_capped_by_the_budget(optimizer):
+    """P = min(ηT, (L − L*) / (−⟨∇L, u⟩)) with L and ∇L from plain autograd on the model."""
+    net, old, new, y = mlp_problem(seed=3)
+    net.zero_grad()
+    loss = nn.CrossEntropyLoss()(net(new), y)
+    grads = torch.autograd.grad(loss, list(net.parameters()))
+    eps = 1e-8
+    rate = sum(float((g * g).sum() if optimizer == "sgd" else (g * g / (g.abs() + eps)).sum()) for g in grads)
+    lr = 1e-3
+    long = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=10**6, path="loss",
+                                     optimizer=optimizer, eps=eps)
+    assert long.path_factor == pytest.approx(float(loss) / rate, rel=1e-5)
+    budget = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=10**6,
+                                       optimizer=optimizer, eps=eps)
+    assert long.ads == pytest.approx(budget.ads * long.path_factor / budget.path_factor, rel=1e-9)
+    short = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=1, path="loss",
+                                      optimizer=optimizer, eps=eps)
+    assert short.path_factor == pytest.approx(lr)  # the budget ends before the loss is fitted
+    half = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=10**6, path="loss",
+                                     target_loss=float(loss) / 2, optimizer=optimizer, eps=eps)
+    assert half.path_factor == pytest.approx(long.path_factor / 2, rel=1e-5)
+    fitted = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=10, path="loss",
+                                       target_loss=float(loss) + 1)
+    assert fitted.path_factor == 0.0 and fitted.ads == 0.0
+
+
 def test_transformer_groups_cover_every_parameter_and_topology_only_variant():
     torch.manual_seed(0)
     vit = TinyViT(image_size=8, patch=4, n_classes=4, dim=16, depth=1, heads=2)

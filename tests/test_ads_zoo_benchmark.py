@@ -1,0 +1,23 @@
+"""End-to-end smoke of ``benchmarks.ads_zoo --quick`` (split digits, ~20 architectures, one seed)."""
+
+import json
+import math
+
+from benchmarks import ads_zoo
+
+
+def test_quick_run_writes_ranking_statistics_and_time_ratio(tmp_path):
+    ads_zoo.main(["--quick", "--workers", "1", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "results.json").read_text())
+    rows = data["runs"]
+    assert len({r["arch"] for r in rows}) >= 20 and {r["scenario"] for r in rows} == {"split_digits"}
+    for r in rows:  # the loss path is the budget path with P = min(ηT, L/‖g‖²)
+        assert 0 < r["loss_path_factor"] <= r["path_factor"] + 1e-12
+        assert math.isclose(r["loss_path_factor"], min(r["path_factor"], r["new_loss"] / r["grad_norm"] ** 2),
+                            rel_tol=1e-6)
+        assert math.isclose(r["ads_loss"] / r["loss_path_factor"], r["ads"] / r["path_factor"], rel_tol=1e-9)
+    entry = data["scenarios"]["split_digits"]
+    for stat in ("spearman", "kendall", "direction_consistency"):
+        assert -1.0 <= entry[f"ads_loss_{stat}_mean"] <= 1.0
+    assert 0 < entry["time_ratio_total"] < 1
+    assert (tmp_path / "ads_scatter.png").exists() and (tmp_path / "jobs.jsonl").exists()
