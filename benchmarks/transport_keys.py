@@ -279,6 +279,48 @@ def tables(rows: list[dict], main_anchors: int) -> str:
     return "\n\n".join(out)
 
 
+REPORT_VARIANTS = ("identity", "channel", "cross_channel", "cross_channel+refine", "cross_channel+gauss_newton",
+                   "trained_stitch_short", "trained_stitch")
+
+
+def report(rows: list[dict], main_anchors: int) -> str:
+    """The tables quoted in docs/RESULTS.md: per stage, stitched accuracy (recovery %) of every key
+    and the closed-form → trained-stitch time; the cross-channel controls; the anchor sweep."""
+    main = [r for r in rows if r["n_anchors"] == main_anchors]
+    cells = list(dict.fromkeys((r["pair"], r["model"], r["stage"]) for r in main))
+
+    def mean(cell, variant, field):
+        xs = [r[field] for r in main if (r["pair"], r["model"], r["stage"]) == cell and r["variant"] == variant]
+        return float(np.mean(xs)) if xs else float("nan")
+
+    def acc_cell(cell, variant):
+        return f"{mean(cell, variant, 'acc'):.3f} ({100 * mean(cell, variant, 'recovery'):.0f}%)"
+
+    lines = ["| pair | model | stage | acc_A(θ_A) | acc_A(θ_AB) | " + " | ".join(REPORT_VARIANTS)
+             + " | cross-ch. residual | trained / cross-ch. time | trained / Gauss–Newton time |",
+             "|" + "---|" * (len(REPORT_VARIANTS) + 8)]
+    for cell in cells:
+        trained = mean(cell, "trained_stitch", "fit_s")
+        lines.append(f"| {' | '.join(cell)} | {mean(cell, 'identity', 'acc_a'):.2f} | {mean(cell, 'identity', 'acc_ab'):.2f} | "
+                     + " | ".join(acc_cell(cell, v) for v in REPORT_VARIANTS)
+                     + f" | {mean(cell, 'cross_channel', 'residual'):.2f}"
+                     + f" | {trained / mean(cell, 'cross_channel', 'fit_s'):.0f}×"
+                     + f" | {trained / mean(cell, 'cross_channel+gauss_newton', 'fit_s'):.1f}× |")
+    controls = [f"cross_channel/{c}" for c in CONTROLS]
+    lines += ["", "| pair | model | stage | " + " | ".join(CONTROLS) + " |", "|" + "---|" * (len(CONTROLS) + 3)]
+    for cell in cells:
+        lines.append(f"| {' | '.join(cell)} | " + " | ".join(acc_cell(cell, v) for v in controls) + " |")
+    counts = sorted({r["n_anchors"] for r in rows})
+    lines += ["", "| pair | model | key | " + " | ".join(str(n) for n in counts) + " |",
+              "|" + "---|" * (len(counts) + 3)]
+    for pair, model in dict.fromkeys((r["pair"], r["model"]) for r in rows):
+        for variant in ("cross_channel", "cross_channel+gauss_newton", "trained_stitch"):
+            rec = [np.mean([r["recovery"] for r in rows if (r["pair"], r["model"], r["variant"], r["n_anchors"])
+                            == (pair, model, variant, n)] or [np.nan]) for n in counts]
+            lines.append(f"| {pair} | {model} | {variant} | " + " | ".join(f"{100 * x:.0f}%" for x in rec) + " |")
+    return "\n".join(lines)
+
+
 def time_ratios(rows: list[dict], main_anchors: int) -> dict:
     """Trained-stitch time over closed-form time (and over closed form + refinement), at the main
     anchor count: overall and per ``pair/model``. Every time is measured in the same process."""
@@ -338,7 +380,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--workers", type=int, default=1, help="processes (each uses one torch thread)")
     parser.add_argument("--skip", default="", help="comma-separated pair/model cells to skip (e.g. domain/resnet)")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--report", default=None, metavar="RESULTS_JSON",
+                        help="print the docs tables of a saved run and exit")
     args = parser.parse_args(argv)
+    if args.report:
+        saved = json.loads(Path(args.report).read_text())
+        text = report(saved["runs"], saved["config"]["main_anchors"])
+        print(text)
+        return {"report": text}
     models = args.models.split(",") if args.models else (["cnn"] if args.quick else list(MODELS))
     pairs = args.pairs.split(",") if args.pairs else (["split"] if args.quick else list(PAIRS))
     for name, values, allowed in (("--models", models, MODELS), ("--pairs", pairs, PAIRS)):
@@ -363,6 +412,7 @@ def main(argv=None) -> dict:
                   extra={"time_ratios": ratios, "bn_mode": "eval"})
     plot(rows, out, cfg["main_anchors"])
     print(tables(rows, cfg["main_anchors"]))
+    print("\n" + report(rows, cfg["main_anchors"]))
     print("\nTime ratios:", json.dumps(ratios, indent=1))
     return {"rows": rows, "time_ratios": ratios}
 

@@ -24,3 +24,9 @@ def test_quick_run_writes_recovery_per_stage_family_control_and_time_ratio(tmp_p
     assert data["time_ratios"]["trained_over_cross_channel"] > 1
     assert math.isfinite(data["time_ratios"]["trained_over_gauss_newton"])
     assert (tmp_path / "recovery.png").exists() and (tmp_path / "jobs.jsonl").exists()
+    # --report re-prints the docs tables from the saved run; a cell matches the rows
+    text = transport_keys.main(["--report", str(tmp_path / "results.json")])["report"]
+    stage = transport_keys.STAGES["cnn"][0]
+    row = next(r for r in main if r["stage"] == stage and r["variant"] == "cross_channel+gauss_newton")
+    line = next(t for t in text.splitlines() if f"| {stage} |" in t and "(" in t)
+    assert f"{row['acc']:.3f} ({100 * row['recovery']:.0f}%)" in line
