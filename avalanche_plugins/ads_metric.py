@@ -65,8 +65,10 @@ class ArchitectureDrivenShiftMetric(PluginMetric[float]):
         the incoming experience used by ADS.
     :param lr, steps, optimizer: ADS's step size, step budget and ``"sgd"``/``"adam"``; None
         reads them from the strategy (module docstring).
-    :param path: ``"budget"`` (``P = lr·steps``) or ``"probe"`` (fitted decay over
-        ``probe_steps`` steps).
+    :param path: ``"budget"`` (``P = lr·steps``), ``"probe"`` (fitted decay over
+        ``probe_steps`` steps) or ``"loss"`` (``P = min(lr·steps, L_new / −⟨∇L_new, u⟩)``: the
+        step length at which the first-order new-task loss reaches 0; ranks long runs best in
+        ``benchmarks.ads_zoo``, docs/ads.md).
     :param n_bins: ECE bins. :param seed: base seed; experience ``e`` uses ``seed + e``.
 
     Raises ``ValueError`` naming the argument for bad arguments.
