@@ -19,5 +19,14 @@ def test_quick_run_writes_ranking_statistics_and_time_ratio(tmp_path):
     entry = data["scenarios"]["split_digits"]
     for stat in ("spearman", "kendall", "direction_consistency"):
         assert -1.0 <= entry[f"ads_loss_{stat}_mean"] <= 1.0
-    assert 0 < entry["time_ratio_total"] < 1
+    assert 0 < entry["time_ratio_total"] < entry["calibrated_time_ratio_total"] < 1
+    # family calibration: one measured reference per family rescales that family's loss-path ADS
+    ads_zoo.analyse(rows, ads_zoo.quick_zoo(), ["split_digits"], [0])  # adds the post-hoc predictors to rows
+    for family in ("mlp", "vit"):
+        members = [r for r in rows if r["family"] == family]
+        (ref,) = [r for r in members if r["calibration_reference"]]
+        assert ref["ads_loss_calibrated"] is None
+        for r in members:
+            if r is not ref:
+                assert math.isclose(r["ads_loss_calibrated"] / r["ads_loss"], ref["realised_shift"] / ref["ads_loss"])
     assert (tmp_path / "ads_scatter.png").exists() and (tmp_path / "jobs.jsonl").exists()
