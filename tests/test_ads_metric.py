@@ -45,7 +45,7 @@ def strategy_for(metrics=(), plugins=(), loggers=(), multihead=False, adam=False
 
 
 def test_predicted_and_realised_side_by_side_and_direct_recomputation():
-    metric = ArchitectureDrivenShiftMetric(calibration_size=64, seed=2)
+    metric = ArchitectureDrivenShiftMetric(calibration_size=64, path="budget", seed=2)
     snapshot = Snapshot()
     text = io.StringIO()
     strategy, stream = strategy_for(metrics=[metric], plugins=[snapshot], loggers=[TextLogger(text)])
