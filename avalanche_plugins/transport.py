@@ -533,13 +533,15 @@ def gauss_newton_key(key: TransportKey, stitched: StitchedModel, anchors: torch.
             gram = jac @ jac.T if dual else jac.T @ jac
             eye = torch.eye(gram.shape[0], dtype=gram.dtype)
             base = float(gram.diagonal().mean())
+            if base == 0:
+                break  # the logits do not depend on the key here: nothing to fit
+            sizes = [p.numel() for p in params]
             for _ in range(max_tries):
                 lam = lam_scale * base
                 if dual:
                     step = jac.T @ torch.linalg.solve(gram + lam * eye, res)
                 else:
                     step = torch.linalg.solve(gram + lam * eye, jac.T @ res)
-                sizes = [p.numel() for p in params]
                 trial = tuple(p + d.view_as(p).to(p.dtype) for p, d in zip(params, step.split(sizes)))
                 with torch.no_grad():
                     trial_loss = float(((target - logits_of(trial)) ** 2).sum())
