@@ -47,8 +47,9 @@ sample (``path="probe"``), or the step length after which the first-order new-ta
 its target, ``P = min(η T, (L_new − L*) / (−⟨∇L_new, u⟩))`` (``path="loss"``, ``L* = 0`` by
 default): training stops moving the logits once the new task is fitted, so a fast-fitting model
 (large ``‖∇L‖²`` relative to its loss) travels a short path however long the budget. It costs
-nothing beyond the budget path and ranks saturated runs (long budgets) much better. ``J_ℓ(x_a) u_ℓ`` is computed by one ``torch.func.jvp`` per layer (tangent
-``u_ℓ`` on layer ``ℓ``'s parameters, zero elsewhere) over all old inputs; no Jacobian is formed.
+nothing beyond the budget path and ranks saturated runs (long budgets) much better.
+``J_ℓ(x_a) u_ℓ`` is computed by one ``torch.func.jvp`` per layer (tangent ``u_ℓ`` on layer
+``ℓ``'s parameters, zero elsewhere) over all old inputs; no Jacobian is formed.
 
 Assumptions (when ADS is a good proxy, not an identity):
 
@@ -413,8 +414,8 @@ def _example(model: nn.Module, x: torch.Tensor, task_labels):
 def architecture_driven_shift(model: nn.Module, old_inputs: torch.Tensor, new_inputs: torch.Tensor,
                               new_targets: torch.Tensor, loss_fn, *, lr: float, steps: int,
                               optimizer: str = "sgd", path: str = "budget", probe_steps: int = 10,
-                              target_loss: float = 0.0, eps: float = 1e-8, old_task_labels=None, new_task_labels=None,
-                              chunk_size: int | None = 1024) -> ADSResult:
+                              target_loss: float = 0.0, eps: float = 1e-8, old_task_labels=None,
+                              new_task_labels=None, chunk_size: int | None = 1024) -> ADSResult:
     """Predicted logit shift on old-task inputs when ``model`` trains ``steps`` steps on the new task.
 
     .. math::
@@ -472,8 +473,8 @@ def architecture_driven_shift(model: nn.Module, old_inputs: torch.Tensor, new_in
         check_int("chunk_size", chunk_size)
     layer_map = discover_layers(model, _example(model, new_inputs, new_task_labels))
     groups = layer_groups(model, layer_map)
-    direction, loss, grad_norm, rate = _first_step(model, loss_fn, new_inputs, new_targets,
-                                                  optimizer=optimizer, eps=eps, task_labels=new_task_labels)
+    direction, loss, grad_norm, rate = _first_step(model, loss_fn, new_inputs, new_targets, optimizer=optimizer,
+                                                   eps=eps, task_labels=new_task_labels)
     changes = layer_logit_changes(model, old_inputs, direction, groups, task_labels=old_task_labels,
                                   chunk_size=chunk_size)
     data_terms = [mean_row_norm(changes[g.name]) / g.fan_in for g in groups]
