@@ -443,6 +443,14 @@ def stitched_accuracy(model: nn.Module, inputs: torch.Tensor, targets: torch.Ten
     return correct / inputs.shape[0]
 
 
+def _logit_targets(stitched: StitchedModel, anchors: torch.Tensor, task_labels):
+    """The label-free refinement targets: the checkpoint's own logits on the anchors, and the
+    updated model's stage activations the key maps (both in eval mode, no graph)."""
+    with torch.no_grad(), eval_mode(stitched.late_model), eval_mode(stitched.early_model):
+        return (model_forward(stitched.late_model, anchors, task_labels),
+                stage_activations(stitched.early_model, stitched.stage, anchors, task_labels))
+
+
 def refine_key(key: TransportKey, stitched: StitchedModel, anchors: torch.Tensor, task_labels=None, *,
                steps: int = 50, lr: float = 1e-2) -> TransportKey:
     """Refine ``key`` in place without labels: Adam on ``‖z_stitched(x) − z_late(x)‖²`` over the
@@ -456,9 +464,7 @@ def refine_key(key: TransportKey, stitched: StitchedModel, anchors: torch.Tensor
     check_positive("lr", lr)
     if key.family == "identity" or steps == 0:
         return key
-    with torch.no_grad(), eval_mode(stitched.late_model), eval_mode(stitched.early_model):
-        target = model_forward(stitched.late_model, anchors, task_labels)
-        u = stage_activations(stitched.early_model, stitched.stage, anchors, task_labels)
+    target, u = _logit_targets(stitched, anchors, task_labels)
     with eval_mode(stitched.late_model):
         return optimize_key(
             key, lambda: ((stitched.forward_from_stage(key(u), anchors, task_labels) - target) ** 2).mean(),
@@ -501,18 +507,17 @@ def gauss_newton_key(key: TransportKey, stitched: StitchedModel, anchors: torch.
     check_int("max_tries", max_tries)
     if key.family == "identity" or iterations == 0:
         return key
-    with torch.no_grad(), eval_mode(stitched.late_model), eval_mode(stitched.early_model):
-        target = model_forward(stitched.late_model, anchors, task_labels)
-        u = stage_activations(stitched.early_model, stitched.stage, anchors, task_labels)
+    target, u = _logit_targets(stitched, anchors, task_labels)
     names = [name for name, _ in key.named_parameters()]
 
+    def key_at(params, inputs):
+        return torch.func.functional_call(key, dict(zip(names, params)), (inputs,))
+
     def logits_of(params):
-        h = torch.func.functional_call(key, dict(zip(names, params)), (u,))
-        return stitched.forward_from_stage(h, anchors, task_labels)
+        return stitched.forward_from_stage(key_at(params, u), anchors, task_labels)
 
     def row_gradient(params, u_i, g_ik):  # ∇_θ ⟨g_ik, key_θ(u_i)⟩: one row of J
-        return torch.func.grad(
-            lambda p: (torch.func.functional_call(key, dict(zip(names, p)), (u_i[None],)) * g_ik).sum())(params)
+        return torch.func.grad(lambda p: (key_at(p, u_i[None]) * g_ik).sum())(params)
 
     params = tuple(p.detach() for p in key.parameters())
     lam_scale = damping
@@ -520,8 +525,8 @@ def gauss_newton_key(key: TransportKey, stitched: StitchedModel, anchors: torch.
         loss = float(((target - logits_of(params)) ** 2).sum())
     with eval_mode(stitched.late_model):
         for _ in range(iterations):
-            h = torch.func.functional_call(key, dict(zip(names, params)), (u,))
-            z, pullback = torch.func.vjp(lambda h_: stitched.forward_from_stage(h_, anchors, task_labels), h)
+            z, pullback = torch.func.vjp(lambda h: stitched.forward_from_stage(h, anchors, task_labels),
+                                         key_at(params, u))
             n_logits = z.shape[-1]
             cotangents = torch.eye(n_logits, dtype=z.dtype)[:, None, :].expand(n_logits, *z.shape)
             (dz_dh,) = torch.func.vmap(pullback)(cotangents)            # (K, N, *h.shape[1:])

@@ -156,7 +156,7 @@ class TransportKeyMetric(PluginMetric[dict]):
                     keys[f"family={family}"] = key
                     residuals[f"stage={stage}/family={family}"] = key.residual
                     if self.gauss_newton_iterations and family != "identity":
-                        refined = fit_transport_key(u, v, family, ridge=self.ridge)
+                        refined = copy.deepcopy(key)
                         with torch.enable_grad():
                             gauss_newton_key(refined, stitch(model, snap["model"], stage, refined), snap["x"],
                                              snap["task"], iterations=self.gauss_newton_iterations)

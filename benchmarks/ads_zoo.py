@@ -541,6 +541,15 @@ def analyse(rows: list[dict], archs: list[Arch], scenarios: list[str], seeds: li
             entry["calibrated_time_ratio_total"] = float(
                 (sum(r["ads_s"] for r in part) + sum(r["truth_s"] for r in refs))
                 / max(sum(r["truth_s"] for r in part if not r.get("calibration_reference")), 1e-12))
+        for family in ("mlp", "vit"):  # what separates the families (docs/ads.md)
+            fam = [r for r in part if r["family"] == family and r.get("realised_shift") is not None]
+            if fam:
+                entry[f"{family}_time_ratio_total"] = float(sum(r["ads_s"] for r in fam) / sum(r["truth_s"] for r in fam))
+                entry[f"{family}_acc_old_before"] = float(np.mean([r["acc_old_before"] for r in fam]))
+                entry[f"{family}_realised_shift_median"] = float(np.median([r["realised_shift"] for r in fam]))
+                if all(r.get("ads_loss") for r in fam):
+                    entry[f"{family}_shift_over_ads_loss_median"] = float(
+                        np.median([r["realised_shift"] / r["ads_loss"] for r in fam]))
         entry["ads_seconds_total"] = float(sum(r["ads_s"] for r in part))
         entry["truth_seconds_total"] = float(sum(r["truth_s"] for r in part))
         entry["spearman_target_met"] = bool(entry["ads_loss_spearman_mean"] >= 0.8)
@@ -596,6 +605,14 @@ def format_results(per_scenario: dict) -> str:
         lines.append(f"| {scenario} | {e['n_archs']} | {e['n_pairs']} | {e['time_ratio_median']:.4f}, "
                      f"{e['time_ratio_total']:.4f} | {e.get('calibrated_time_ratio_total', float('nan')):.4f} "
                      f"| {e['probe_time_ratio_total']:.4f} |")
+    lines += ["", "| scenario | family | ADS / ground-truth time (total) | old-task accuracy before | median realised "
+              "shift | median shift / ADS (loss path) |", "|---|---|---|---|---|---|"]
+    for scenario, e in per_scenario.items():
+        for family in ("mlp", "vit"):
+            if f"{family}_time_ratio_total" in e:
+                lines.append(f"| {scenario} | {family} | {e[f'{family}_time_ratio_total']:.4f} | "
+                             f"{e[f'{family}_acc_old_before']:.3f} | {e[f'{family}_realised_shift_median']:.1f} | "
+                             f"{e.get(f'{family}_shift_over_ads_loss_median', float('nan')):.3f} |")
     return "\n".join(lines)
 
 
