@@ -48,6 +48,24 @@ its target, ``P = min(η T, (L_new − L*) / (−⟨∇L_new, u⟩))`` (``path="
 default): training stops moving the logits once the new task is fitted, so a fast-fitting model
 (large ``‖∇L‖²`` relative to its loss) travels a short path however long the budget. It costs
 nothing beyond the budget path and ranks saturated runs (long budgets) much better.
+The *logit path* (``path="logit"``) measures the distance in logit space instead:
+
+.. math::
+
+    P = \\min\\Big(η T, \\frac{L_\\text{new} - L^*}{v_\\text{new}}\\Big), \\qquad
+    v_\\text{new} = \\frac1m \\sum_b \\lVert J(x_b)\\, u \\rVert_2 ,
+
+the step length after which the new-task logits have moved, to first order, by the loss to go.
+Cross-entropy is √2-Lipschitz in the logits (``‖softmax(z) − e_y‖ ≤ √2``), so fitting the new
+task needs a mean logit travel of at least ``(L_new − L*)/√2``, and about ``L_new − L*`` when the
+old model is confidently wrong on the new inputs (``ℓ ≈ z_max − z_y``); ``v_new`` is how fast a
+unit step moves them. Then ``ADS = (L_new − L*) · Σ_ℓ n_{ℓ−1} d̂_ℓ / v_new``: old-logit movement per
+unit of new-logit movement times the travel the new task demands. Unlike the loss path it does
+not divide by the first step's alignment with the residual (``−⟨∇L, u⟩ = ⟨r, J u⟩``): later steps
+re-align, so a poorly aligned first step does not mean a long run. It is free of the step's scale
+(the same for any ``η`` and any scaling of ``u`` while uncapped) and costs one more JVP (all
+parameters) over the new sample. On the zoo it is the one path that ranks all three scenarios
+(``docs/ads.md``).
 ``J_ℓ(x_a) u_ℓ`` is computed by one ``torch.func.jvp`` per layer (tangent ``u_ℓ`` on layer
 ``ℓ``'s parameters, zero elsewhere) over all old inputs; no Jacobian is formed.
 
@@ -125,7 +143,7 @@ __all__ = [
 ]
 
 ADS_OPTIMIZERS = ("sgd", "adam")
-ADS_PATHS = ("budget", "probe", "loss")
+ADS_PATHS = ("budget", "probe", "loss", "logit")
 UNASSIGNED = "(unassigned)"
 
 
@@ -158,13 +176,18 @@ class ADSResult:
         architecture_terms: fan-ins ``n_{ℓ−1}`` (1 for the unassigned group).
         data_terms: ``d̂_ℓ = mean_a ‖J_ℓ(x_a) u_ℓ‖ / n_{ℓ−1}`` for a unit step.
         path_factor: ``P`` (``lr·steps``; ``lr·Σ_{t<T} ρ^t`` for the probe; ``min(lr·steps,
-            (L_new − L*)/(−⟨∇L_new, u⟩))`` for the loss path).
+            (L_new − L*)/(−⟨∇L_new, u⟩))`` for the loss path; ``min(lr·steps, (L_new − L*)/
+            new_first_order_shift)`` for the logit path).
         first_order_shift: ``mean_a ‖Σ_ℓ J_ℓ(x_a) u_ℓ‖`` (unit step): the first-step logit
             change without the width decomposition; ``lr·first_order_shift`` predicts one step.
         new_loss: new-task loss at the checkpoint. grad_norm: ``‖∇L_new‖``.
         optimizer, path, lr, steps: the arguments.
         decay: fitted per-step decay ``ρ`` (probe path; None for the budget path).
-        probe_norms: update norms measured by the probe (empty for the budget path).
+        probe_norms: update norms measured by the probe (empty for the other paths).
+        new_first_order_shift: ``mean_b ‖J(x_b) u‖`` on the new-task sample (unit step; logit
+            path only, else None).
+        descent_rate: ``−⟨∇L_new, u⟩``, the first-order loss decrease per unit step (the loss
+            path's denominator; any path's terms give the loss path's ``P`` from it).
         seconds: wall time of the whole computation.
     """
 
@@ -182,6 +205,8 @@ class ADSResult:
     steps: int
     decay: float | None = None
     probe_norms: list[float] = field(default_factory=list)
+    new_first_order_shift: float | None = None
+    descent_rate: float = 0.0
     seconds: float = 0.0
 
     @property
@@ -423,11 +448,12 @@ def architecture_driven_shift(model: nn.Module, old_inputs: torch.Tensor, new_in
         \\mathrm{ADS} = P \\sum_ℓ n_{ℓ-1}\\, \\hat d_ℓ, \\qquad
         \\hat d_ℓ = \\frac{1}{n_{ℓ-1}} \\frac1N \\sum_a \\lVert J_ℓ(x_a)\\, u_ℓ \\rVert_2, \\qquad
         P = η T \\ (\\text{budget}), \\quad η \\sum_{t<T} ρ^t \\ (\\text{probe}), \\quad
-        \\min\\Big(η T, \\frac{L_\\text{new} - L^*}{-\\langle ∇L_\\text{new}, u\\rangle}\\Big) \\ (\\text{loss})
+        \\min\\Big(η T, \\frac{L_\\text{new} - L^*}{-\\langle ∇L_\\text{new}, u\\rangle}\\Big) \\ (\\text{loss}), \\quad
+        \\min\\Big(η T, \\frac{L_\\text{new} - L^*}{\\frac1m \\sum_b \\lVert J(x_b) u \\rVert}\\Big) \\ (\\text{logit})
 
     (derivation and assumptions in the module docstring). Cost: one gradient on the new sample,
-    one JVP per layer over the old inputs (about 3 forward passes each); the probe adds
-    ``probe_steps`` gradients.
+    one JVP per layer over the old inputs (about 3 forward passes each); the logit path adds one
+    JVP over the new sample, the probe ``probe_steps`` gradients.
 
     Args:
         model: the checkpoint, trained on the earlier tasks (not changed).
@@ -437,10 +463,12 @@ def architecture_driven_shift(model: nn.Module, old_inputs: torch.Tensor, new_in
         lr: step size ``η``. steps: training steps ``T`` on the new task.
         optimizer: ``"sgd"`` (direction ``−g``) or ``"adam"`` (first Adam step ``−g/(|g|+ε)``).
         path: ``"budget"`` (``P = ηT``), ``"probe"`` (fit of the update-norm decay over
-            ``probe_steps`` full-batch steps on the new sample) or ``"loss"`` (the step length at
+            ``probe_steps`` full-batch steps on the new sample), ``"loss"`` (the step length at
             which the first-order new-task loss reaches ``target_loss``, capped by ``ηT``: the
-            run stops moving once the new task is fitted; no extra cost).
-        target_loss: ``L*`` of the ``"loss"`` path (default 0: cross-entropy fitted).
+            run stops moving once the new task is fitted; no extra cost) or ``"logit"`` (the step
+            length at which the new-task logits have moved, to first order, by the loss to go
+            ``L_new − target_loss``, capped by ``ηT``; one JVP more).
+        target_loss: ``L*`` of the ``"loss"`` and ``"logit"`` paths (default 0: cross-entropy fitted).
         old_task_labels, new_task_labels: task labels for Avalanche multi-task models.
         chunk_size: old inputs per JVP call (None: all at once).
 
@@ -479,12 +507,18 @@ def architecture_driven_shift(model: nn.Module, old_inputs: torch.Tensor, new_in
                                   chunk_size=chunk_size)
     data_terms = [mean_row_norm(changes[g.name]) / g.fan_in for g in groups]
     first_order = mean_row_norm(sum(changes.values()))
-    decay, norms = None, []
+    decay, norms, new_shift = None, [], None
     if path == "budget":
         path_factor = lr * steps
     elif path == "loss":
         to_go = max(loss - target_loss, 0.0)
         path_factor = min(lr * steps, to_go / rate) if rate > 0 else lr * steps
+    elif path == "logit":
+        everything = LayerGroup("all", 1, tuple(direction))
+        new_shift = mean_row_norm(layer_logit_changes(model, new_inputs, direction, [everything],
+                                                      task_labels=new_task_labels, chunk_size=chunk_size)["all"])
+        to_go = max(loss - target_loss, 0.0)
+        path_factor = min(lr * steps, to_go / new_shift) if new_shift > 0 else lr * steps
     else:
         tasks = task_groups(model, new_inputs.shape[0], new_task_labels)
         norms = _probe(model, loss_fn, new_inputs, new_targets, tasks, lr=lr, optimizer=optimizer,
@@ -496,7 +530,8 @@ def architecture_driven_shift(model: nn.Module, old_inputs: torch.Tensor, new_in
                      architecture_terms=[g.fan_in for g in groups], data_terms=data_terms,
                      path_factor=float(path_factor), first_order_shift=first_order, new_loss=loss,
                      grad_norm=grad_norm, optimizer=optimizer, path=path, lr=float(lr), steps=int(steps),
-                     decay=decay, probe_norms=norms, seconds=time.perf_counter() - start)
+                     decay=decay, probe_norms=norms, new_first_order_shift=new_shift, descent_rate=rate,
+                     seconds=time.perf_counter() - start)
 
 
 def topology_only_shift(model: nn.Module, example_input, reference: ADSResult) -> float:

@@ -65,12 +65,14 @@ class ArchitectureDrivenShiftMetric(PluginMetric[float]):
         the incoming experience used by ADS.
     :param lr, steps, optimizer: ADS's step size, step budget and ``"sgd"``/``"adam"``; None
         reads them from the strategy (module docstring).
-    :param path: ``"budget"`` (``P = lr·steps``), ``"probe"`` (fitted decay over
-        ``probe_steps`` steps) or ``"loss"`` (default; ``P = min(lr·steps, L_new / −⟨∇L_new, u⟩)``,
-        the step length at which the first-order new-task loss reaches 0). The loss path ranks
-        long runs best in ``benchmarks.ads_zoo``, and its values are on the scale of the realised
-        shift, where the budget path's linear extrapolation over a whole experience overshoots by
-        orders of magnitude (docs/ads.md).
+    :param path: ``"logit"`` (default; ``P = min(lr·steps, L_new / mean_b ‖J(x_b) u‖)``, the
+        step length at which the new-task logits have moved, to first order, by the loss to go),
+        ``"loss"`` (``P = min(lr·steps, L_new / −⟨∇L_new, u⟩)``, the step length at which the
+        first-order new-task loss reaches 0), ``"budget"`` (``P = lr·steps``) or ``"probe"``
+        (fitted decay over ``probe_steps`` steps). The logit path ranks all three scenarios of
+        ``benchmarks.ads_zoo`` best, and its values are on the scale of the realised shift, where
+        the budget path's linear extrapolation over a whole experience overshoots by orders of
+        magnitude (docs/ads.md).
     :param n_bins: ECE bins. :param seed: base seed; experience ``e`` uses ``seed + e``.
 
     Raises ``ValueError`` naming the argument for bad arguments.
@@ -86,7 +88,7 @@ class ArchitectureDrivenShiftMetric(PluginMetric[float]):
     """
 
     def __init__(self, calibration_size: int = 256, *, lr: float | None = None, steps: int | None = None,
-                 optimizer: str | None = None, path: str = "loss", probe_steps: int = 10,
+                 optimizer: str | None = None, path: str = "logit", probe_steps: int = 10,
                  n_bins: int = 15, seed: int = 0):
         super().__init__()
         check_int("calibration_size", calibration_size)

@@ -2,7 +2,7 @@
 
 For every architecture of a zoo and every scenario: train on the old task for a fixed budget
 (Adam), compute ADS (:func:`avalanche_plugins.ads.architecture_driven_shift`, SGD direction,
-``path="loss"``, and from the same terms ``"budget"``; ``"probe"`` as a variant) from
+``path="logit"``, and from the same terms ``"loss"`` and ``"budget"``; ``"probe"`` as a variant) from
 ``--calibration`` old-task training inputs and ``--calibration`` labelled new-task samples, then
 train on the new task with plain SGD for the fixed budget the prediction assumed and measure the
 ground truth on the old task's *test* inputs: the realised logit shift ``mean ‖z_after − z_before‖``
@@ -28,12 +28,14 @@ a seeded pixel permutation of it, shared head), both from ``--data-root``, and `
 Reported per scenario (mean ± std over seeds; each seed's statistics are over all
 architectures): Spearman and Kendall between the predictor and the realised shift, direction
 consistency over one-edit pairs, Spearman with the old-task ECE after training (and with its
-increase). Predictors: ADS with the loss path, and family-calibrated on one measured member per
-family; ADS with the budget path and with the probe; the topology-only variant (per design family
+increase). Predictors: ADS with the logit path (the default), and family-calibrated on one
+measured member per family; ADS with the loss path, the budget path and the probe; the
+topology-only variant (per design family
 — same pattern, depth and activation, or same ViT depth/heads/ratio — the data terms of the member
 with the median base width score the other widths); and naive predictors: the parameter count, the
 measured logit change of one real SGD step (the first-step change without the width
-decomposition), and that first-order change times the loss path (``first_order_loss``). The cost
+decomposition), and that first-order change times the logit or loss path (``first_order_logit``,
+``first_order_loss``). The cost
 ratio is ADS seconds / ground-truth seconds (new-task training plus the shift measurement it
 replaces), in the same run.
 
@@ -72,8 +74,8 @@ SCENARIOS = ("split_mnist", "permuted_mnist", "split_digits")
 WIDTHS = (16, 32, 64, 128, 256, 512)
 PATTERNS = ("constant", "increasing", "decreasing", "bottleneck")
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
-PREDICTORS = ("ads_loss", "ads_loss_calibrated", "ads", "ads_probe", "ads_topology", "first_order_loss",
-              "first_step", "n_params")
+PREDICTORS = ("ads_logit", "ads_logit_calibrated", "ads_loss", "ads", "ads_probe", "ads_topology",
+              "first_order_logit", "first_order_loss", "first_step", "n_params")
 
 
 # --------------------------------------------------------------------------------------------
@@ -372,11 +374,13 @@ def run_job(job: Job) -> dict:
     steps = cfg.new_epochs * math.ceil(len(new_x) / cfg.batch_size)
     loss_fn = nn.CrossEntropyLoss()
     cpu_ads = time.process_time()
-    with Timer() as t_ads:  # the loss path; the budget path differs only in P = lr·steps
+    with Timer() as t_ads:  # the logit path; the loss and budget paths differ only in P (same terms)
         res = architecture_driven_shift(model, cal_old, cal_new_x, cal_new_y, loss_fn, lr=cfg.new_lr, steps=steps,
-                                        path="loss")
+                                        path="logit")
     cpu_ads = time.process_time() - cpu_ads
-    unit_shift = sum(n * d for n, d in zip(res.architecture_terms, res.data_terms))
+    unit_shift = res.unit_shift
+    budget = cfg.new_lr * steps
+    loss_path = min(budget, res.new_loss / res.descent_rate) if res.descent_rate > 0 else budget
     with Timer() as t_probe:
         probe = architecture_driven_shift(model, cal_old, cal_new_x, cal_new_y, loss_fn, lr=cfg.new_lr,
                                           steps=steps, path="probe", probe_steps=10)
@@ -398,9 +402,11 @@ def run_job(job: Job) -> dict:
         logits_after = model(test_x)
     finite = math.isfinite(shift)
     row.update(
-        ads=cfg.new_lr * steps * unit_shift, ads_loss=res.ads, first_order_loss=res.path_factor * res.first_order_shift,
+        ads_logit=res.ads, ads=budget * unit_shift, ads_loss=loss_path * unit_shift,
+        first_order_logit=res.path_factor * res.first_order_shift, first_order_loss=loss_path * res.first_order_shift,
         ads_probe=probe.ads, first_step=first_step, realised_shift=shift if finite else None,
-        diverged=not finite, decay=probe.decay, path_factor=cfg.new_lr * steps, loss_path_factor=res.path_factor,
+        diverged=not finite, decay=probe.decay, path_factor=budget, loss_path_factor=loss_path,
+        logit_path_factor=res.path_factor, new_logit_speed=res.new_first_order_shift, descent_rate=res.descent_rate,
         new_loss=res.new_loss, grad_norm=res.grad_norm, layer_names=res.layer_names,
         architecture_terms=res.architecture_terms, data_terms=res.data_terms, steps=steps,
         acc_old_before=_accuracy(logits_before, test_y), acc_old_after=_accuracy(logits_after, test_y) if finite else None,
@@ -426,7 +432,7 @@ def _init_worker(context: dict) -> None:
     # first torch.func calls of a process pay a one-off setup cost; keep it out of the timings
     net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
     x = torch.randn(4, 4)
-    for path in ("loss", "probe"):
+    for path in ("logit", "probe"):
         architecture_driven_shift(net, x, x, torch.tensor([0, 1, 0, 1]), nn.CrossEntropyLoss(), lr=0.1,
                                   steps=2, path=path, probe_steps=2)
 
@@ -456,21 +462,21 @@ def add_topology_only(rows: list[dict]) -> None:
 
 
 def add_family_calibrated(rows: list[dict]) -> None:
-    """``ads_loss_calibrated``: per (scenario, seed, family), the loss-path ADS rescaled by one
+    """``ads_logit_calibrated``: per (scenario, seed, family), the logit-path ADS rescaled by one
     measured reference, the family member with the median ADS: ``ADS · shift_ref / ADS_ref``.
     MLPs and ViTs move by different amounts per unit of ADS (LayerNorm bounds a ViT's logits), so
     a pooled ranking needs one ground truth per family. The reference gets None (it is not a
     prediction) and its ground-truth time counts in ``calibrated_time_ratio_total``."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        if r.get("realised_shift") is not None and r.get("ads_loss") is not None:
+        if r.get("realised_shift") is not None and r.get("ads_logit") is not None:
             groups.setdefault((r["scenario"], r["seed"], r["family"]), []).append(r)
     for members in groups.values():
-        members.sort(key=lambda r: r["ads_loss"])
+        members.sort(key=lambda r: r["ads_logit"])
         ref = members[len(members) // 2]
-        scale = ref["realised_shift"] / ref["ads_loss"] if ref["ads_loss"] > 0 else float("nan")
+        scale = ref["realised_shift"] / ref["ads_logit"] if ref["ads_logit"] > 0 else float("nan")
         for r in members:
-            r["ads_loss_calibrated"] = None if r is ref else r["ads_loss"] * scale
+            r["ads_logit_calibrated"] = None if r is ref else r["ads_logit"] * scale
             r["calibration_reference"] = r is ref
 
 
@@ -547,12 +553,12 @@ def analyse(rows: list[dict], archs: list[Arch], scenarios: list[str], seeds: li
                 entry[f"{family}_time_ratio_total"] = float(sum(r["ads_s"] for r in fam) / sum(r["truth_s"] for r in fam))
                 entry[f"{family}_acc_old_before"] = float(np.mean([r["acc_old_before"] for r in fam]))
                 entry[f"{family}_realised_shift_median"] = float(np.median([r["realised_shift"] for r in fam]))
-                if all(r.get("ads_loss") for r in fam):
-                    entry[f"{family}_shift_over_ads_loss_median"] = float(
-                        np.median([r["realised_shift"] / r["ads_loss"] for r in fam]))
+                if all(r.get("ads_logit") for r in fam):
+                    entry[f"{family}_shift_over_ads_logit_median"] = float(
+                        np.median([r["realised_shift"] / r["ads_logit"] for r in fam]))
         entry["ads_seconds_total"] = float(sum(r["ads_s"] for r in part))
         entry["truth_seconds_total"] = float(sum(r["truth_s"] for r in part))
-        entry["spearman_target_met"] = bool(entry["ads_loss_spearman_mean"] >= 0.8)
+        entry["spearman_target_met"] = bool(entry["ads_logit_spearman_mean"] >= 0.8)
         per_scenario[scenario] = entry
     return per_scenario
 
@@ -566,7 +572,7 @@ def plot(rows: list[dict], scenarios: list[str], path: Path) -> None:
     axes = fig.subplots(2, len(present), squeeze=False)
     for col, scenario in enumerate(present):
         part = [r for r in rows if r["scenario"] == scenario and r.get("realised_shift") is not None]
-        for row, (key, label) in enumerate((("ads_loss", "ADS (loss path)"), ("ads", "ADS (budget path)"))):
+        for row, (key, label) in enumerate((("ads_logit", "ADS (logit path)"), ("ads_loss", "ADS (loss path)"))):
             ax = axes[row][col]
             for family, marker in (("mlp", "o"), ("vit", "^")):
                 pts = [(r[key], r["realised_shift"]) for r in part if r["family"] == family and (r.get(key) or 0) > 0]
@@ -606,13 +612,13 @@ def format_results(per_scenario: dict) -> str:
                      f"{e['time_ratio_total']:.4f} | {e.get('calibrated_time_ratio_total', float('nan')):.4f} "
                      f"| {e['probe_time_ratio_total']:.4f} |")
     lines += ["", "| scenario | family | ADS / ground-truth time (total) | old-task accuracy before | median realised "
-              "shift | median shift / ADS (loss path) |", "|---|---|---|---|---|---|"]
+              "shift | median shift / ADS (logit path) |", "|---|---|---|---|---|---|"]
     for scenario, e in per_scenario.items():
         for family in ("mlp", "vit"):
             if f"{family}_time_ratio_total" in e:
                 lines.append(f"| {scenario} | {family} | {e[f'{family}_time_ratio_total']:.4f} | "
                              f"{e[f'{family}_acc_old_before']:.3f} | {e[f'{family}_realised_shift_median']:.1f} | "
-                             f"{e.get(f'{family}_shift_over_ads_loss_median', float('nan')):.3f} |")
+                             f"{e.get(f'{family}_shift_over_ads_logit_median', float('nan')):.3f} |")
     return "\n".join(lines)
 
 

@@ -165,6 +165,38 @@ def test_loss_path_is_the_first_order_distance_to_the_fitted_loss_capped_by_the_
     assert fitted.path_factor == 0.0 and fitted.ads == 0.0
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_logit_path_is_the_loss_to_go_over_the_first_order_new_logit_speed(optimizer):
+    """P = min(ηT, (L − L*) / mean_b ‖J(x_b) u‖) with J from a dense jacrev on the new inputs."""
+    net, old, new, y = mlp_problem(seed=4)
+    params = {n: p.detach() for n, p in net.named_parameters()}
+    loss = nn.CrossEntropyLoss()(net(new), y)
+    grads = dict(zip(params, torch.autograd.grad(loss, list(net.parameters()))))
+    eps = 1e-8
+    u = {n: -g if optimizer == "sgd" else -g / (g.abs() + eps) for n, g in grads.items()}
+    jac = torch.func.jacrev(lambda p: torch.func.functional_call(net, p, (new,)))(params)  # (m, C, *param)
+    speed = torch.stack([sum((jac[n][b].reshape(jac[n].shape[1], -1) @ u[n].reshape(-1)) for n in params)
+                         for b in range(new.shape[0])]).norm(dim=1).mean()
+    lr = 1e-3
+    long = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=10**6, path="logit",
+                                     optimizer=optimizer, eps=eps)
+    assert long.new_first_order_shift == pytest.approx(float(speed), rel=1e-5)
+    assert long.path_factor == pytest.approx(float(loss) / float(speed), rel=1e-5)
+    budget = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=10**6,
+                                       optimizer=optimizer, eps=eps)
+    assert budget.new_first_order_shift is None
+    assert long.ads == pytest.approx(budget.ads * long.path_factor / budget.path_factor, rel=1e-9)
+    short = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=1, path="logit",
+                                      optimizer=optimizer, eps=eps)
+    assert short.path_factor == pytest.approx(lr)
+    half = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=10**6, path="logit",
+                                     target_loss=float(loss) / 2, optimizer=optimizer, eps=eps)
+    assert half.path_factor == pytest.approx(long.path_factor / 2, rel=1e-5)
+    fitted = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=10, path="logit",
+                                       target_loss=float(loss) + 1)
+    assert fitted.path_factor == 0.0 and fitted.ads == 0.0
+
+
 def test_transformer_groups_cover_every_parameter_and_topology_only_variant():
     torch.manual_seed(0)
     vit = TinyViT(image_size=8, patch=4, n_classes=4, dim=16, depth=1, heads=2)

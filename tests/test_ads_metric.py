@@ -83,11 +83,12 @@ def test_predicted_and_realised_side_by_side_and_direct_recomputation():
     assert record["realised_shift"] > 0 and record["ads"] > 0
 
 
-def test_multihead_adam_probe_and_run_unchanged():
-    """Task-incremental (multi-head) with Adam and the probe path; the run ends with the same
-    weights, optimizer state and RNG as a run without the metric."""
+@pytest.mark.parametrize("path_kwargs", [{"path": "probe", "probe_steps": 3}, {}], ids=["probe", "default"])
+def test_multihead_adam_probe_and_run_unchanged(path_kwargs):
+    """Task-incremental (multi-head) with Adam and the probe or the default (logit) path; the run
+    ends with the same weights, optimizer state and RNG as a run without the metric."""
     plain, stream = strategy_for(multihead=True, adam=True)
-    metric = ArchitectureDrivenShiftMetric(calibration_size=48, path="probe", probe_steps=3)
+    metric = ArchitectureDrivenShiftMetric(calibration_size=48, **path_kwargs)
     measured, _ = strategy_for(metrics=[metric], multihead=True, adam=True)
     rng_after = []
     for strategy in (plain, measured):
