@@ -110,7 +110,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch import nn
-from torch.func import grad, jvp
+from torch.func import grad, grad_and_value, jvp, vmap
 
 from avalanche_plugins._checks import check_choice, check_inputs, check_int, check_positive
 from avalanche_plugins.functional import (
@@ -321,9 +321,8 @@ def _first_step(model: nn.Module, loss_fn, new_inputs: torch.Tensor, new_targets
     with eval_mode(model):
         _check_targets(model, params, consts, new_inputs, new_targets, groups)
         loss_of = _loss_function(model, loss_fn, consts, new_inputs, new_targets, groups)
-        grads = grad(loss_of)(params)
-        with torch.no_grad():
-            loss = float(loss_of(params))
+        grads, loss = grad_and_value(loss_of)(params)
+        loss = float(loss)
     if not math.isfinite(loss):
         raise ValueError(f"the new-task loss is {loss} at the checkpoint; the model or data produce "
                          "non-finite values")
@@ -343,36 +342,62 @@ def layer_logit_changes(model: nn.Module, old_inputs: torch.Tensor, direction: M
     """``J_ℓ(x_a) u_ℓ`` for every group ``ℓ`` and old input ``x_a``: one ``torch.func.jvp`` per group
     (tangent ``u_ℓ`` on the group's parameters, zero elsewhere), chunked over the inputs.
 
+    The groups' tangents are stacked and pushed through one ``torch.func.vmap``-ed JVP, so the
+    groups share the primal forward pass and the per-call overhead (small models and small
+    calibration sets are overhead-bound). At most ``max(1, chunk_size // inputs)`` groups go into
+    one call, which keeps the tangent activations within what ``chunk_size`` inputs of a single JVP
+    would hold.
+
     Returns ``{group name: (N, *output_shape) tensor}``; their sum over groups is ``J(x_a) u``.
     """
     check_inputs(old_inputs, name="old_inputs")
     params, consts = split_params(model)
     tasks = task_groups(model, old_inputs.shape[0], task_labels)
-    out: dict[str, torch.Tensor] = {}
+    groups = list(groups)
+    pieces: dict[str, list] = {g.name: [] for g in groups}
     with eval_mode(model), _forward_ad_attention():
-        for group in groups:
-            primal = {n: params[n] for n in group.params}
-            tangent = {n: direction[n].to(params[n].dtype) for n in group.params}
-            rest = {n: p for n, p in params.items() if n not in primal}
-            pieces = []
-            for label, idx in tasks:
-                xs = old_inputs if idx is None else old_inputs[idx]
-                chunks = []
-                for s in iterate_batches(xs.shape[0], chunk_size):
-                    def f(p, xc=xs[s], label=label, rest=rest):
-                        return stateless_forward(model, {**rest, **consts, **p}, xc, label)
-
-                    chunks.append(jvp(f, (primal,), (tangent,))[1].detach())
-                pieces.append((idx, torch.cat(chunks)))
-            if len(pieces) == 1:
-                out[group.name] = pieces[0][1]
+        for label, idx in tasks:
+            xs = old_inputs if idx is None else old_inputs[idx]
+            for s in iterate_batches(xs.shape[0], chunk_size):
+                xc = xs[s]
+                per_call = len(groups) if chunk_size is None else max(1, chunk_size // xc.shape[0])
+                for first in range(0, len(groups), per_call):
+                    batch = groups[first:first + per_call]
+                    for group, values in zip(batch, _stacked_jvp(model, params, consts, direction, batch, xc, label)):
+                        pieces[group.name].append((idx, s, values))
+    out = {}
+    for name, parts in pieces.items():
+        if len(parts) == 1:
+            out[name] = parts[0][2]
+            continue
+        full = torch.empty((old_inputs.shape[0], *parts[0][2].shape[1:]), dtype=parts[0][2].dtype,
+                           device=old_inputs.device)
+        for idx, s, values in parts:
+            if idx is None:
+                full[s] = values
             else:
-                full = torch.empty((old_inputs.shape[0], *pieces[0][1].shape[1:]),
-                                   dtype=pieces[0][1].dtype, device=old_inputs.device)
-                for idx, values in pieces:
-                    full[idx] = values
-                out[group.name] = full
+                full[idx[s]] = values
+        out[name] = full
     return out
+
+
+def _stacked_jvp(model, params, consts, direction, groups, inputs, label) -> list[torch.Tensor]:
+    """``J_g(inputs) u_g`` for each group ``g`` of ``groups`` (disjoint), from one ``vmap``-ed JVP."""
+    names = [n for g in groups for n in g.params]
+    primal = {n: params[n] for n in names}
+    rest = {n: p for n, p in params.items() if n not in primal}
+
+    def f(p):
+        return stateless_forward(model, {**rest, **consts, **p}, inputs, label)
+
+    if len(groups) == 1:
+        return [jvp(f, (primal,), ({n: direction[n].to(params[n].dtype) for n in names},))[1].detach()]
+    tangents = {n: torch.zeros((len(groups), *params[n].shape), dtype=params[n].dtype, device=params[n].device)
+                for n in names}
+    for i, group in enumerate(groups):
+        for n in group.params:
+            tangents[n][i] = direction[n].to(params[n].dtype)
+    return list(vmap(lambda t: jvp(f, (primal,), (t,))[1])(tangents).detach().unbind(0))
 
 
 def mean_row_norm(delta: torch.Tensor) -> float:

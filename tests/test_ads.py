@@ -10,6 +10,7 @@ from torch.func import functional_call, jvp
 
 from avalanche_plugins.ads import (
     UNASSIGNED,
+    _forward_ad_attention,
     architecture_driven_shift,
     direction_consistency,
     expected_calibration_error,
@@ -195,6 +196,25 @@ def test_logit_path_is_the_loss_to_go_over_the_first_order_new_logit_speed(optim
     fitted = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=10, path="logit",
                                        target_loss=float(loss) + 1)
     assert fitted.path_factor == 0.0 and fitted.ads == 0.0
+
+
+def test_stacked_group_jvps_equal_one_plain_jvp_per_group():
+    """All groups in one vmapped call (chunk_size=None), 3 per call (chunk_size=40: 40 // 12 inputs)
+    and 1–2 per call (chunk_size=5: input chunks of 5, 5, 2) all equal a plain jvp per group."""
+    torch.manual_seed(0)
+    net = TinyViT(image_size=8, patch=4, n_classes=4, dim=16, depth=2, heads=2).double()
+    x, y = torch.randn(12, 1, 8, 8, dtype=torch.float64), torch.randint(0, 4, (12,))
+    groups = layer_groups(net, discover_layers(net, x[:2]))
+    direction, _, _ = update_direction(net, nn.CrossEntropyLoss(), x, y)
+    params = {n: p.detach() for n, p in net.named_parameters()}
+    variants = [layer_logit_changes(net, x, direction, groups, chunk_size=c) for c in (None, 40, 5)]
+    assert len(groups) > 3
+    for g in groups:
+        tangent = {n: direction[n] if n in g.params else torch.zeros_like(p) for n, p in params.items()}
+        with _forward_ad_attention():
+            _, plain = jvp(lambda p: functional_call(net, p, (x,)), (params,), (tangent,))
+        for changes in variants:
+            torch.testing.assert_close(changes[g.name], plain, rtol=1e-10, atol=1e-12)
 
 
 def test_transformer_groups_cover_every_parameter_and_topology_only_variant():
