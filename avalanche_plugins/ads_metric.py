@@ -71,9 +71,9 @@ class ArchitectureDrivenShiftMetric(PluginMetric[float]):
         first-order new-task loss reaches 0), ``"budget"`` (``P = lr·steps``) or ``"probe"``
         (fitted decay over ``probe_steps`` steps). The logit path is the one that ranks all three
         scenarios of ``benchmarks.ads_zoo`` above 0.8 (Spearman; the loss path fails on split
-        MNIST), and its values are on the scale of the realised shift, where
-        the budget path's linear extrapolation over a whole experience overshoots by orders of
-        magnitude (docs/ads.md).
+        MNIST), and its values are on the scale of the realised shift, where the budget path's
+        linear extrapolation over a whole experience overshoots by orders of magnitude
+        (docs/ads.md).
     :param n_bins: ECE bins. :param seed: base seed; experience ``e`` uses ``seed + e``.
 
     Raises ``ValueError`` naming the argument for bad arguments.

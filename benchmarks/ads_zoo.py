@@ -30,14 +30,13 @@ architectures): Spearman and Kendall between the predictor and the realised shif
 consistency over one-edit pairs, Spearman with the old-task ECE after training (and with its
 increase). Predictors: ADS with the logit path (the default), and family-calibrated on one
 measured member per family; ADS with the loss path, the budget path and the probe; the
-topology-only variant (per design family
-— same pattern, depth and activation, or same ViT depth/heads/ratio — the data terms of the member
-with the median base width score the other widths); and naive predictors: the parameter count, the
-measured logit change of one real SGD step (the first-step change without the width
-decomposition), and that first-order change times the logit or loss path (``first_order_logit``,
-``first_order_loss``). The cost
-ratio is ADS seconds / ground-truth seconds (new-task training plus the shift measurement it
-replaces), in the same run.
+topology-only variant (per design family — same pattern, depth and activation, or same ViT
+depth/heads/ratio — the data terms of the member with the median base width score the other
+widths); and naive predictors: the parameter count, the measured logit change of one real SGD
+step (the first-step change without the width decomposition), and that first-order change times
+the logit or loss path (``first_order_logit``, ``first_order_loss``). The cost ratio is ADS
+seconds / ground-truth seconds (new-task training plus the shift measurement it replaces), in the
+same run.
 
 Jobs run through the shared executor interface (:mod:`benchmarks.executor`: ``--workers N``
 spawn-started processes of one thread each; a distributed backend only has to yield
