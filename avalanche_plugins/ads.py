@@ -132,6 +132,7 @@ __all__ = [
     "ADSResult",
     "architecture_driven_shift",
     "update_direction",
+    "distance_path",
     "layer_logit_changes",
     "layer_groups",
     "topology_only_shift",
@@ -433,6 +434,18 @@ def _probe(model, loss_fn, new_inputs, new_targets, groups, *, lr, optimizer, pr
     return norms
 
 
+def distance_path(to_go: float, speed: float, budget: float) -> float:
+    """Path factor of the loss and logit paths: ``min(budget, max(to_go, 0) / speed)``, the step
+    length at which a quantity falling at ``speed`` per unit step has covered ``to_go``
+    (``budget`` when it does not fall).
+
+    Example:
+        >>> distance_path(6.0, 2.0, 10.0), distance_path(6.0, 0.1, 10.0), distance_path(-1.0, 2.0, 10.0)
+        (3.0, 10.0, 0.0)
+    """
+    return min(budget, max(to_go, 0.0) / speed) if speed > 0 else budget
+
+
 def _fit_decay(norms: Sequence[float]) -> float:
     """Per-step decay ``ρ = exp(slope)`` of a least-squares line through ``log‖step_t‖``, in ``(0, 1]``."""
     values = np.asarray(norms, dtype=np.float64)
@@ -536,14 +549,12 @@ def architecture_driven_shift(model: nn.Module, old_inputs: torch.Tensor, new_in
     if path == "budget":
         path_factor = lr * steps
     elif path == "loss":
-        to_go = max(loss - target_loss, 0.0)
-        path_factor = min(lr * steps, to_go / rate) if rate > 0 else lr * steps
+        path_factor = distance_path(loss - target_loss, rate, lr * steps)
     elif path == "logit":
         everything = LayerGroup("all", 1, tuple(direction))
         new_shift = mean_row_norm(layer_logit_changes(model, new_inputs, direction, [everything],
                                                       task_labels=new_task_labels, chunk_size=chunk_size)["all"])
-        to_go = max(loss - target_loss, 0.0)
-        path_factor = min(lr * steps, to_go / new_shift) if new_shift > 0 else lr * steps
+        path_factor = distance_path(loss - target_loss, new_shift, lr * steps)
     else:
         tasks = task_groups(model, new_inputs.shape[0], new_task_labels)
         norms = _probe(model, loss_fn, new_inputs, new_targets, tasks, lr=lr, optimizer=optimizer,

@@ -139,62 +139,40 @@ def test_probe_path_fits_the_exact_geometric_decay():
     assert res.ads == pytest.approx(budget.ads * res.path_factor / budget.path_factor, rel=1e-9)
 
 
+@pytest.mark.parametrize("path", ["loss", "logit"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_loss_path_is_the_first_order_distance_to_the_fitted_loss_capped_by_the_budget(optimizer):
-    """P = min(ηT, (L − L*) / (−⟨∇L, u⟩)) with L and ∇L from plain autograd on the model."""
-    net, old, new, y = mlp_problem(seed=3)
-    net.zero_grad()
-    loss = nn.CrossEntropyLoss()(net(new), y)
-    grads = torch.autograd.grad(loss, list(net.parameters()))
-    eps = 1e-8
-    rate = sum(float((g * g).sum() if optimizer == "sgd" else (g * g / (g.abs() + eps)).sum()) for g in grads)
-    lr = 1e-3
-    long = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=10**6, path="loss",
-                                     optimizer=optimizer, eps=eps)
-    assert long.path_factor == pytest.approx(float(loss) / rate, rel=1e-5)
-    budget = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=10**6,
-                                       optimizer=optimizer, eps=eps)
-    assert long.ads == pytest.approx(budget.ads * long.path_factor / budget.path_factor, rel=1e-9)
-    short = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=1, path="loss",
-                                      optimizer=optimizer, eps=eps)
-    assert short.path_factor == pytest.approx(lr)  # the budget ends before the loss is fitted
-    half = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=10**6, path="loss",
-                                     target_loss=float(loss) / 2, optimizer=optimizer, eps=eps)
-    assert half.path_factor == pytest.approx(long.path_factor / 2, rel=1e-5)
-    fitted = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=10, path="loss",
-                                       target_loss=float(loss) + 1)
-    assert fitted.path_factor == 0.0 and fitted.ads == 0.0
-
-
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_logit_path_is_the_loss_to_go_over_the_first_order_new_logit_speed(optimizer):
-    """P = min(ηT, (L − L*) / mean_b ‖J(x_b) u‖) with J from a dense jacrev on the new inputs."""
-    net, old, new, y = mlp_problem(seed=4)
+def test_loss_and_logit_paths_are_the_loss_to_go_over_a_first_order_speed_capped_by_the_budget(path, optimizer):
+    """P = min(ηT, (L − L*) / speed): speed = −⟨∇L, u⟩ (loss path) from plain autograd, or
+    mean_b ‖J(x_b) u‖ (logit path) from a dense jacrev on the new inputs."""
+    net, old, new, y = mlp_problem(seed=3 if path == "loss" else 4)
     params = {n: p.detach() for n, p in net.named_parameters()}
     loss = nn.CrossEntropyLoss()(net(new), y)
     grads = dict(zip(params, torch.autograd.grad(loss, list(net.parameters()))))
     eps = 1e-8
     u = {n: -g if optimizer == "sgd" else -g / (g.abs() + eps) for n, g in grads.items()}
-    jac = torch.func.jacrev(lambda p: torch.func.functional_call(net, p, (new,)))(params)  # (m, C, *param)
-    speed = torch.stack([sum((jac[n][b].reshape(jac[n].shape[1], -1) @ u[n].reshape(-1)) for n in params)
-                         for b in range(new.shape[0])]).norm(dim=1).mean()
+    if path == "loss":
+        speed = sum(float((-grads[n] * u[n]).sum()) for n in params)
+    else:
+        jac = torch.func.jacrev(lambda p: functional_call(net, p, (new,)))(params)  # (m, C, *param)
+        speed = float(torch.stack([sum(jac[n][b].reshape(jac[n].shape[1], -1) @ u[n].reshape(-1) for n in params)
+                                   for b in range(new.shape[0])]).norm(dim=1).mean())
     lr = 1e-3
-    long = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=10**6, path="logit",
-                                     optimizer=optimizer, eps=eps)
-    assert long.new_first_order_shift == pytest.approx(float(speed), rel=1e-5)
-    assert long.path_factor == pytest.approx(float(loss) / float(speed), rel=1e-5)
-    budget = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=10**6,
-                                       optimizer=optimizer, eps=eps)
+
+    def run(steps, **kwargs):
+        return architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=steps,
+                                         optimizer=optimizer, eps=eps, **kwargs)
+
+    long = run(10**6, path=path)
+    assert long.path_factor == pytest.approx(float(loss) / speed, rel=1e-5)
+    measured = long.descent_rate if path == "loss" else long.new_first_order_shift
+    assert measured == pytest.approx(speed, rel=1e-5)
+    budget = run(10**6)
     assert budget.new_first_order_shift is None
     assert long.ads == pytest.approx(budget.ads * long.path_factor / budget.path_factor, rel=1e-9)
-    short = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=1, path="logit",
-                                      optimizer=optimizer, eps=eps)
-    assert short.path_factor == pytest.approx(lr)
-    half = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=10**6, path="logit",
-                                     target_loss=float(loss) / 2, optimizer=optimizer, eps=eps)
+    assert run(1, path=path).path_factor == pytest.approx(lr)  # the budget ends before the loss is fitted
+    half = run(10**6, path=path, target_loss=float(loss) / 2)
     assert half.path_factor == pytest.approx(long.path_factor / 2, rel=1e-5)
-    fitted = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=10, path="logit",
-                                       target_loss=float(loss) + 1)
+    fitted = run(10, path=path, target_loss=float(loss) + 1)
     assert fitted.path_factor == 0.0 and fitted.ads == 0.0
 
 

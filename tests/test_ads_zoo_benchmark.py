@@ -26,6 +26,7 @@ def test_quick_run_writes_ranking_statistics_and_time_ratio(tmp_path):
     assert 0 < entry["time_ratio_total"] < entry["calibrated_time_ratio_total"] < 1
     vits = [r for r in rows if r["family"] == "vit"]
     assert math.isclose(entry["vit_time_ratio_total"], sum(r["ads_s"] for r in vits) / sum(r["truth_s"] for r in vits))
+    assert entry["vit_time_ratio_min"] == min(r["ads_s"] / r["truth_s"] for r in vits)
     # family calibration: one measured reference per family rescales that family's logit-path ADS
     ads_zoo.analyse(rows, ads_zoo.quick_zoo(), ["split_digits"], [0])  # adds the post-hoc predictors to rows
     for family in ("mlp", "vit"):
