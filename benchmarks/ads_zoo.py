@@ -1,7 +1,7 @@
 """Does Architecture-Driven Shift (ADS) rank architectures by how far their old-task logits move?
 
 For every architecture of a zoo and every scenario: train on the old task for a fixed budget
-(Adam), compute ADS (:func:`avalanche_plugins.ads.architecture_driven_shift`, SGD direction,
+(Adam), compute ADS (:func:`avalanche_plugins.ads.shift.architecture_driven_shift`, SGD direction,
 ``path="logit"``, and from the same terms ``"loss"`` and ``"budget"``; ``"probe"`` as a variant) from
 ``--calibration`` old-task training inputs and ``--calibration`` labelled new-task samples, then
 train on the new task with plain SGD for the fixed budget the prediction assumed and measure the
@@ -58,7 +58,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from avalanche_plugins.ads import (
+from avalanche_plugins.ads.shift import (
     architecture_driven_shift,
     direction_consistency,
     distance_path,

@@ -5,7 +5,7 @@ Average accuracy and forgetting per strategy on Split digits (scikit-learn, offl
 next to these. Run ``python -m benchmarks.baselines --help``.
 
 SI note: Avalanche 0.6's ``SynapticIntelligencePlugin`` is a no-op on CPU (it snapshots weights
-as views); this benchmark applies :func:`avalanche_plugins.compat.fix_synaptic_intelligence_on_cpu`
+as views); this benchmark applies :func:`avalanche_plugins._avalanche.compat.fix_synaptic_intelligence_on_cpu`
 before building it, so "SI" here is the algorithm, not Naive under another name.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from avalanche_plugins.compat import fix_synaptic_intelligence_on_cpu
+from avalanche_plugins._avalanche.compat import fix_synaptic_intelligence_on_cpu
 from benchmarks.continual import (
     accuracy_evaluator,
     average_accuracy,

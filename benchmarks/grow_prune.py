@@ -43,13 +43,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from avalanche_plugins.structural_metrics import (
+from avalanche_plugins.structural.metrics import (
     CycleAccuracyMetric,
     NewbornGradientMetric,
     quiet_evaluator,
     stream_accuracy,
 )
-from avalanche_plugins.structural_plasticity import (
+from avalanche_plugins.structural.plugins import (
     FixedMaskPlugin,
     GrowPlugin,
     PrunePlugin,

@@ -193,7 +193,7 @@ def spectrum_cost_ratio(data_root) -> dict:
     """Whole per-layer spectrum (plugin defaults) vs one training epoch on the same experience."""
     from avalanche.training.supervised import Naive
 
-    from avalanche_plugins.layer_adaptive_ewc import measure_profile
+    from avalanche_plugins.layer_adaptive.ewc_plugin import measure_profile
     from benchmarks.continual import accuracy_evaluator
     from benchmarks.data import make_stream
     from benchmarks.models import build_model

@@ -24,7 +24,7 @@ from itertools import combinations
 
 import numpy as np
 
-from avalanche_plugins.plasticity import pairwise_ranking_accuracy
+from avalanche_plugins.core.stats import pairwise_ranking_accuracy
 
 METRICS = ("or", "or_per_sample", "strength", "reliability", "effective_rank", "energy_rank",
            "entk_energy_rank", "hessian_energy_rank", "active_units")

@@ -2,7 +2,7 @@
 
 What it measures. Learners are trained online (batch 1, one pass per task) on a continual stream;
 every ``checkpoint_every`` tasks the state (``state_dict`` + optimizer state) is saved and scored
-against the *next* task: OR (``avalanche_plugins.plasticity.optimization_readiness``, both the
+against the *next* task: OR (``avalanche_plugins.readiness.optimization_readiness``, both the
 paper's ``"sampled"`` estimator — 128 minibatches of size 4 — and the exact ``"per_sample"`` one),
 its factors S and R, and the label-agnostic baselines (effective rank and 99 % energy rank of the
 last hidden layer's features, eNTK energy rank, Hessian energy rank, active-unit fraction). The
@@ -83,7 +83,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from avalanche_plugins.plasticity import (
+from avalanche_plugins.core.stats import pairwise_ranking_accuracy
+from avalanche_plugins.readiness import (
     active_unit_fraction,
     effective_rank,
     energy_rank,
@@ -92,7 +93,6 @@ from avalanche_plugins.plasticity import (
     hidden_features,
     k_step_gain,
     optimization_readiness,
-    pairwise_ranking_accuracy,
 )
 from benchmarks.harness import Timer, benchmark_parser, seed_everything, summarize, write_results
 from benchmarks.models import MLP
@@ -371,7 +371,7 @@ def continuing_adam_gain(model: nn.Module, loss_fn, optimizer_state: dict, train
                          seed: int = 0, chunk_size: int = 1024) -> dict:
     """``G^(k)`` for Adam *continuing* from a checkpoint's optimizer state (moments and step count).
 
-    Same protocol as :func:`avalanche_plugins.plasticity.k_step_gain` (``n_runs`` vectorised runs,
+    Same protocol as :func:`avalanche_plugins.readiness.k_step_gain` (``n_runs`` vectorised runs,
     the same seeded minibatch draw, so with the same ``seed`` the runs use exactly the minibatches
     of ``k_step_gain``'s), but every run starts from ``optimizer_state`` (a ``torch.optim.Adam``
     ``state_dict``, parameters in ``model.parameters()`` order) instead of zero moments: step

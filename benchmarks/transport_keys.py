@@ -6,9 +6,9 @@ late layers and head through a key fitted on class-balanced task-A anchors:
 
 * ``identity`` (no key), ``channel`` and ``cross_channel`` closed-form keys;
 * ``cross_channel+refine``: the closed form refined label-free for a few Adam steps to match
-  θ_A's own logits on the anchors (``avalanche_plugins.transport.refine_key``);
+  θ_A's own logits on the anchors (``avalanche_plugins.transport.keys.refine_key``);
 * ``cross_channel+gauss_newton``: the same label-free objective, two Levenberg–Marquardt steps
-  from the closed form (``avalanche_plugins.transport.gauss_newton_key``);
+  from the closed form (``avalanche_plugins.transport.keys.gauss_newton_key``);
 * ``trained_stitch``: the model-stitching baseline, a linear / 1×1-conv layer (identity start)
   trained by Adam with cross-entropy on the anchors' labels through the frozen late layers;
 * ``trained_stitch_short``: the same with ``short_stitch_steps`` (2) steps, i.e. the trained
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from avalanche_plugins.transport import (
+from avalanche_plugins.transport.keys import (
     TransportKey,
     channel_permutation,
     class_balanced_anchors,

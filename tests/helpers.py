@@ -4,7 +4,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from avalanche_plugins.layers import discover_layers
+from avalanche_plugins.core.layers import discover_layers
 
 
 def dense_block_eigenvalues(model, loss_fn, x, y):

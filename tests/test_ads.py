@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, jvp
 
-from avalanche_plugins.ads import (
+from avalanche_plugins.ads.shift import (
     UNASSIGNED,
     _forward_ad_attention,
     architecture_driven_shift,
@@ -20,7 +20,7 @@ from avalanche_plugins.ads import (
     topology_only_shift,
     update_direction,
 )
-from avalanche_plugins.layers import discover_layers
+from avalanche_plugins.core.layers import discover_layers
 from benchmarks.models import TinyViT
 from tests.helpers import small_mlp
 

@@ -14,8 +14,12 @@ from avalanche.training.plugins import EvaluationPlugin
 from avalanche.training.supervised import Naive
 from torch import nn
 
-from avalanche_plugins.ads import architecture_driven_shift, expected_calibration_error, logit_shift
-from avalanche_plugins.ads_metric import ArchitectureDrivenShiftMetric
+from avalanche_plugins.ads.metric import ArchitectureDrivenShiftMetric
+from avalanche_plugins.ads.shift import (
+    architecture_driven_shift,
+    expected_calibration_error,
+    logit_shift,
+)
 from benchmarks.data import make_stream
 from benchmarks.models import build_model
 

@@ -8,7 +8,7 @@ from avalanche.core import SupervisedPlugin
 from avalanche.training.plugins import SynapticIntelligencePlugin
 from avalanche.training.supervised import Naive
 
-from avalanche_plugins.compat import fix_synaptic_intelligence_on_cpu
+from avalanche_plugins._avalanche.compat import fix_synaptic_intelligence_on_cpu
 from benchmarks import baselines
 from benchmarks.continual import accuracy_evaluator, average_forgetting
 from benchmarks.data import make_stream

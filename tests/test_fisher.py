@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from avalanche_plugins.fisher import (
+from avalanche_plugins.layer_adaptive.fisher import (
     batched_fisher,
     empirical_fisher,
     expected_fisher,

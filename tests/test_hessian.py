@@ -5,7 +5,11 @@ import pytest
 import torch
 from torch import nn
 
-from avalanche_plugins.hessian import condition_number, geometric_fit, layer_top_eigenvalues
+from avalanche_plugins.layer_adaptive.hessian import (
+    condition_number,
+    geometric_fit,
+    layer_top_eigenvalues,
+)
 from tests.helpers import dense_block_eigenvalues, small_bn_cnn, small_mlp
 
 CE = nn.CrossEntropyLoss()

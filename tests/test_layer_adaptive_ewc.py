@@ -12,8 +12,8 @@ from avalanche.training.supervised import Naive
 from torch import nn
 
 from avalanche_plugins import LayerAdaptiveEWCPlugin
-from avalanche_plugins.fisher import batched_fisher
-from avalanche_plugins.schedules import layer_weights
+from avalanche_plugins.layer_adaptive.fisher import batched_fisher
+from avalanche_plugins.layer_adaptive.schedules import layer_weights
 from benchmarks.continual import accuracy_evaluator
 from benchmarks.data import make_stream
 from benchmarks.models import build_model
@@ -142,7 +142,7 @@ def test_bad_arguments(kwargs):
 def test_checkpoint_resume_matches_uninterrupted(tmp_path):
     from avalanche.training.determinism.rng_manager import RNGManager
 
-    from avalanche_plugins.compat import fix_checkpoint_pickling
+    from avalanche_plugins._avalanche.compat import fix_checkpoint_pickling
 
     fix_checkpoint_pickling()  # torch 2.14 + dill cannot pickle any optimizer otherwise
 

@@ -12,7 +12,7 @@ from avalanche.training.supervised import Naive
 from torch import nn
 
 from avalanche_plugins import LayerAdaptiveEWCPlugin, LayerAdaptiveLRPlugin, LayerSensitivityMetric
-from avalanche_plugins.hessian import geometric_fit
+from avalanche_plugins.layer_adaptive.hessian import geometric_fit
 from benchmarks.data import make_stream
 from benchmarks.models import build_model
 

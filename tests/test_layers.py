@@ -6,7 +6,8 @@ import torchvision
 from avalanche.models import IncrementalClassifier, MTSimpleMLP, SimpleMLP
 from torch import nn
 
-from avalanche_plugins.layers import discover_layers, split_model, split_points
+from avalanche_plugins.core.layers import discover_layers
+from avalanche_plugins.core.split import split_model, split_points
 from benchmarks.models import build_model
 
 X28 = torch.randn(3, 1, 28, 28)

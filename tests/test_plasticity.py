@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from avalanche_plugins.plasticity import (
+from avalanche_plugins.core.stats import kendall_tau, pairwise_ranking_accuracy, spearman
+from avalanche_plugins.readiness import (
     active_unit_fraction,
     effective_rank,
     energy_rank,
@@ -19,11 +20,8 @@ from avalanche_plugins.plasticity import (
     hessian_energy_rank,
     hidden_features,
     k_step_gain,
-    kendall_tau,
     optimization_readiness,
-    pairwise_ranking_accuracy,
     representation_ranks,
-    spearman,
 )
 
 MSE = nn.MSELoss()

@@ -136,7 +136,7 @@ def _adam_state(model, x, y, steps):
 
 
 def test_continuing_adam_gain_zero_state_equals_fresh_adam_and_matches_torch():
-    from avalanche_plugins.plasticity import k_step_gain
+    from avalanche_plugins.readiness import k_step_gain
 
     torch.manual_seed(0)
     model = MLP((6,), hidden=(5,), n_classes=1)

@@ -12,8 +12,8 @@ from avalanche.training.plugins import EvaluationPlugin
 from avalanche.training.supervised import Naive
 from torch import nn
 
-from avalanche_plugins._avalanche import experience_tensors
-from avalanche_plugins.plasticity import (
+from avalanche_plugins._avalanche.data import experience_tensors
+from avalanche_plugins.readiness import (
     active_unit_fraction,
     entk_energy_rank,
     hessian_energy_rank,
@@ -21,7 +21,7 @@ from avalanche_plugins.plasticity import (
     optimization_readiness,
     representation_ranks,
 )
-from avalanche_plugins.readiness_metric import OptimizationReadinessMetric
+from avalanche_plugins.readiness.metric import OptimizationReadinessMetric
 from benchmarks.data import make_stream
 from benchmarks.models import build_model
 

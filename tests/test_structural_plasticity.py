@@ -9,12 +9,12 @@ from avalanche.training.plugins import EWCPlugin, ReplayPlugin
 from avalanche.training.supervised import Naive
 from torch import nn
 
-from avalanche_plugins.structural_metrics import (
+from avalanche_plugins.structural.metrics import (
     CycleAccuracyMetric,
     NewbornGradientMetric,
     quiet_evaluator,
 )
-from avalanche_plugins.structural_plasticity import (
+from avalanche_plugins.structural.plugins import (
     FixedMaskPlugin,
     GrowPlugin,
     PrunePlugin,
@@ -119,7 +119,7 @@ def test_grow_within_one_experience():
 def test_checkpoint_resume_matches_uninterrupted(tmp_path):
     from avalanche.training.determinism.rng_manager import RNGManager
 
-    from avalanche_plugins.compat import fix_checkpoint_pickling
+    from avalanche_plugins._avalanche.compat import fix_checkpoint_pickling
 
     fix_checkpoint_pickling()
 

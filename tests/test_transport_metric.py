@@ -10,14 +10,14 @@ from avalanche.training.plugins import EvaluationPlugin, EWCPlugin, ReplayPlugin
 from avalanche.training.supervised import Naive
 from torch import nn
 
-from avalanche_plugins.transport import (
+from avalanche_plugins.transport.keys import (
     fit_transport_key,
     gauss_newton_key,
     stage_activations,
     stitch,
     stitched_accuracy,
 )
-from avalanche_plugins.transport_metric import TransportKeyMetric
+from avalanche_plugins.transport.metric import TransportKeyMetric
 from benchmarks.data import make_stream
 from benchmarks.models import build_model
 

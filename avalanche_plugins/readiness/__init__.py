@@ -34,13 +34,13 @@ Conventions shared by every function here:
 * ``loss_fn(outputs, targets)`` must be mean-reduced over the samples of a batch, so that the loss
   of a batch is the mean of its per-sample losses (true for ``nn.MSELoss()`` and
   ``nn.CrossEntropyLoss()`` with default arguments). Per-sample quantities call it on a batch of
-  one (``x.unsqueeze(0)``), as :func:`avalanche_plugins.fisher.empirical_fisher` does.
+  one (``x.unsqueeze(0)``), as :func:`avalanche_plugins.layer_adaptive.fisher.empirical_fisher` does.
 * Avalanche multi-task models (``MultiTaskModule``) receive ``task_labels``; samples are grouped by
   task so that every forward pass uses a single ``int`` label (Avalanche's fast path, which is also
   the only one ``torch.func`` transforms can trace). Without labels every sample gets task 0.
 """
 
-from avalanche_plugins.plasticity.baselines import (
+from avalanche_plugins.readiness.baselines import (
     active_unit_fraction,
     effective_rank,
     energy_rank,
@@ -49,9 +49,8 @@ from avalanche_plugins.plasticity.baselines import (
     hidden_features,
     representation_ranks,
 )
-from avalanche_plugins.plasticity.gain import OPTIMIZERS, GainResult, k_step_gain
-from avalanche_plugins.plasticity.ranking import kendall_tau, pairwise_ranking_accuracy, spearman
-from avalanche_plugins.plasticity.readiness import (
+from avalanche_plugins.readiness.gain import OPTIMIZERS, GainResult, k_step_gain
+from avalanche_plugins.readiness.readiness import (
     ESTIMATORS,
     ReadinessResult,
     optimization_readiness,
@@ -71,7 +70,4 @@ __all__ = [
     "active_unit_fraction",
     "entk_energy_rank",
     "hessian_energy_rank",
-    "pairwise_ranking_accuracy",
-    "spearman",
-    "kendall_tau",
 ]

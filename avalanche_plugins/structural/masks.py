@@ -3,7 +3,7 @@
 Grow and Prune ("On the Stability of Growth in Structural Plasticity", arXiv 2605.15435) edit a
 network at the level of *units*: the neurons of a hidden ``Linear`` and the output channels of a
 hidden ``Conv2d``; the output head is never masked. :class:`UnitMasks` keeps one boolean mask per
-maskable hidden layer of the layer map (:func:`avalanche_plugins.layers.discover_layers`) and
+maskable hidden layer of the layer map (:func:`avalanche_plugins.core.layers.discover_layers`) and
 applies it without touching parameter shapes or the set of ``Parameter`` objects, so Avalanche's
 optimizer bookkeeping, EWC/SI/Replay and checkpoints keep working.
 
@@ -80,9 +80,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from avalanche_plugins._checks import check_choice, check_positive
-from avalanche_plugins.functional import eval_mode, model_forward, stateless_forward
-from avalanche_plugins.layers import LayerMap, discover_layers
+from avalanche_plugins.core.calls import eval_mode, model_forward, stateless_forward
+from avalanche_plugins.core.checks import check_choice, check_positive
+from avalanche_plugins.core.layers import LayerMap, discover_layers
 
 __all__ = [
     "SCORES",
@@ -254,7 +254,7 @@ class UnitMasks:
     ``before_update`` / ``after_update``).
 
     Args:
-        model: the network (any layout :func:`~avalanche_plugins.layers.discover_layers`
+        model: the network (any layout :func:`~avalanche_plugins.core.layers.discover_layers`
             handles; outgoing weights are found for sequential models).
         example_input: one example batch (tensor, or ``(x, task_labels)``), two samples suffice.
         activation: ``φ`` used by the activation score and the activation diagnostics

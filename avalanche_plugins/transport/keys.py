@@ -41,9 +41,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from avalanche_plugins._checks import check_choice, check_int, check_positive
-from avalanche_plugins.functional import eval_mode, is_multitask, model_forward
-from avalanche_plugins.layers import split_model
+from avalanche_plugins.core.calls import eval_mode, is_multitask, model_forward
+from avalanche_plugins.core.checks import check_choice, check_int, check_positive
+from avalanche_plugins.core.split import split_model
 
 __all__ = [
     "FAMILIES",
@@ -367,7 +367,7 @@ class StitchedModel(nn.Module):
     stage, a Transformer block). Multi-task (multi-head) models take ``task_labels`` and use the
     *late* model's head.
 
-    Cost: when the late model's forward is a chain (:func:`~avalanche_plugins.layers.split_model`
+    Cost: when the late model's forward is a chain (:func:`~avalanche_plugins.core.layers.split_model`
     can cut it at ``stage``), only its part after ``stage`` runs, so a stitched forward costs one
     forward pass. Otherwise (multi-task models, non-chain forwards) the late model runs whole
     with its ``stage`` output replaced by a hook, and its modules before ``stage`` run for

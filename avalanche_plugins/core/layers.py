@@ -4,7 +4,7 @@ Every component of this package needs "the layers of a model, in depth order": t
 layer-adaptive EWC assigns a strength per depth, the Hessian spectrum is per layer, ADS sums
 over layers, transport keys cut a model at a stage and grow/prune masks a layer's units.
 :func:`discover_layers` answers that question once, by tracing one example batch with
-forward hooks (registration order is not execution order), and :func:`split_model` cuts a
+forward hooks (registration order is not execution order), and :func:`~avalanche_plugins.core.split.split_model` cuts a
 model into "everything up to a layer" and "the rest".
 
 Rules (documented once, used everywhere):
@@ -33,15 +33,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from avalanche_plugins.functional import eval_mode, model_forward
+from avalanche_plugins.core.calls import eval_mode, first_tensor, model_forward
 
 __all__ = [
     "NORM_TYPES",
     "LayerInfo",
     "LayerMap",
     "discover_layers",
-    "split_model",
-    "split_points",
 ]
 
 NORM_TYPES: tuple[type[nn.Module], ...] = (
@@ -162,17 +160,6 @@ def _run(model: nn.Module, example_input) -> torch.Tensor:
     return model_forward(model, example_input)
 
 
-def _first_tensor(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj
-    if isinstance(obj, (tuple, list)):
-        for item in obj:
-            found = _first_tensor(item)
-            if found is not None:
-                return found
-    return None
-
-
 def _kind(module: nn.Module) -> str:
     if isinstance(module, nn.Linear):
         return "linear"
@@ -232,7 +219,7 @@ def discover_layers(model: nn.Module, example_input) -> LayerMap:
 
     def hook(module, inputs, output):
         call_count[module] = call_count.get(module, 0) + 1
-        calls.append((module, _first_tensor(inputs), _first_tensor(output)))
+        calls.append((module, first_tensor(inputs), first_tensor(output)))
 
     handles = [m.register_forward_hook(hook) for m in names if m is not model]
     try:
@@ -323,181 +310,3 @@ def discover_layers(model: nn.Module, example_input) -> LayerMap:
         )
     norms = {names[m]: m for m in executed if is_norm(m)}
     return LayerMap(layers=layers, unassigned=unassigned, norms=norms)
-
-
-# --------------------------------------------------------------------------------------------
-# Splitting a model into "up to a layer" and "the rest"
-# --------------------------------------------------------------------------------------------
-
-
-def _chain(model: nn.Module, x: torch.Tensor):
-    """Return ``[(name, child, input_shape)]`` if ``model``'s forward is exactly
-    ``child_k(... child_1(x))`` with at most reshaping between them, else ``None``."""
-    children = dict(model.named_children())
-    if not children:
-        return None
-    calls: list[tuple[str, torch.Tensor, torch.Tensor]] = []
-    handles = [
-        child.register_forward_hook(
-            lambda mod, inp, out, n=name: calls.append((n, _first_tensor(inp), _first_tensor(out)))
-        )
-        for name, child in children.items()
-    ]
-    try:
-        with torch.no_grad():
-            y = model(x)
-    finally:
-        for h in handles:
-            h.remove()
-    if not calls or len({n for n, _, _ in calls}) != len(calls) or not isinstance(y, torch.Tensor):
-        return None
-
-    def same(a, b):
-        return (
-            a is not None
-            and b is not None
-            and a.numel() == b.numel()
-            and torch.equal(a.reshape(b.shape), b)
-        )
-
-    prev = x
-    for _, inp, out in calls:
-        if not same(prev, inp):
-            return None
-        prev = out
-    if not same(prev, y):
-        return None
-    return [(n, children[n], tuple(inp.shape[1:])) for n, inp, _ in calls]
-
-
-class Reshape(nn.Module):
-    """Reshape every sample to ``shape`` (the batch dimension is kept)."""
-
-    def __init__(self, shape: tuple[int, ...]):
-        super().__init__()
-        self.shape = tuple(shape)
-
-    def forward(self, x):
-        return x.reshape(x.shape[0], *self.shape)
-
-    def extra_repr(self) -> str:
-        return f"shape={self.shape}"
-
-
-@dataclass
-class _Entry:
-    path: str
-    module: nn.Module
-    in_shape: tuple
-    out_shape: tuple
-
-
-def _flat_chain(model: nn.Module, x: torch.Tensor, prefix: str = "") -> list[_Entry]:
-    """Expand chain-like containers recursively into atomic entries."""
-    chain = _chain(model, x)
-    if chain is None:
-        with torch.no_grad():
-            y = model(x)
-        return [_Entry(prefix, model, tuple(x.shape[1:]), tuple(y.shape[1:]))]
-    entries: list[_Entry] = []
-    h = x
-    for name, child, in_shape in chain:
-        path = f"{prefix}.{name}" if prefix else name
-        h = h.reshape(h.shape[0], *in_shape)
-        entries.extend(_flat_chain(child, h, path))
-        with torch.no_grad():
-            h = child(h)
-    return entries
-
-
-def _traced_entries(model: nn.Module, example_input) -> tuple[list[_Entry], tuple]:
-    if not isinstance(example_input, torch.Tensor):
-        raise TypeError(
-            f"example_input must be a single tensor for splitting, got {type(example_input).__name__}"
-        )
-    with eval_mode(model), torch.no_grad():
-        out_shape = tuple(model(example_input).shape[1:])
-        return _flat_chain(model, example_input), out_shape
-
-
-def _build(entries: list[_Entry], in_shape: tuple, out_shape: tuple | None) -> nn.Sequential:
-    modules: list[nn.Module] = []
-    shape = in_shape
-    for entry in entries:
-        if entry.in_shape != shape:
-            modules.append(Reshape(entry.in_shape))
-        modules.append(entry.module)
-        shape = entry.out_shape
-    if out_shape is not None and out_shape != shape:
-        modules.append(Reshape(out_shape))
-    return nn.Sequential(*modules)
-
-
-def _covers(at: str, path: str) -> bool:
-    return path == at or path.startswith(at + ".")
-
-
-def split_points(model: nn.Module, example_input: torch.Tensor) -> list[str]:
-    """Names at which :func:`split_model` can cut ``model``, in forward order (e.g. the items of
-    an ``nn.Sequential``, or torchvision ResNet's ``conv1 ... layer1 ... layer4, avgpool``).
-    The last module is excluded: cutting there leaves nothing for the late part."""
-    entries, _ = _traced_entries(model, example_input)
-    points = []
-    for i, entry in enumerate(entries[:-1]):
-        parts = entry.path.split(".")
-        for k in range(len(parts)):
-            name = ".".join(parts[: k + 1])
-            # an ancestor is a split point only if its last entry is entry i
-            if not any(_covers(name, e.path) for e in entries[i + 1 :]):
-                points.append(name)
-    return list(dict.fromkeys(points))
-
-
-def split_model(
-    model: nn.Module, at: str, example_input: torch.Tensor
-) -> tuple[nn.Sequential, nn.Sequential]:
-    """Cut ``model`` after the module named ``at`` into ``(early, late)`` with
-    ``late(early(x)) == model(x)`` exactly.
-
-    Works for models whose forward is a chain of submodules with at most reshaping between
-    them (``nn.Sequential``, Avalanche's ``SimpleMLP``, torchvision's ResNet whose forward is
-    ``conv1, bn1, relu, maxpool, layer1..layer4, avgpool, flatten, fc``), recursing into nested
-    chains. The returned modules share parameters with ``model`` (no copy), so the early part of
-    one model can feed the late part of another model of the same architecture.
-
-    Args:
-        model: the model to cut.
-        at: module path (as in ``model.named_modules()``) after which to cut.
-        example_input: one example batch (a tensor) used to trace the forward pass.
-
-    Raises:
-        ValueError: ``at`` names no submodule, sits inside a block whose forward is not a
-            chain (a residual block's ``conv1``), or is the last module; the message lists the
-            valid split points.
-
-    Example:
-        >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
-        >>> early, late = split_model(net, "1", torch.randn(2, 4))
-        >>> x = torch.randn(5, 4)
-        >>> torch.equal(late(early(x)), net(x))
-        True
-    """
-    if at == "" or at not in dict(model.named_modules()):
-        raise ValueError(f"at={at!r} names no submodule of {type(model).__name__}")
-    entries, out_shape = _traced_entries(model, example_input)
-    covered = [i for i, e in enumerate(entries) if _covers(at, e.path)]
-    if not covered or covered[-1] == len(entries) - 1:
-        reason = (
-            "it is the last module, so nothing would remain in the late part"
-            if covered
-            else "it sits inside a block whose forward is not a chain (e.g. a residual block)"
-        )
-        raise ValueError(
-            f"cannot split at {at!r}: {reason}; valid split points: "
-            f"{split_points(model, example_input)}"
-        )
-    cut = covered[-1] + 1
-    in_shape = tuple(example_input.shape[1:])
-    early = _build(entries[:cut], in_shape, None)
-    late = _build(entries[cut:], entries[cut - 1].out_shape, out_shape)
-    return early, late

@@ -1,7 +1,7 @@
 """Metrics of the Grow / Prune study as Avalanche plugin metrics.
 
 * :class:`CycleAccuracyMetric` — at the end of every edit cycle (every ``epochs_per_cycle``
-  training epochs, counted like :class:`~avalanche_plugins.structural_plasticity.CycleClock`), the
+  training epochs, counted like :class:`~avalanche_plugins.structural.plugins.CycleClock`), the
   *cumulative* test accuracy: accuracy over the test data of every experience seen so far
   (experiences ``0..i`` of the test stream while training experience ``i``; all of them with
   ``cumulative=False``). Emits ``CycleAccuracy/train_phase/train_stream/Task000/Exp001`` and the
@@ -28,9 +28,9 @@ import torch
 from avalanche.evaluation import PluginMetric
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche import experience_batches, metric_name
-from avalanche_plugins._checks import check_int
-from avalanche_plugins.functional import eval_mode, model_forward
+from avalanche_plugins._avalanche.data import experience_batches, metric_name
+from avalanche_plugins.core.calls import eval_mode, model_forward
+from avalanche_plugins.core.checks import check_int
 
 __all__ = ["CycleAccuracyMetric", "NewbornGradientMetric", "stream_accuracy", "trajectory_average",
            "quiet_evaluator"]
@@ -90,7 +90,7 @@ class CycleAccuracyMetric(PluginMetric[float]):
 
     def __init__(self, test_stream, epochs_per_cycle: int = 1, *, cycle_scope: str = "stream",
                  cumulative: bool = True, eval_mb_size: int = 256):
-        from avalanche_plugins.structural_plasticity import CycleClock
+        from avalanche_plugins.structural.plugins import CycleClock
 
         super().__init__()
         check_int("eval_mb_size", eval_mb_size)
@@ -134,7 +134,7 @@ class CycleAccuracyMetric(PluginMetric[float]):
 class NewbornGradientMetric(PluginMetric[float]):
     """Newborn/incumbent gradient ratio and activations per growth cycle (module docstring).
 
-    :param grow_plugin: the :class:`~avalanche_plugins.structural_plasticity.GrowPlugin` of the
+    :param grow_plugin: the :class:`~avalanche_plugins.structural.plugins.GrowPlugin` of the
         run (it measures; this metric emits). Attaching the metric turns the measurement on.
     """
 

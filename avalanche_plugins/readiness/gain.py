@@ -10,26 +10,26 @@ import torch
 from torch import nn
 from torch.func import grad, vmap
 
-from avalanche_plugins._checks import (
+from avalanche_plugins.core.calls import (
+    batch_loss,
+    eval_mode,
+    iterate_batches,
+    split_params,
+)
+from avalanche_plugins.core.checks import (
     check_choice,
     check_finite_loss,
     check_inputs,
     check_int,
     check_positive,
 )
-from avalanche_plugins.functional import (
-    eval_mode,
-    iterate_batches,
-    split_params,
-)
-from avalanche_plugins.plasticity._common import (
-    _batch_loss,
+from avalanche_plugins.core.optim import OPTIMIZERS, AdamState, functional_step
+from avalanche_plugins.readiness._common import (
     _draw_batches,
 )
 
 __all__ = ["OPTIMIZERS", "GainResult", "k_step_gain"]
 
-OPTIMIZERS = ("sgd", "adam")
 
 
 
@@ -136,11 +136,11 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
             raise ValueError(f"indices must be integer indices in [0, {n_train})")
         indices = indices.long()
     params, consts = split_params(model)
-    batch_loss = _batch_loss(model, loss_fn, consts, task_label)
+    run_loss = batch_loss(model, loss_fn, consts, task_label)
     n_val = val_inputs.shape[0]
 
     def val_losses(p, batched: bool) -> torch.Tensor:
-        loss_of = vmap(batch_loss, in_dims=(0, None, None)) if batched else batch_loss
+        loss_of = vmap(run_loss, in_dims=(0, None, None)) if batched else run_loss
         total = 0.0
         for s in iterate_batches(n_val, chunk_size):
             total = total + loss_of(p, val_inputs[s], val_targets[s]).double() * (s.stop - s.start)
@@ -153,29 +153,17 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
             raise ValueError(f"loss is {loss_before:g} on the validation set: the relative gain "
                              "(L(θ) − L(θ_k)) / L(θ) is undefined at a zero loss")
         stacked = {name: p.unsqueeze(0).repeat(n_runs, *[1] * p.dim()) for name, p in params.items()}
-        step0 = 0
+        state = None
         if optimizer == "adam":
-            first = {name: torch.zeros_like(p) for name, p in stacked.items()}
-            second = {name: torch.zeros_like(p) for name, p in stacked.items()}
+            state = AdamState(stacked, betas=betas, eps=eps)
             if adam_state is not None:
-                step0, betas, eps = _load_adam_state(adam_state, list(params), first, second)
-        step_grads = vmap(grad(batch_loss), in_dims=(0, 0, 0))
+                _load_adam_state(adam_state, list(params), state)
+        step_grads = vmap(grad(run_loss), in_dims=(0, 0, 0))
         device_indices = indices.to(train_inputs.device)
         for t in range(k):
             index = device_indices[:, t]
             grads = step_grads(stacked, train_inputs[index], train_targets[index])
-            if optimizer == "sgd":
-                for name, g in grads.items():
-                    stacked[name].sub_(lr * g)
-            else:
-                beta1, beta2 = betas
-                correction1 = 1 - beta1 ** (step0 + t + 1)
-                correction2 = 1 - beta2 ** (step0 + t + 1)
-                for name, g in grads.items():
-                    first[name].mul_(beta1).add_(g, alpha=1 - beta1)
-                    second[name].mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                    denom = (second[name] / correction2).sqrt().add_(eps)
-                    stacked[name].sub_(lr * (first[name] / correction1) / denom)
+            functional_step(stacked, grads, lr, optimizer=optimizer, state=state)
         losses_after = val_losses(stacked, batched=True).cpu()
 
     relative = (loss_before - losses_after) / loss_before
@@ -192,16 +180,15 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
     )
 
 
-def _load_adam_state(adam_state: dict, names: list[str], first: dict, second: dict):
-    """Copy a ``torch.optim.Adam`` state_dict's moments into the stacked run buffers (in place);
-    return ``(step, betas, eps)``."""
-    state, group = adam_state["state"], adam_state["param_groups"][0]
-    if len(state) != len(names):
-        raise ValueError(f"adam_state has {len(state)} entries for {len(names)} trainable parameters")
-    entries = [state[i] for i in sorted(state)]
+def _load_adam_state(adam_state: dict, names: list[str], state: AdamState) -> None:
+    """Copy a ``torch.optim.Adam`` state_dict's moments, step, betas and eps into the stacked
+    run state (in place)."""
+    entries, group = adam_state["state"], adam_state["param_groups"][0]
+    if len(entries) != len(names):
+        raise ValueError(f"adam_state has {len(entries)} entries for {len(names)} trainable parameters")
+    entries = [entries[i] for i in sorted(entries)]
     for name, entry in zip(names, entries):
-        first[name].copy_(entry["exp_avg"].expand_as(first[name]))
-        second[name].copy_(entry["exp_avg_sq"].expand_as(second[name]))
-    return int(float(entries[0]["step"])), tuple(group["betas"]), float(group["eps"])
-
-
+        state.first[name].copy_(entry["exp_avg"].expand_as(state.first[name]))
+        state.second[name].copy_(entry["exp_avg_sq"].expand_as(state.second[name]))
+    state.step = int(float(entries[0]["step"]))
+    state.betas, state.eps = tuple(group["betas"]), float(group["eps"])

@@ -7,7 +7,7 @@
   only possible away from a minimum) is clipped to ``1e-6 · max s`` with a warning: moving such a
   layer does not increase the quadratic loss model, so it gets (almost) no protection.
 * ``smoothed``: the least-squares geometric fit of the measured profile
-  (:func:`avalanche_plugins.hessian.geometric_fit`), same normalisation. The paper found the literal
+  (:func:`avalanche_plugins.layer_adaptive.hessian.geometric_fit`), same normalisation. The paper found the literal
   ``measured`` schedule noisy and the one-parameter fit robust.
 """
 
@@ -17,8 +17,8 @@ import warnings
 
 import numpy as np
 
-from avalanche_plugins._checks import check_choice, check_int, check_positive
-from avalanche_plugins.hessian import geometric_fit
+from avalanche_plugins.core.checks import check_choice, check_int, check_positive
+from avalanche_plugins.layer_adaptive.hessian import geometric_fit
 
 __all__ = ["SCHEDULES", "layer_weights"]
 

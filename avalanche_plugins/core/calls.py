@@ -9,7 +9,8 @@ from torch import nn
 from torch.func import functional_call
 
 __all__ = ["is_multitask", "model_forward", "stateless_forward", "iterate_batches", "eval_mode",
-           "split_params", "task_groups", "check_task_labels"]
+           "split_params", "task_groups", "check_task_labels", "first_tensor", "batch_loss",
+           "sample_loss", "grouped_loss"]
 
 
 def is_multitask(model: nn.Module) -> bool:
@@ -42,6 +43,18 @@ def stateless_forward(model: nn.Module, params_and_buffers: dict, x: torch.Tenso
     """:func:`model_forward` with the given parameters/buffers (``torch.func.functional_call``)."""
     args = (x, _task_arg(task_labels)) if is_multitask(model) else (x,)
     return functional_call(model, params_and_buffers, args)
+
+
+def first_tensor(obj):
+    """The first tensor in ``obj`` (a tensor, or nested tuples/lists as hooks receive them), else None."""
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if isinstance(obj, (tuple, list)):
+        for item in obj:
+            found = first_tensor(item)
+            if found is not None:
+                return found
+    return None
 
 
 def iterate_batches(n: int, batch_size: int | None):
@@ -102,3 +115,40 @@ def task_groups(model: nn.Module, n: int, task_labels) -> list[tuple[int | None,
     if unique.numel() == 1:
         return [(int(unique[0]), None)]
     return [(int(u), (labels == u).nonzero().squeeze(1)) for u in unique]
+
+
+def batch_loss(model: nn.Module, loss_fn, consts: dict, task_label=None):
+    """``f(params, x, y, t=task_label) = loss_fn(model(x; params ∪ consts, t), y)``: the loss of
+    a batch as a pure function of the trainable parameters, for ``torch.func`` transforms."""
+
+    def f(params, x, y, t=task_label):
+        return loss_fn(stateless_forward(model, {**consts, **params}, x, t), y)
+
+    return f
+
+
+def sample_loss(model: nn.Module, loss_fn, consts: dict, task_label=None):
+    """:func:`batch_loss` of one sample (a batch of one), for ``vmap`` over samples; ``t`` is the
+    sample's task label (a 0-d tensor, an int or None)."""
+
+    def f(params, x, y, t=task_label):
+        if isinstance(t, torch.Tensor):
+            t = t.unsqueeze(0)
+        return loss_fn(stateless_forward(model, {**consts, **params}, x.unsqueeze(0), t), y.unsqueeze(0))
+
+    return f
+
+
+def grouped_loss(model: nn.Module, loss_fn, consts: dict, x: torch.Tensor, y: torch.Tensor, groups):
+    """``f(params)``: the loss of all of ``(x, y)`` with samples split by task (``groups`` from
+    :func:`task_groups`), each group weighted by its share of the samples."""
+    n = x.shape[0]
+
+    def f(params):
+        total = 0.0
+        for label, idx in groups:
+            xs, ys = (x, y) if idx is None else (x[idx], y[idx])
+            total = total + xs.shape[0] / n * batch_loss(model, loss_fn, consts, label)(params, xs, ys)
+        return total
+
+    return f

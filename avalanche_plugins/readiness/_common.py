@@ -1,36 +1,14 @@
-"""Shared plumbing of the plasticity estimators: stateless per-batch / per-sample losses,
-task grouping and gradient norms (``torch.func``)."""
+"""Shared plumbing of the readiness estimators: gradient norms and minibatch draws."""
 
 from __future__ import annotations
 
 import torch
 
-from avalanche_plugins.functional import (
-    iterate_batches,
-    stateless_forward,
-)
+from avalanche_plugins.core.calls import iterate_batches
 
 
 def _take(tensor, index):
     return tensor if index is None else tensor[index]
-
-
-def _batch_loss(model, loss_fn, consts, label):
-    """``f(params, x, y)``: the loss of a batch."""
-
-    def f(p, x, y):
-        return loss_fn(stateless_forward(model, {**consts, **p}, x, label), y)
-
-    return f
-
-
-def _sample_loss(model, loss_fn, consts, label):
-    """``f(params, x, y)``: the loss of one sample (a batch of one), for ``vmap``."""
-
-    def f(p, x, y):
-        return loss_fn(stateless_forward(model, {**consts, **p}, x.unsqueeze(0), label), y.unsqueeze(0))
-
-    return f
 
 
 def _sq_norms(grads: dict) -> torch.Tensor:

@@ -7,8 +7,8 @@ Hessian block, and shows the optimal per-layer strength is ``λ_ℓ ∝ s_ℓ``;
 
 .. math:: Ω(θ) = \\sum_{e<t} \\sum_ℓ λ\\, w_ℓ^{(e)} \\sum_{i \\in ℓ} F_{e,i} (θ_i - θ^*_{e,i})^2
 
-with ``w_ℓ`` from :func:`avalanche_plugins.schedules.layer_weights` and ``F`` from
-:mod:`avalanche_plugins.fisher`. With ``schedule="uniform", fisher="batched"`` it is exactly
+with ``w_ℓ`` from :func:`avalanche_plugins.layer_adaptive.schedules.layer_weights` and ``F`` from
+:mod:`avalanche_plugins.layer_adaptive.fisher`. With ``schedule="uniform", fisher="batched"`` it is exactly
 Avalanche's ``EWCPlugin`` (same penalty, same trained weights).
 
 Implementation: the sum of quadratics over past experiences is folded, once per experience,
@@ -26,20 +26,25 @@ import warnings
 import torch
 from avalanche.core import SupervisedPlugin
 
-from avalanche_plugins._avalanche import (
+from avalanche_plugins._avalanche.data import (
     experience_batches,
     experience_layer_map,
     experience_tensors,
 )
-from avalanche_plugins._checks import check_choice, check_int, check_positive
-from avalanche_plugins.fisher import FISHER_KINDS, batched_fisher, empirical_fisher, expected_fisher
-from avalanche_plugins.layer_sensitivity import (
+from avalanche_plugins.core.checks import check_choice, check_int, check_positive
+from avalanche_plugins.layer_adaptive.fisher import (
+    FISHER_KINDS,
+    batched_fisher,
+    empirical_fisher,
+    expected_fisher,
+)
+from avalanche_plugins.layer_adaptive.schedules import SCHEDULES, layer_weights
+from avalanche_plugins.layer_adaptive.sensitivity_metric import (
     ExperienceProfile,
     measure_profile,
     profile_from_spectrum,
     sensitivity_values,
 )
-from avalanche_plugins.schedules import SCHEDULES, layer_weights
 
 __all__ = ["LayerAdaptiveEWCPlugin"]
 

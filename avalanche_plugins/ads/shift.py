@@ -15,7 +15,7 @@ by, to first order,
 
     Δz(x_a) = η \\, J(x_a) \\, u = η \\sum_ℓ J_ℓ(x_a) \\, u_ℓ ,
 
-a sum over the layers ``ℓ`` of the package's layer map (:func:`avalanche_plugins.layers.discover_layers`),
+a sum over the layers ``ℓ`` of the package's layer map (:func:`avalanche_plugins.core.layers.discover_layers`),
 where ``J_ℓ`` is the Jacobian of the logits w.r.t. layer ``ℓ``'s parameters and ``u_ℓ`` the
 layer's part of the update direction: ``u = −∇L_new`` for SGD, ``u = −g/(|g| + ε)`` for the first
 step of Adam from a fresh state (bias-corrected moments ``m̂ = g``, ``v̂ = g²``). For a linear
@@ -86,14 +86,14 @@ Assumptions (when ADS is a good proxy, not an identity):
 Parameters that belong to no layer (a ViT's class token and positional embedding, pre-norm
 LayerNorm affines) form one extra group, named ``"(unassigned)"``, with architecture term 1 (they
 act like biases, whose input is the constant 1); normalisation affines that follow a layer and
-other tasks' heads are attached to layers by :meth:`~avalanche_plugins.layers.LayerMap.attach_parameters`.
+other tasks' heads are attached to layers by :meth:`~avalanche_plugins.core.layers.LayerMap.attach_parameters`.
 Frozen parameters (``requires_grad=False``) and buffers are held fixed. The Jacobian-vector
 products therefore add up to the full first-order change ``J u``.
 
 Also here: the ground truth :func:`logit_shift`, :func:`expected_calibration_error`,
 :func:`direction_consistency`; ranking statistics are
-:func:`avalanche_plugins.plasticity.spearman` and :func:`~avalanche_plugins.plasticity.kendall_tau`
-(re-exported). Conventions as in :mod:`avalanche_plugins.plasticity`: eval mode (restored),
+:func:`avalanche_plugins.readiness.spearman` and :func:`~avalanche_plugins.readiness.kendall_tau`
+(re-exported). Conventions as in :mod:`avalanche_plugins.readiness`: eval mode (restored),
 parameters read through ``torch.func.functional_call`` (nothing written to ``.grad``, the model is
 never changed, the global RNG is never used), ``loss_fn`` mean-reduced, Avalanche multi-task models
 receive ``task_labels`` (each forward pass uses one ``int`` label).
@@ -112,9 +112,9 @@ import torch
 from torch import nn
 from torch.func import grad, grad_and_value, jvp, vmap
 
-from avalanche_plugins._checks import check_choice, check_inputs, check_int, check_positive
-from avalanche_plugins.functional import (
+from avalanche_plugins.core.calls import (
     eval_mode,
+    grouped_loss,
     is_multitask,
     iterate_batches,
     model_forward,
@@ -122,8 +122,9 @@ from avalanche_plugins.functional import (
     stateless_forward,
     task_groups,
 )
-from avalanche_plugins.layers import LayerMap, discover_layers
-from avalanche_plugins.plasticity import kendall_tau, spearman
+from avalanche_plugins.core.checks import check_choice, check_inputs, check_int, check_positive
+from avalanche_plugins.core.layers import LayerMap, discover_layers
+from avalanche_plugins.core.stats import kendall_tau, spearman
 
 __all__ = [
     "ADS_OPTIMIZERS",
@@ -275,20 +276,6 @@ def _check_targets(model, params, consts, x, y, groups) -> torch.Tensor:
     return out
 
 
-def _loss_function(model, loss_fn, consts, x, y, groups):
-    n = x.shape[0]
-
-    def loss_of(p):
-        total = 0.0
-        for label, idx in groups:
-            xs, ys = (x, y) if idx is None else (x[idx], y[idx])
-            weight = xs.shape[0] / n
-            total = total + weight * loss_fn(stateless_forward(model, {**p, **consts}, xs, label), ys)
-        return total
-
-    return loss_of
-
-
 def update_direction(model: nn.Module, loss_fn, new_inputs: torch.Tensor, new_targets: torch.Tensor, *,
                      optimizer: str = "sgd", eps: float = 1e-8, task_labels=None
                      ) -> tuple[dict[str, torch.Tensor], float, float]:
@@ -321,7 +308,7 @@ def _first_step(model: nn.Module, loss_fn, new_inputs: torch.Tensor, new_targets
     groups = task_groups(model, new_inputs.shape[0], task_labels)
     with eval_mode(model):
         _check_targets(model, params, consts, new_inputs, new_targets, groups)
-        loss_of = _loss_function(model, loss_fn, consts, new_inputs, new_targets, groups)
+        loss_of = grouped_loss(model, loss_fn, consts, new_inputs, new_targets, groups)
         grads, loss = grad_and_value(loss_of)(params)
         loss = float(loss)
     if not math.isfinite(loss):
@@ -410,7 +397,7 @@ def _probe(model, loss_fn, new_inputs, new_targets, groups, *, lr, optimizer, pr
            betas=(0.9, 0.999)) -> list[float]:
     """Update norms of ``probe_steps`` full-batch steps on the new-task sample (functional copy)."""
     params, consts = split_params(model)
-    loss_of = _loss_function(model, loss_fn, consts, new_inputs, new_targets, groups)
+    loss_of = grouped_loss(model, loss_fn, consts, new_inputs, new_targets, groups)
     theta = {n: p.clone() for n, p in params.items()}
     first = {n: torch.zeros_like(p) for n, p in theta.items()}
     second = {n: torch.zeros_like(p) for n, p in theta.items()}
@@ -700,7 +687,7 @@ def direction_consistency(pairs, ads, shift) -> float:
 
     ``pairs`` are ``(i, j)`` keys into ``ads`` and ``shift`` (sequences or mappings). Pairs with
     equal true shifts are skipped; ADS ties count ½ (as
-    :func:`~avalanche_plugins.plasticity.pairwise_ranking_accuracy`).
+    :func:`~avalanche_plugins.readiness.pairwise_ranking_accuracy`).
 
     Raises:
         ValueError: no pairs, a key missing, non-finite values, or every pair has tied shifts.

@@ -9,13 +9,8 @@ import torch
 from torch import nn
 from torch.func import grad, jacrev, vmap
 
-from avalanche_plugins._checks import (
-    check_finite_loss,
-    check_inputs,
-    check_int,
-    check_positive,
-)
-from avalanche_plugins.functional import (
+from avalanche_plugins.core.calls import (
+    batch_loss,
     check_task_labels,
     eval_mode,
     is_multitask,
@@ -25,9 +20,14 @@ from avalanche_plugins.functional import (
     stateless_forward,
     task_groups,
 )
-from avalanche_plugins.layers import discover_layers
-from avalanche_plugins.plasticity._common import (
-    _batch_loss,
+from avalanche_plugins.core.checks import (
+    check_finite_loss,
+    check_inputs,
+    check_int,
+    check_positive,
+)
+from avalanche_plugins.core.layers import discover_layers
+from avalanche_plugins.readiness._common import (
     _take,
 )
 
@@ -171,7 +171,7 @@ def hidden_features(model: nn.Module, inputs: torch.Tensor, *, task_labels: torc
                     chunk_size: int = 1024) -> dict[str, torch.Tensor]:
     """Post-activation features of every hidden layer, ``{layer name: (n, ...)}``.
 
-    Hidden layers are the layers of :func:`avalanche_plugins.layers.discover_layers` except the last
+    Hidden layers are the layers of :func:`avalanche_plugins.core.layers.discover_layers` except the last
     (the output layer). Rule for the features of hidden layer ℓ: the output of the first
     parameter-free leaf module executed after layer ℓ and before the next layer (its activation,
     e.g. ``nn.ReLU``), skipping modules that only copy or reshape values in eval mode (``Dropout``,
@@ -366,12 +366,12 @@ def hessian_energy_rank(model: nn.Module, loss_fn, inputs: torch.Tensor, targets
             hessian = torch.zeros(n_params, n_params, dtype=torch.float64, device=flat0.device)
             for label, index in groups:
                 x, y = _take(inputs, index), _take(targets, index)
-                batch_loss = _batch_loss(model, loss_fn, consts, label)
+                loss_of = batch_loss(model, loss_fn, consts, label)
 
-                def loss_of_flat(flat, xb, yb, batch_loss=batch_loss):
+                def loss_of_flat(flat, xb, yb, loss_of=loss_of):
                     pieces = torch.split(flat, sizes)
                     p = {k: v.view(shape) for k, v, shape in zip(names, pieces, shapes)}
-                    return batch_loss(p, xb, yb)
+                    return loss_of(p, xb, yb)
 
                 second = jacrev(grad(loss_of_flat), chunk_size=256)
                 for s in iterate_batches(x.shape[0], chunk_size):
@@ -386,11 +386,11 @@ def hessian_energy_rank(model: nn.Module, loss_fn, inputs: torch.Tensor, targets
         ordered_targets = torch.cat([_take(targets, index) for _, index in groups], dim=0)
         out_shape = outputs.shape[1:]
 
-        def sample_loss(out, y):
+        def output_loss(out, y):
             return loss_fn(out.unsqueeze(0), y.unsqueeze(0))
 
         def out_hessian(out, y):
-            flat_hessian = jacrev(grad(lambda o: sample_loss(o.view(out_shape), y)))
+            flat_hessian = jacrev(grad(lambda o: output_loss(o.view(out_shape), y)))
             return flat_hessian(out.reshape(-1))
 
         blocks = vmap(out_hessian)(outputs.detach(), ordered_targets).double()  # (n, C, C)

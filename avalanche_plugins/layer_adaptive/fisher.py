@@ -21,13 +21,14 @@ import torch
 from torch import nn
 from torch.func import grad, vmap
 
-from avalanche_plugins._checks import check_choice, check_finite_loss, check_inputs, check_int
-from avalanche_plugins.functional import (
+from avalanche_plugins.core.calls import (
     eval_mode,
     iterate_batches,
     model_forward,
+    sample_loss,
     stateless_forward,
 )
+from avalanche_plugins.core.checks import check_choice, check_finite_loss, check_inputs, check_int
 
 __all__ = ["FISHER_KINDS", "batched_fisher", "empirical_fisher", "expected_fisher", "fisher_diagonal"]
 
@@ -99,9 +100,7 @@ def empirical_fisher(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: t
     check_int("chunk_size", chunk_size)
     params, buffers = _per_sample_setup(model)
 
-    def sample_loss(p, x, y, t):
-        out = stateless_forward(model, {**buffers, **p}, x.unsqueeze(0), None if t is None else t.unsqueeze(0))
-        return loss_fn(out, y.unsqueeze(0))
+    loss_of_sample = sample_loss(model, loss_fn, buffers)
 
     total = {k: torch.zeros_like(v) for k, v in params.items()}
     n = inputs.shape[0]
@@ -109,7 +108,7 @@ def empirical_fisher(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: t
         for s in iterate_batches(n, chunk_size):
             t = None if task_labels is None else task_labels[s]
             in_dims = (None, 0, 0, None if t is None else 0)
-            grads = vmap(grad(sample_loss), in_dims=in_dims)(params, inputs[s], targets[s], t)
+            grads = vmap(grad(loss_of_sample), in_dims=in_dims)(params, inputs[s], targets[s], t)
             for k, g in grads.items():
                 check_finite_loss(g.sum(), "(gradient) while estimating the Fisher")
                 total[k] += g.pow(2).sum(0)

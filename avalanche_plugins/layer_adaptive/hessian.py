@@ -1,6 +1,6 @@
 """Per-layer curvature: the top eigenvalue of every layer's Hessian block.
 
-For layer ℓ with parameters θ^(ℓ) (its weight and bias, from :mod:`avalanche_plugins.layers`),
+For layer ℓ with parameters θ^(ℓ) (its weight and bias, from :mod:`avalanche_plugins.core.layers`),
 ``s_ℓ = λ_max(H_ℓℓ)`` where ``H_ℓℓ = ∂²L / ∂θ^(ℓ)∂θ^(ℓ)`` is the diagonal block of the Hessian of
 the mean loss. "Layers Matter" (Moser et al., 2026) bounds forgetting by
 ``½ Σ_ℓ s_ℓ ‖Δθ^(ℓ)‖²`` under a block-diagonal Hessian, so ``s_ℓ`` is the natural per-layer
@@ -31,9 +31,9 @@ import torch
 from torch import nn
 from torch.func import grad, jvp, vmap
 
-from avalanche_plugins._checks import check_finite_loss, check_inputs, check_int, check_positive
-from avalanche_plugins.functional import eval_mode, is_multitask, iterate_batches, stateless_forward
-from avalanche_plugins.layers import LayerMap, discover_layers
+from avalanche_plugins.core.calls import batch_loss, eval_mode, is_multitask, iterate_batches
+from avalanche_plugins.core.checks import check_finite_loss, check_inputs, check_int, check_positive
+from avalanche_plugins.core.layers import LayerMap, discover_layers
 
 __all__ = ["LayerSpectrum", "GeometricFit", "layer_top_eigenvalues", "geometric_fit", "condition_number"]
 
@@ -180,8 +180,7 @@ def _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map, ma
         for s in iterate_batches(n, batch_size)
     ]
 
-    def loss_of(params, x, y, t):
-        return loss_fn(stateless_forward(model, {**frozen, **params}, x, t), y)
+    loss_of = batch_loss(model, loss_fn, frozen)
 
     with torch.no_grad():
         for x, y, t, _ in batches[:1]:

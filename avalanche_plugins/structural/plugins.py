@@ -11,7 +11,7 @@ operators on hidden units (neurons / conv channels; the head is never masked):
   masked units that would fire most often (post-activation above ``threshold`` on a minibatch, as
   if unmasked) or would receive the largest loss gradient; in place, no rewinding, newborn units
   are added, never swapped in. Insertion interventions (optimizer state, incoming / outgoing
-  weights, newborn learning rate) are documented in :mod:`avalanche_plugins.unit_masks`.
+  weights, newborn learning rate) are documented in :mod:`avalanche_plugins.structural.masks`.
 
 **Cycles.** A cycle is ``epochs_per_cycle`` training epochs. Edits happen at the start of every
 cycle but the first (Prune first trains the dense net, Grow first trains the seed), until every
@@ -31,12 +31,12 @@ target. Scores are computed on ``score_samples`` random samples of the current e
 Masks are applied from the first ``before_training_exp`` (after the strategy's model adaptation);
 parameters stay exact through ``before_update`` / ``after_update``. Everything is plain Python and
 tensors, so Avalanche checkpoints (dill) restore the run exactly; call
-:func:`avalanche_plugins.compat.fix_checkpoint_pickling` once for torch 2.14 optimizers.
+:func:`avalanche_plugins._avalanche.compat.fix_checkpoint_pickling` once for torch 2.14 optimizers.
 
 :func:`retrain_ticket` evaluates the final mask as a winning ticket; the metrics
-(:class:`~avalanche_plugins.structural_metrics.CycleAccuracyMetric`,
-:class:`~avalanche_plugins.structural_metrics.NewbornGradientMetric`) live in
-:mod:`avalanche_plugins.structural_metrics`.
+(:class:`~avalanche_plugins.structural.metrics.CycleAccuracyMetric`,
+:class:`~avalanche_plugins.structural.metrics.NewbornGradientMetric`) live in
+:mod:`avalanche_plugins.structural.metrics`.
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ from dataclasses import dataclass, field
 import torch
 from avalanche.core import SupervisedPlugin
 
-from avalanche_plugins._avalanche import experience_batches, experience_tensors
-from avalanche_plugins._checks import check_choice, check_int
-from avalanche_plugins.functional import is_multitask
-from avalanche_plugins.unit_masks import (
+from avalanche_plugins._avalanche.data import experience_batches, experience_tensors
+from avalanche_plugins.core.calls import is_multitask
+from avalanche_plugins.core.checks import check_choice, check_int
+from avalanche_plugins.structural.masks import (
     Interventions,
     UnitMasks,
     check_compactness,
@@ -290,10 +290,10 @@ class GrowPlugin(_EditingPlugin):
         ``"gradient"`` (``‖∂L/∂W_out[:, u]‖`` with zero outgoing weights).
     :param threshold: activation threshold.
     :param optimizer_state, incoming, outgoing, newborn_lr, newborn_lr_halflife: insertion
-        interventions (:class:`~avalanche_plugins.unit_masks.Interventions`).
+        interventions (:class:`~avalanche_plugins.structural.masks.Interventions`).
     :param cycle_scope: ``"stream"`` or ``"experience"``.
 
-    With a :class:`~avalanche_plugins.structural_metrics.NewbornGradientMetric` attached, the
+    With a :class:`~avalanche_plugins.structural.metrics.NewbornGradientMetric` attached, the
     plugin also measures, during each cycle that began with growth, the mean per-unit gradient
     norm of newborn and incumbent units and their mean activation (``newborn_log``).
 
@@ -421,7 +421,7 @@ def retrain_ticket(mask, model_factory: Callable[[], torch.nn.Module], stream, *
     ``Naive`` with :class:`FixedMaskPlugin` (plus ``plugins_factory()``, e.g. a ``ReplayPlugin``)
     trains on every experience of ``stream.train_stream``. ACC is the accuracy on the test data of
     all experiences after the last one; TAA the mean of the cycle accuracies
-    (:class:`~avalanche_plugins.structural_metrics.CycleAccuracyMetric`: cumulative test accuracy
+    (:class:`~avalanche_plugins.structural.metrics.CycleAccuracyMetric`: cumulative test accuracy
     at the end of every ``epochs_per_cycle`` epochs).
 
     :param mask: ``{layer name: bool tensor}`` or a :class:`UnitMasks` (its current masks).
@@ -431,7 +431,7 @@ def retrain_ticket(mask, model_factory: Callable[[], torch.nn.Module], stream, *
     """
     from avalanche.training.supervised import Naive
 
-    from avalanche_plugins.structural_metrics import (
+    from avalanche_plugins.structural.metrics import (
         CycleAccuracyMetric,
         quiet_evaluator,
         stream_accuracy,

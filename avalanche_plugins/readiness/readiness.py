@@ -1,5 +1,5 @@
 """Optimization Readiness ``OR = ‖g‖⁴ / (L · E_B‖ĝ_B‖²)`` with its strength and reliability factors
-(see :mod:`avalanche_plugins.plasticity`)."""
+(see :mod:`avalanche_plugins.readiness`)."""
 
 from __future__ import annotations
 
@@ -9,24 +9,24 @@ import torch
 from torch import nn
 from torch.func import grad, grad_and_value, vmap
 
-from avalanche_plugins._checks import (
+from avalanche_plugins.core.calls import (
+    batch_loss,
+    check_task_labels,
+    eval_mode,
+    iterate_batches,
+    sample_loss,
+    split_params,
+    task_groups,
+)
+from avalanche_plugins.core.checks import (
     check_choice,
     check_finite_loss,
     check_inputs,
     check_int,
 )
-from avalanche_plugins.functional import (
-    check_task_labels,
-    eval_mode,
-    iterate_batches,
-    split_params,
-    task_groups,
-)
-from avalanche_plugins.plasticity._common import (
-    _batch_loss,
+from avalanche_plugins.readiness._common import (
     _draw_batches,
     _flat,
-    _sample_loss,
     _sq_norms,
     _take,
 )
@@ -72,7 +72,7 @@ def _full_gradient(model, loss_fn, params, consts, inputs, targets, groups, chun
     g_sum = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in params.items()}
     for label, index in groups:
         x, y = _take(inputs, index), _take(targets, index)
-        value_and_grad = grad_and_value(_batch_loss(model, loss_fn, consts, label))
+        value_and_grad = grad_and_value(batch_loss(model, loss_fn, consts, label))
         for s in iterate_batches(x.shape[0], chunk_size):
             grads, value = value_and_grad(params, x[s], y[s])
             check_finite_loss(value.detach(), "while computing optimization readiness")
@@ -87,7 +87,7 @@ def _full_gradient(model, loss_fn, params, consts, inputs, targets, groups, chun
 
 def _per_sample_chunks(model, loss_fn, params, consts, x, y, label, chunk_size):
     """Yield ``(per-sample gradients {name: (m, *shape)}, per-sample losses (m,))`` chunk by chunk."""
-    per_sample = vmap(grad_and_value(_sample_loss(model, loss_fn, consts, label)), in_dims=(None, 0, 0))
+    per_sample = vmap(grad_and_value(sample_loss(model, loss_fn, consts, label)), in_dims=(None, 0, 0))
     for s in iterate_batches(x.shape[0], chunk_size):
         grads, values = per_sample(params, x[s], y[s])
         check_finite_loss(values.sum().detach(), "while computing per-sample gradients")
@@ -102,7 +102,7 @@ def _minibatch_second_moment(model, loss_fn, params, consts, inputs, targets, ta
     total = torch.zeros((), dtype=torch.float64)
     if len(groups) == 1:
         label = groups[0][0]
-        batch_grads = vmap(grad(_batch_loss(model, loss_fn, consts, label)), in_dims=(None, 0, 0))
+        batch_grads = vmap(grad(batch_loss(model, loss_fn, consts, label)), in_dims=(None, 0, 0))
         for s in iterate_batches(n_batches, per_chunk):
             index = batches[s].to(inputs.device)
             sq = _sq_norms(batch_grads(params, inputs[index], targets[index]))

@@ -5,7 +5,7 @@ checkpoint left by the previous experiences (after the strategy's model adaptati
 multi-head model already has the incoming task's head, and after ``make_optimizer``) and
 ``strategy.experience`` is the incoming experience, i.e. the *target task*. On up to ``n_samples``
 random samples of that experience (evaluation transforms, loss ``strategy._criterion``) it
-computes :func:`avalanche_plugins.plasticity.optimization_readiness` and emits through the
+computes :func:`avalanche_plugins.readiness.optimization_readiness` and emits through the
 ``EvaluationPlugin`` (names follow Avalanche's template ``Name/phase/stream/TaskNNN/ExpNNN``, with
 the incoming experience's task label and index, e.g. ``.../train_phase/train_stream/Task000/Exp001``):
 
@@ -14,20 +14,20 @@ the incoming experience's task label and index, e.g. ``.../train_phase/train_str
 * ``ORReliability/...`` — ``R = ‖g‖²/E_B‖ĝ_B‖²``,
 * ``ORLoss/...`` — ``L``, the mean loss of the sampled target data at the checkpoint;
 
-with ``baselines=True`` the label-agnostic baselines of :mod:`avalanche_plugins.plasticity` on
+with ``baselines=True`` the label-agnostic baselines of :mod:`avalanche_plugins.readiness` on
 ``n_probe`` of those samples (the Hessian one also uses their targets):
 
 * ``ORBaselineEffectiveRank/...`` and ``ORBaselineEnergyRank/...`` — dicts
-  ``{hidden layer name: value}`` from :func:`~avalanche_plugins.plasticity.representation_ranks`
+  ``{hidden layer name: value}`` from :func:`~avalanche_plugins.readiness.representation_ranks`
   (loggers split them into one scalar per layer; not emitted for a model without hidden layer),
-* ``ORBaselineENTKEnergyRank/...`` — :func:`~avalanche_plugins.plasticity.entk_energy_rank`,
-* ``ORBaselineHessianEnergyRank/...`` — :func:`~avalanche_plugins.plasticity.hessian_energy_rank`,
+* ``ORBaselineENTKEnergyRank/...`` — :func:`~avalanche_plugins.readiness.entk_energy_rank`,
+* ``ORBaselineHessianEnergyRank/...`` — :func:`~avalanche_plugins.readiness.hessian_energy_rank`,
   by default through its Gauss–Newton path (``hessian_max_params=1``; see Cost),
-* ``ORBaselineActiveUnitFraction/...`` — :func:`~avalanche_plugins.plasticity.active_unit_fraction`
+* ``ORBaselineActiveUnitFraction/...`` — :func:`~avalanche_plugins.readiness.active_unit_fraction`
   (not emitted for a model without hidden layer);
 
 and with ``ground_truth_k=k`` the measured plasticity at the same checkpoint,
-:func:`~avalanche_plugins.plasticity.k_step_gain`:
+:func:`~avalanche_plugins.readiness.k_step_gain`:
 
 * ``ORGroundTruthGain/...`` — ``G^(k)`` and ``ORGroundTruthGainStdErr/...`` its standard error.
 
@@ -72,10 +72,10 @@ import torch
 from avalanche.evaluation import PluginMetric
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche import experience_tensors, metric_name, preserved_rng
-from avalanche_plugins._checks import check_choice, check_int, check_positive
-from avalanche_plugins.functional import eval_mode, is_multitask
-from avalanche_plugins.plasticity import (
+from avalanche_plugins._avalanche.data import experience_tensors, metric_name, preserved_rng
+from avalanche_plugins.core.calls import eval_mode, is_multitask
+from avalanche_plugins.core.checks import check_choice, check_int, check_positive
+from avalanche_plugins.readiness import (
     ESTIMATORS,
     OPTIMIZERS,
     active_unit_fraction,

@@ -2,7 +2,7 @@
 
 At ``after_training_exp`` the metric keeps a snapshot of the model (θ_A for that experience)
 and a class-balanced anchor buffer of the experience's inputs. When an *earlier* experience is
-evaluated after later training, it fits keys (:mod:`avalanche_plugins.transport`) between the
+evaluated after later training, it fits keys (:mod:`avalanche_plugins.transport.keys`) between the
 current model's early layers and that snapshot's late layers at each stage, evaluates every
 stitched model on the evaluation batches as they stream by, and logs at ``after_eval_exp``::
 
@@ -13,7 +13,7 @@ stitched model on the evaluation batches as they stream by, and logs at ``after_
     TransportKeyProfile/...                                         (figure: recovery per stage)
 
 Controls (``controls=True``), for each non-identity family: ``channel_permutation``,
-``global_shuffle`` and ``within_class_shuffle`` (see :mod:`avalanche_plugins.transport`).
+``global_shuffle`` and ``within_class_shuffle`` (see :mod:`avalanche_plugins.transport.keys`).
 
 The old task's predictions always come from the snapshot's head: for multi-head models the
 evaluation batch's task label selects the snapshot's head for that task; class-incremental
@@ -34,10 +34,10 @@ import torch
 from avalanche.evaluation import PluginMetric
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche import metric_name, preserved_rng
-from avalanche_plugins._checks import check_choice, check_int, check_positive
-from avalanche_plugins.functional import eval_mode, model_forward
-from avalanche_plugins.transport import (
+from avalanche_plugins._avalanche.data import metric_name, preserved_rng
+from avalanche_plugins.core.calls import eval_mode, model_forward
+from avalanche_plugins.core.checks import check_choice, check_int, check_positive
+from avalanche_plugins.transport.keys import (
     FAMILIES,
     channel_permutation,
     class_balanced_anchors,
@@ -68,7 +68,7 @@ class TransportKeyMetric(PluginMetric[dict]):
     :param gauss_newton_iterations: when > 0, also log ``family=<f>+gauss_newton`` for every
         non-identity family: the closed-form key refined label-free by that many
         Levenberg–Marquardt steps on the checkpoint's own anchor logits
-        (:func:`~avalanche_plugins.transport.gauss_newton_key`). It recovers much more at deep
+        (:func:`~avalanche_plugins.transport.keys.gauss_newton_key`). It recovers much more at deep
         stages (docs/RESULTS.md) for about ``K + 1`` backward passes of the late layers per step.
 
     Example::

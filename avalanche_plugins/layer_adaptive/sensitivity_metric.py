@@ -1,7 +1,7 @@
 """Per-layer sensitivity as an Avalanche metric: s_ℓ, κ and α̂ after every training experience.
 
 ``LayerSensitivityMetric`` measures the top eigenvalue ``s_ℓ`` of every layer's Hessian block
-(:func:`avalanche_plugins.hessian.layer_top_eigenvalues`) on a sample of the experience just
+(:func:`avalanche_plugins.layer_adaptive.hessian.layer_top_eigenvalues`) on a sample of the experience just
 trained, and emits through the ``EvaluationPlugin``:
 
 * ``LayerSensitivity/train_phase/train_stream/TaskNNN/ExpNNN`` — ``{layer name: s_ℓ}`` (loggers
@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from avalanche.evaluation import PluginMetric
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche import experience_tensors, metric_name, profile_figure
-from avalanche_plugins._checks import check_int, check_positive
-from avalanche_plugins.hessian import LayerSpectrum, layer_top_eigenvalues
+from avalanche_plugins._avalanche.data import experience_tensors, metric_name, profile_figure
+from avalanche_plugins.core.checks import check_int, check_positive
+from avalanche_plugins.layer_adaptive.hessian import LayerSpectrum, layer_top_eigenvalues
 
 __all__ = ["LayerSensitivityMetric", "ExperienceProfile", "measure_profile", "sensitivity_values"]
 

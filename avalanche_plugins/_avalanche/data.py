@@ -50,10 +50,10 @@ def experience_tensors(strategy, *, n_samples: int | None = None, seed: int = 0,
 
 
 def experience_layer_map(strategy):
-    """:func:`~avalanche_plugins.layers.discover_layers` of ``strategy.model`` on two samples of
+    """:func:`~avalanche_plugins.core.layers.discover_layers` of ``strategy.model`` on two samples of
     the current experience (with their task labels for multi-task models)."""
-    from avalanche_plugins.functional import is_multitask
-    from avalanche_plugins.layers import discover_layers
+    from avalanche_plugins.core.calls import is_multitask
+    from avalanche_plugins.core.layers import discover_layers
 
     batches = experience_batches(strategy, batch_size=2)
     x, _, t = next(batches)

@@ -7,14 +7,14 @@ For every experience after the first:
 * at ``before_training_exp`` (the checkpoint after the strategy's model adaptation; the incoming
   experience is the new task) it draws the *old set* — ``calibration_size`` samples of the buffer
   (seeded) — and ``calibration_size`` labelled samples of the incoming experience, and computes
-  :func:`avalanche_plugins.ads.architecture_driven_shift` with the strategy's loss
+  :func:`avalanche_plugins.ads.shift.architecture_driven_shift` with the strategy's loss
   (``strategy._criterion``) and, unless given, its optimizer's step size, the number of steps
   the experience will take (``train_epochs × ⌈|dataset| / train_mb_size⌉``) and the optimizer
   kind (``"adam"`` for ``Adam``/``AdamW``, else ``"sgd"``; SGD momentum ``μ`` is folded into the
   step size as ``lr / (1 − μ)``, its steady-state effective step). It also stores the old set's
   logits and their ECE;
 * at ``after_training_exp`` it measures the realised shift ``mean ‖z_after − z_before‖`` on the
-  same old set (:func:`~avalanche_plugins.ads.logit_shift` semantics) and the ECE on it.
+  same old set (:func:`~avalanche_plugins.ads.shift.logit_shift` semantics) and the ECE on it.
 
 Values go through the ``EvaluationPlugin`` with Avalanche's template names (``Name/train_phase/
 train_stream/TaskNNN/ExpNNN``, the incoming experience in both callbacks, so predicted and
@@ -44,9 +44,8 @@ import torch
 from avalanche.evaluation import PluginMetric
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche import experience_tensors, metric_name, preserved_rng
-from avalanche_plugins._checks import check_choice, check_int, check_positive
-from avalanche_plugins.ads import (
+from avalanche_plugins._avalanche.data import experience_tensors, metric_name, preserved_rng
+from avalanche_plugins.ads.shift import (
     ADS_OPTIMIZERS,
     ADS_PATHS,
     architecture_driven_shift,
@@ -54,6 +53,7 @@ from avalanche_plugins.ads import (
     mean_row_norm,
     model_outputs,
 )
+from avalanche_plugins.core.checks import check_choice, check_int, check_positive
 
 __all__ = ["ArchitectureDrivenShiftMetric"]
 
