@@ -58,13 +58,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from avalanche_plugins.ads.shift import (
+from avalanche_plugins.ads import (
     architecture_driven_shift,
-    direction_consistency,
     distance_path,
+    logit_shift,
+)
+from avalanche_plugins.core.stats import (
+    direction_consistency,
     expected_calibration_error,
     kendall_tau,
-    logit_shift,
     spearman,
 )
 from benchmarks.executor import LocalExecutor, run_jobs
@@ -375,14 +377,14 @@ def run_job(job: Job) -> dict:
     loss_fn = nn.CrossEntropyLoss()
     cpu_ads = time.process_time()
     with Timer() as t_ads:  # the logit path; the loss and budget paths differ only in P (same terms)
-        res = architecture_driven_shift(model, cal_old, cal_new_x, cal_new_y, loss_fn, lr=cfg.new_lr, steps=steps,
+        res = architecture_driven_shift(model, loss_fn, cal_old, cal_new_x, cal_new_y, lr=cfg.new_lr, steps=steps,
                                         path="logit")
     cpu_ads = time.process_time() - cpu_ads
     unit_shift = res.unit_shift
     budget = cfg.new_lr * steps
     loss_path = distance_path(res.new_loss, res.descent_rate, budget)
     with Timer() as t_probe:
-        probe = architecture_driven_shift(model, cal_old, cal_new_x, cal_new_y, loss_fn, lr=cfg.new_lr,
+        probe = architecture_driven_shift(model, loss_fn, cal_old, cal_new_x, cal_new_y, lr=cfg.new_lr,
                                           steps=steps, path="probe", probe_steps=10)
     with Timer() as t_first:
         stepped = copy.deepcopy(model)
@@ -433,7 +435,7 @@ def _init_worker(context: dict) -> None:
     net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
     x = torch.randn(4, 4)
     for path in ("logit", "probe"):
-        architecture_driven_shift(net, x, x, torch.tensor([0, 1, 0, 1]), nn.CrossEntropyLoss(), lr=0.1,
+        architecture_driven_shift(net, nn.CrossEntropyLoss(), x, x, torch.tensor([0, 1, 0, 1]), lr=0.1,
                                   steps=2, path=path, probe_steps=2)
 
 

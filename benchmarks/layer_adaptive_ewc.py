@@ -213,7 +213,7 @@ def spectrum_cost_ratio(data_root) -> dict:
             strategy.train(experience)
         strategy.experience = experience
         with Timer() as spectrum:
-            measure_profile(strategy, n_samples=256, batch_size=None, max_iter=100, tol=1e-3, seed=0)
+            measure_profile(strategy, n_samples=256, chunk_size=None, max_iter=100, tol=1e-3, seed=0)
         out[model_name] = {"epoch_s": epoch.seconds, "spectrum_s": spectrum.seconds,
                            "spectrum_vs_epoch": spectrum.seconds / epoch.seconds,
                            "epoch_samples": len(experience.dataset)}

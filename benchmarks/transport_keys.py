@@ -38,11 +38,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from avalanche_plugins.transport.keys import (
+from avalanche_plugins.transport import (
+    CONTROLS,
     TransportKey,
-    channel_permutation,
     class_balanced_anchors,
-    correspondence_break,
+    control_keys,
     fit_transport_key,
     gauss_newton_key,
     optimize_key,
@@ -68,7 +68,6 @@ PAIRS = ("split", "domain")
 MODELS = ("cnn", "resnet", "vit")
 STAGES = {"cnn": ["features.0", "features.1"], "resnet": ["stem", "layer1", "layer2", "layer3"],
           "vit": ["embed", "blocks.0", "blocks.1"]}
-CONTROLS = ("channel_permutation", "global_shuffle", "within_class_shuffle")
 
 
 class TwoHeadNet(nn.Module):
@@ -192,10 +191,8 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: dict, with
                     refine(refined, stitch(theta_ab, theta_a, stage, refined))
                 record(f"cross_channel+{name}", refined, t.seconds + t_refine.seconds)
         if with_controls and family != "identity":
-            record(f"{family}/channel_permutation", channel_permutation(key, seed=0), float("nan"))
-            for mode in ("global", "within_class"):
-                broken = correspondence_break(u, v, family, mode=mode, labels=ya, seed=0, ridge=cfg["ridge"])
-                record(f"{family}/{mode}_shuffle", broken, float("nan"))
+            for name, control in control_keys(key, u, v, family, ya, seed=0, ridge=cfg["ridge"]).items():
+                record(f"{family}/{name}", control, float("nan"))
     for variant, steps in (("trained_stitch", cfg["stitch_steps"]), ("trained_stitch_short", cfg["short_stitch_steps"])):
         stitched = stitch(theta_ab, theta_a, stage, TransportKey("identity", 1))
         with Timer() as t:

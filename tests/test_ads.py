@@ -8,19 +8,18 @@ import torch
 from torch import nn
 from torch.func import functional_call, jvp
 
-from avalanche_plugins.ads.shift import (
+from avalanche_plugins.ads import (
     UNASSIGNED,
-    _forward_ad_attention,
     architecture_driven_shift,
-    direction_consistency,
-    expected_calibration_error,
     layer_groups,
     layer_logit_changes,
     logit_shift,
     topology_only_shift,
     update_direction,
 )
+from avalanche_plugins.ads.shift import _forward_ad_attention
 from avalanche_plugins.core.layers import discover_layers
+from avalanche_plugins.core.stats import direction_consistency, expected_calibration_error
 from benchmarks.models import TinyViT
 from tests.helpers import small_mlp
 
@@ -63,7 +62,7 @@ def test_layer_jvps_sum_to_first_order_change_and_match_one_sgd_step():
     rel = (lr * total - actual).norm() / actual.norm()
     assert rel < 1e-3, rel
     # the scalar summaries agree with the real step too
-    res = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=1)
+    res = architecture_driven_shift(net, nn.CrossEntropyLoss(), old, new, y, lr=lr, steps=1)
     assert lr * res.first_order_shift == pytest.approx(logit_shift(net, after, old), rel=1e-3)
     assert res.ads == pytest.approx(lr * sum(res.layer_shifts), rel=1e-12)
     assert res.ads >= lr * res.first_order_shift  # triangle inequality
@@ -93,7 +92,7 @@ def test_adam_direction_is_the_first_adam_step():
     after = one_real_step(net, new, y, lr, optimizer="adam")
     for (name, p), q in zip(net.named_parameters(), after.parameters()):
         torch.testing.assert_close(q.detach() - p.detach(), lr * direction[name], rtol=1e-6, atol=1e-12)
-    res = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=1, optimizer="adam")
+    res = architecture_driven_shift(net, nn.CrossEntropyLoss(), old, new, y, lr=lr, steps=1, optimizer="adam")
     assert lr * res.first_order_shift == pytest.approx(logit_shift(net, after, old), rel=2e-2)
 
 
@@ -111,7 +110,7 @@ def test_width_scaling_at_initialisation():
             torch.manual_seed(seed)
             net = nn.Sequential(nn.Linear(20, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
                                 nn.Linear(width, 5))
-            runs.append(architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=0.01, steps=10))
+            runs.append(architecture_driven_shift(net, nn.CrossEntropyLoss(), old, new, y, lr=0.01, steps=10))
         results[width] = runs
     assert results[256][0].architecture_terms == [20, 256, 256]
     assert results[512][0].architecture_terms == [20, 512, 512]
@@ -131,10 +130,10 @@ def test_probe_path_fits_the_exact_geometric_decay():
     x = torch.eye(4).repeat(3, 1)
     y = torch.randn(12, 1, generator=torch.Generator().manual_seed(0))
     lr, steps = 0.2, 30
-    res = architecture_driven_shift(net, x, x, y, nn.MSELoss(), lr=lr, steps=steps, path="probe", probe_steps=6)
+    res = architecture_driven_shift(net, nn.MSELoss(), x, x, y, lr=lr, steps=steps, path="probe", probe_steps=6)
     assert res.decay == pytest.approx(0.9, rel=1e-5)
     assert res.path_factor == pytest.approx(lr * (1 - 0.9 ** steps) / 0.1, rel=1e-4)
-    budget = architecture_driven_shift(net, x, x, y, nn.MSELoss(), lr=lr, steps=steps)
+    budget = architecture_driven_shift(net, nn.MSELoss(), x, x, y, lr=lr, steps=steps)
     assert budget.path_factor == pytest.approx(lr * steps) and budget.decay is None
     assert res.ads == pytest.approx(budget.ads * res.path_factor / budget.path_factor, rel=1e-9)
 
@@ -159,7 +158,7 @@ def test_loss_and_logit_paths_are_the_loss_to_go_over_a_first_order_speed_capped
     lr = 1e-3
 
     def run(steps, **kwargs):
-        return architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=lr, steps=steps,
+        return architecture_driven_shift(net, nn.CrossEntropyLoss(), old, new, y, lr=lr, steps=steps,
                                          optimizer=optimizer, eps=eps, **kwargs)
 
     long = run(10**6, path=path)
@@ -200,7 +199,7 @@ def test_transformer_groups_cover_every_parameter_and_topology_only_variant():
     vit = TinyViT(image_size=8, patch=4, n_classes=4, dim=16, depth=1, heads=2)
     x = torch.randn(12, 1, 8, 8)
     y = torch.randint(0, 4, (12,))
-    res = architecture_driven_shift(vit, x, x, y, nn.CrossEntropyLoss(), lr=0.01, steps=5)
+    res = architecture_driven_shift(vit, nn.CrossEntropyLoss(), x, x, y, lr=0.01, steps=5)
     groups = layer_groups(vit, discover_layers(vit, x[:2]))
     covered = [p for g in groups for p in g.params]
     assert sorted(covered) == sorted(n for n, _ in vit.named_parameters())
@@ -221,7 +220,7 @@ def test_model_is_not_changed_and_no_grad_written():
     net.train()
     state = copy.deepcopy(net.state_dict())
     rng = torch.get_rng_state()
-    architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=0.1, steps=3, path="probe")
+    architecture_driven_shift(net, nn.CrossEntropyLoss(), old, new, y, lr=0.1, steps=3, path="probe")
     assert all(torch.equal(v, state[k]) for k, v in net.state_dict().items())
     assert all(p.grad is None for p in net.parameters()) and net.training
     assert torch.equal(rng, torch.get_rng_state())
@@ -310,7 +309,7 @@ def test_bad_input(case, match):
     elif case == "probe_steps":
         kwargs["probe_steps"] = 1
     with pytest.raises(ValueError, match=match):
-        architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), **kwargs)
+        architecture_driven_shift(net, nn.CrossEntropyLoss(), old, new, y, **kwargs)
 
 
 def test_bad_input_of_the_evaluation_functions():

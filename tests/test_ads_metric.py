@@ -14,12 +14,12 @@ from avalanche.training.plugins import EvaluationPlugin
 from avalanche.training.supervised import Naive
 from torch import nn
 
-from avalanche_plugins.ads.metric import ArchitectureDrivenShiftMetric
-from avalanche_plugins.ads.shift import (
+from avalanche_plugins.ads import (
     architecture_driven_shift,
-    expected_calibration_error,
     logit_shift,
 )
+from avalanche_plugins.ads.metric import ArchitectureDrivenShiftMetric
+from avalanche_plugins.core.stats import expected_calibration_error
 from benchmarks.data import make_stream
 from benchmarks.models import build_model
 
@@ -71,8 +71,8 @@ def test_predicted_and_realised_side_by_side_and_direct_recomputation():
     n_batches = math.ceil(len(stream.benchmark.train_stream[1].dataset) / 32)
     assert record["steps"] == n_batches and record["lr"] == pytest.approx(0.05 / (1 - 0.9))
     assert record["n_old"] == 64 and torch.all(cal["old_targets"] < 2)  # old set = experience 0
-    direct = architecture_driven_shift(before, cal["old_inputs"], cal["new_inputs"], cal["new_targets"],
-                                       nn.CrossEntropyLoss(), lr=0.5, steps=n_batches)
+    direct = architecture_driven_shift(before, nn.CrossEntropyLoss(), cal["old_inputs"], cal["new_inputs"],
+                                       cal["new_targets"], lr=0.5, steps=n_batches)
     assert last[f"ADS/{suffix}"] == pytest.approx(direct.ads, rel=1e-6)
     assert last[f"ADSPathFactor/{suffix}"] == pytest.approx(0.5 * n_batches)
     assert last[f"ADSLayerShift/{suffix}"] == pytest.approx(

@@ -35,7 +35,7 @@ def test_cnn_with_batchnorm_and_minibatches_matches_dense():
     model = small_bn_cnn()
     torch.manual_seed(2)
     x, y = torch.randn(48, 1, 8, 8), torch.randint(0, 3, (48,))
-    spec = layer_top_eigenvalues(model, CE, x, y, tol=1e-7, max_iter=2000, batch_size=16)
+    spec = layer_top_eigenvalues(model, CE, x, y, tol=1e-7, max_iter=2000, chunk_size=16)
     assert model.training  # mode restored
     assert all(spec.converged)
     dense = dense_block_eigenvalues(model, CE, x, y)

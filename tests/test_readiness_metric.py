@@ -129,7 +129,8 @@ def test_names_values_loggers_and_direct_recomputation(tmp_path):
     # Ground truth: first half trains, second half validates; the model is the task-1 head.
     train, val = perm[: n // 2], perm[n // 2:]
     gain = k_step_gain(model, nn.CrossEntropyLoss(), x[train], y[train], x[val], y[val], k=2, lr=0.01,
-                       batch_size=4, n_runs=8, seed=4, task_label=1)
+                       batch_size=4, n_runs=8, seed=4,
+                       task_labels=torch.ones(len(train), dtype=torch.long))
     assert last[f"ORGroundTruthGain/{SUFFIX}"] == pytest.approx(gain.gain, rel=1e-9)
     assert last[f"ORGroundTruthGainStdErr/{SUFFIX}"] == pytest.approx(gain.stderr, rel=1e-9)
     assert metric.history[-1]["ground_truth"]["n_train"] == n // 2

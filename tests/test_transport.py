@@ -9,7 +9,7 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
-from avalanche_plugins.transport.keys import (
+from avalanche_plugins.transport import (
     TransportKey,
     channel_permutation,
     class_balanced_anchors,

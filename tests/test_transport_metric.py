@@ -10,7 +10,7 @@ from avalanche.training.plugins import EvaluationPlugin, EWCPlugin, ReplayPlugin
 from avalanche.training.supervised import Naive
 from torch import nn
 
-from avalanche_plugins.transport.keys import (
+from avalanche_plugins.transport import (
     fit_transport_key,
     gauss_newton_key,
     stage_activations,

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from avalanche_plugins.structural.masks import (
+from avalanche_plugins.structural import (
     Interventions,
     UnitMasks,
     highest_masked,

@@ -5,7 +5,10 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader
 
-__all__ = ["experience_tensors", "experience_batches", "metric_name", "profile_figure", "preserved_rng"]
+from avalanche_plugins.core.layers import discover_layers, example_input
+
+__all__ = ["experience_tensors", "experience_batches", "experience_example", "experience_layer_map",
+           "metric_name", "profile_figure", "preserved_rng"]
 
 
 def experience_batches(strategy, *, dataset=None, batch_size=None, num_workers: int = 0,
@@ -49,16 +52,20 @@ def experience_tensors(strategy, *, n_samples: int | None = None, seed: int = 0,
     return torch.cat(xs), torch.cat(ys), torch.cat(ts).to(strategy.device)
 
 
-def experience_layer_map(strategy):
-    """:func:`~avalanche_plugins.core.layers.discover_layers` of ``strategy.model`` on two samples of
-    the current experience (with their task labels for multi-task models)."""
-    from avalanche_plugins.core.calls import is_multitask
-    from avalanche_plugins.core.layers import discover_layers
-
+def experience_example(strategy):
+    """Two samples of the current experience as the example batch of
+    :func:`~avalanche_plugins.core.layers.discover_layers` (with task labels for multi-task models);
+    the RNG is left as it was."""
     batches = experience_batches(strategy, batch_size=2)
     x, _, t = next(batches)
     batches.close()  # restores the RNG state now
-    return discover_layers(strategy.model, (x, torch.as_tensor(t)) if is_multitask(strategy.model) else x)
+    return example_input(strategy.model, x, torch.as_tensor(t))
+
+
+def experience_layer_map(strategy):
+    """:func:`~avalanche_plugins.core.layers.discover_layers` of ``strategy.model`` on
+    :func:`experience_example`."""
+    return discover_layers(strategy.model, experience_example(strategy))
 
 
 def metric_name(name: str, strategy, *, add_experience: bool = True, add_task: bool = True) -> str:

@@ -45,15 +45,14 @@ from avalanche.evaluation import PluginMetric
 from avalanche.evaluation.metric_results import MetricValue
 
 from avalanche_plugins._avalanche.data import experience_tensors, metric_name, preserved_rng
-from avalanche_plugins.ads.shift import (
+from avalanche_plugins.ads import (
     ADS_OPTIMIZERS,
     ADS_PATHS,
     architecture_driven_shift,
-    expected_calibration_error,
-    mean_row_norm,
     model_outputs,
 )
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
+from avalanche_plugins.core.stats import expected_calibration_error, mean_row_norm
 
 __all__ = ["ArchitectureDrivenShiftMetric"]
 
@@ -165,7 +164,7 @@ class ArchitectureDrivenShiftMetric(PluginMetric[float]):
         old_x, old_y, old_t = self._old_set(seed)
         new_x, new_y, new_t = experience_tensors(strategy, n_samples=self.calibration_size, seed=seed)
         lr, steps, kind = self._training_settings(strategy)
-        res = architecture_driven_shift(model, old_x, new_x, new_y, strategy._criterion, lr=lr, steps=steps,
+        res = architecture_driven_shift(model, strategy._criterion, old_x, new_x, new_y, lr=lr, steps=steps,
                                         optimizer=kind, path=self.path, probe_steps=self.probe_steps,
                                         old_task_labels=old_t, new_task_labels=new_t)
         logits = model_outputs(model, old_x, old_t, 1024)

@@ -1,104 +1,34 @@
 """Architecture-Driven Shift (ADS): how far old-task logits move when a trained model learns a new task.
 
-ADS is a stability score for choosing among architectures before continual training (seed 000,
-arXiv 2605.27469, via ``docs/references.md`` §4). The paper's formula was not available; this
-module implements the project's own reconstruction from the first-order expansion below.
-
-Derivation
-----------
-Let ``z(θ, x) ∈ R^C`` be the logits, ``x_a`` (``a = 1..N``) inputs of the earlier tasks (the *old*
-calibration set) and ``(x_b, y_b)`` (``b = 1..m``) a labelled sample of the new task with mean loss
-``L_new(θ) = (1/m) Σ_b ℓ(z(θ, x_b), y_b)``. One optimizer step ``Δθ = η u`` changes the old logits
-by, to first order,
+ADS is a stability score for choosing among architectures before continual training ("Architecture
+Matters in Continual Learning", arXiv 2605.27469). The paper's formula was not available; this
+module implements the project's own reconstruction from a first-order expansion of one optimizer
+step ``Δθ = η u`` on the new task. The derivation, its assumptions and the evidence for each path
+are in ``docs/ads.md``; in short,
 
 .. math::
 
-    Δz(x_a) = η \\, J(x_a) \\, u = η \\sum_ℓ J_ℓ(x_a) \\, u_ℓ ,
-
-a sum over the layers ``ℓ`` of the package's layer map (:func:`avalanche_plugins.core.layers.discover_layers`),
-where ``J_ℓ`` is the Jacobian of the logits w.r.t. layer ``ℓ``'s parameters and ``u_ℓ`` the
-layer's part of the update direction: ``u = −∇L_new`` for SGD, ``u = −g/(|g| + ε)`` for the first
-step of Adam from a fresh state (bias-corrected moments ``m̂ = g``, ``v̂ = g²``). For a linear
-layer ``a_ℓ = W_ℓ h_{ℓ−1}`` with fan-in ``n_{ℓ−1}``, the SGD gradient is
-``G_ℓ = (1/m) Σ_b B_ℓ(x_b)ᵀ r_b h_{ℓ−1}(x_b)ᵀ`` with ``B_ℓ = ∂z/∂a_ℓ`` (backward Jacobian) and
-``r_b = ∂ℓ/∂z`` (new-task residual), so
-
-.. math::
-
-    Δz_ℓ(x_a) = −η \\, n_{ℓ−1} \\, \\frac1m \\sum_b \\hat k_{ℓ−1}(x_a, x_b) \\,
-        B_ℓ(x_a) B_ℓ(x_b)^⊤ r_b ,
-    \\qquad \\hat k_{ℓ−1}(x_a, x_b) = \\frac{h_{ℓ−1}(x_a)^⊤ h_{ℓ−1}(x_b)}{n_{ℓ−1}} .
-
-In the standard parametrisation (PyTorch's fan-in initialisation) the width-normalised forward
-kernel ``k̂`` and ``B_ℓ B_ℓᵀ`` (a sum over ``n_ℓ`` units of ``O(1/n_ℓ)`` terms) have width-free
-limits, so the fan-in ``n_{ℓ−1}`` is the *architecture term* and the rest is a width-free *data
-term* (task conflict between old and new inputs). We define, for a unit step,
-
-.. math::
-
-    \\hat d_ℓ = \\frac{1}{n_{ℓ−1}} \\cdot \\frac1N \\sum_a \\lVert J_ℓ(x_a) u_ℓ \\rVert_2 ,
+    \\hat d_ℓ = \frac{1}{n_{ℓ−1}} \\cdot \frac1N \\sum_a \\lVert J_ℓ(x_a) u_ℓ \rVert_2 ,
     \\qquad
     \\mathrm{ADS} = P \\sum_ℓ n_{ℓ−1} \\, \\hat d_ℓ ,
 
-with the *path factor* ``P``: ``η·T`` for a budget of ``T`` steps (``path="budget"``), or
-``η Σ_{t<T} ρ^t = η (1 − ρ^T)/(1 − ρ)`` where ``ρ ≤ 1`` is the per-step decay of the update norm
-(for SGD: the gradient norm) fitted log-linearly over a short full-batch probe on the new-task
-sample (``path="probe"``), or the step length after which the first-order new-task loss reaches
-its target, ``P = min(η T, (L_new − L*) / (−⟨∇L_new, u⟩))`` (``path="loss"``, ``L* = 0`` by
-default): training stops moving the logits once the new task is fitted, so a fast-fitting model
-(large ``‖∇L‖²`` relative to its loss) travels a short path however long the budget. It costs
-nothing beyond the budget path and ranks saturated runs (long budgets) much better.
-The *logit path* (``path="logit"``) measures the distance in logit space instead:
+with ``J_ℓ`` the Jacobian of the logits w.r.t. layer ``ℓ``'s parameters over the old inputs
+``x_a``, ``u`` the unit-lr update direction (``−∇L_new`` for SGD, ``−g/(|g| + ε)`` for Adam's first
+step), ``n_{ℓ−1}`` the fan-in (the architecture term) and the path factor ``P``:
 
-.. math::
+* ``"budget"``: ``η T``;
+* ``"probe"``: ``η (1 − ρ^T)/(1 − ρ)``, ``ρ`` the update-norm decay of a short full-batch probe;
+* ``"loss"``: ``min(η T, (L_new − L*) / (−⟨∇L_new, u⟩))``;
+* ``"logit"``: ``min(η T, (L_new − L*) / v_new)``, ``v_new = (1/m) Σ_b ‖J(x_b) u‖`` — the step
+  length after which the new-task logits have moved, to first order, by the loss to go.
 
-    P = \\min\\Big(η T, \\frac{L_\\text{new} - L^*}{v_\\text{new}}\\Big), \\qquad
-    v_\\text{new} = \\frac1m \\sum_b \\lVert J(x_b)\\, u \\rVert_2 ,
-
-the step length after which the new-task logits have moved, to first order, by the loss to go.
-Cross-entropy is √2-Lipschitz in the logits (``‖softmax(z) − e_y‖ ≤ √2``), so fitting the new
-task needs a mean logit travel of at least ``(L_new − L*)/√2``, and about ``L_new − L*`` when the
-old model is confidently wrong on the new inputs (``ℓ ≈ z_max − z_y``); ``v_new`` is how fast a
-unit step moves them. Then ``ADS = (L_new − L*) · Σ_ℓ n_{ℓ−1} d̂_ℓ / v_new``: old-logit movement per
-unit of new-logit movement times the travel the new task demands. Unlike the loss path it does
-not divide by the first step's alignment with the residual (``−⟨∇L, u⟩ = ⟨r, J u⟩``): later steps
-re-align, so a poorly aligned first step does not mean a long run. It is free of the step's scale
-(the same for any ``η`` and any scaling of ``u`` while uncapped) and costs one more JVP (all
-parameters) over the new sample. On the zoo it is the one path that ranks all three scenarios above
-0.8 (Spearman; ``docs/ads.md``).
-``J_ℓ(x_a) u_ℓ`` is computed by one ``torch.func.jvp`` per layer (tangent ``u_ℓ`` on layer
-``ℓ``'s parameters, zero elsewhere) over all old inputs; no Jacobian is formed.
-
-Assumptions (when ADS is a good proxy, not an identity):
-
-1. The model is trained on the old tasks, so old-task logits move only because of the new task.
-2. The update direction over the ``T`` steps stays close to the first one (the first-order
-   picture with a scalar path length); path ``"probe"`` corrects only the step *size* decay.
-3. Per-layer shifts add without cancellation: ``Σ_ℓ ‖Δz_ℓ‖ ≥ ‖Σ_ℓ Δz_ℓ‖`` (triangle
-   inequality), so ADS is an upper-bound style score, exact only when the per-layer shifts align.
-   :attr:`ADSResult.first_order_shift` holds the norm of the sum for comparison.
-4. Minibatch noise is ignored: the direction is that of the full calibration-batch gradient.
-5. The split ``n_{ℓ−1} × d̂_ℓ`` is an identity for the measured model; it is *predictive across
-   widths* (the topology-only variant, :func:`topology_only_shift`) only where ``d̂_ℓ`` is close
-   to its wide limit: same design (depth, layer kinds, activation, normalisation, initialisation
-   and parametrisation), moderate to large widths, and training in or near the lazy regime.
-
-Parameters that belong to no layer (a ViT's class token and positional embedding, pre-norm
-LayerNorm affines) form one extra group, named ``"(unassigned)"``, with architecture term 1 (they
-act like biases, whose input is the constant 1); normalisation affines that follow a layer and
-other tasks' heads are attached to layers by :meth:`~avalanche_plugins.core.layers.LayerMap.attach_parameters`.
-Frozen parameters (``requires_grad=False``) and buffers are held fixed. The Jacobian-vector
-products therefore add up to the full first-order change ``J u``.
-
-Also here: the ground truth :func:`logit_shift`, :func:`expected_calibration_error`,
-:func:`direction_consistency`; ranking statistics are
-:func:`avalanche_plugins.readiness.spearman` and :func:`~avalanche_plugins.readiness.kendall_tau`
-(re-exported). Conventions as in :mod:`avalanche_plugins.readiness`: eval mode (restored),
-parameters read through ``torch.func.functional_call`` (nothing written to ``.grad``, the model is
-never changed, the global RNG is never used), ``loss_fn`` mean-reduced, Avalanche multi-task models
-receive ``task_labels`` (each forward pass uses one ``int`` label).
+``J_ℓ u_ℓ`` comes from ``torch.func.jvp`` (all layers' tangents stacked in one ``vmap``); no
+Jacobian is formed. Parameters outside every layer form one extra group ``"(unassigned)"`` with
+architecture term 1. Conventions as in :mod:`avalanche_plugins.readiness`: eval mode (restored),
+parameters read through ``torch.func.functional_call`` (the model is never changed, the global RNG
+is never used), ``loss_fn`` mean-reduced, multi-task models receive ``task_labels``. The ground
+truth is :func:`avalanche_plugins.ads.ground_truth.logit_shift`.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -115,16 +45,15 @@ from torch.func import grad, grad_and_value, jvp, vmap
 from avalanche_plugins.core.calls import (
     eval_mode,
     grouped_loss,
-    is_multitask,
     iterate_batches,
-    model_forward,
     split_params,
     stateless_forward,
     task_groups,
 )
 from avalanche_plugins.core.checks import check_choice, check_inputs, check_int, check_positive
-from avalanche_plugins.core.layers import LayerMap, discover_layers
-from avalanche_plugins.core.stats import kendall_tau, spearman
+from avalanche_plugins.core.layers import LayerMap, discover_layers, example_input
+from avalanche_plugins.core.optim import AdamState, functional_step
+from avalanche_plugins.core.stats import mean_row_norm
 
 __all__ = [
     "ADS_OPTIMIZERS",
@@ -137,11 +66,6 @@ __all__ = [
     "layer_logit_changes",
     "layer_groups",
     "topology_only_shift",
-    "logit_shift",
-    "expected_calibration_error",
-    "direction_consistency",
-    "spearman",
-    "kendall_tau",
 ]
 
 ADS_OPTIMIZERS = ("sgd", "adam")
@@ -388,34 +312,18 @@ def _stacked_jvp(model, params, consts, direction, groups, inputs, label) -> lis
     return list(vmap(lambda t: jvp(f, (primal,), (t,))[1])(tangents).detach().unbind(0))
 
 
-def mean_row_norm(delta: torch.Tensor) -> float:
-    """``mean_i ‖delta_i‖₂`` over the first dimension (float64): the mean per-sample shift."""
-    return float(delta.reshape(delta.shape[0], -1).double().norm(dim=1).mean())
-
-
 def _probe(model, loss_fn, new_inputs, new_targets, groups, *, lr, optimizer, probe_steps, eps,
            betas=(0.9, 0.999)) -> list[float]:
     """Update norms of ``probe_steps`` full-batch steps on the new-task sample (functional copy)."""
     params, consts = split_params(model)
     loss_of = grouped_loss(model, loss_fn, consts, new_inputs, new_targets, groups)
     theta = {n: p.clone() for n, p in params.items()}
-    first = {n: torch.zeros_like(p) for n, p in theta.items()}
-    second = {n: torch.zeros_like(p) for n, p in theta.items()}
+    state = AdamState(theta, betas=betas, eps=eps) if optimizer == "adam" else None
     norms = []
     with eval_mode(model):
-        for t in range(probe_steps):
-            g = grad(loss_of)(theta)
-            if optimizer == "sgd":
-                step = {n: lr * v for n, v in g.items()}
-            else:
-                b1, b2 = betas
-                step = {}
-                for n, v in g.items():
-                    first[n].mul_(b1).add_(v, alpha=1 - b1)
-                    second[n].mul_(b2).addcmul_(v, v, value=1 - b2)
-                    m_hat = first[n] / (1 - b1 ** (t + 1))
-                    v_hat = second[n] / (1 - b2 ** (t + 1))
-                    step[n] = lr * m_hat / (v_hat.sqrt() + eps)
+        for _ in range(probe_steps):
+            step = functional_step(theta, grad(loss_of)(theta), lr, optimizer=optimizer, state=state,
+                                   in_place=False)
             norms.append(math.sqrt(sum(float((s.double() ** 2).sum()) for s in step.values())))
             theta = {n: (theta[n] - step[n]).detach() for n in theta}
     return norms
@@ -450,19 +358,13 @@ def _path_sum(decay: float, steps: int) -> float:
     return float((1.0 - decay ** steps) / (1.0 - decay))
 
 
-def _example(model: nn.Module, x: torch.Tensor, task_labels):
-    if task_labels is None or not is_multitask(model):
-        return x[:2]
-    return x[:2], torch.as_tensor(task_labels).reshape(-1)[:2].to(x.device)
-
-
 # --------------------------------------------------------------------------------------------
 # ADS
 # --------------------------------------------------------------------------------------------
 
 
-def architecture_driven_shift(model: nn.Module, old_inputs: torch.Tensor, new_inputs: torch.Tensor,
-                              new_targets: torch.Tensor, loss_fn, *, lr: float, steps: int,
+def architecture_driven_shift(model: nn.Module, loss_fn, old_inputs: torch.Tensor, new_inputs: torch.Tensor,
+                              new_targets: torch.Tensor, *, lr: float, steps: int,
                               optimizer: str = "sgd", path: str = "budget", probe_steps: int = 10,
                               target_loss: float = 0.0, eps: float = 1e-8, old_task_labels=None,
                               new_task_labels=None, chunk_size: int | None = 1024) -> ADSResult:
@@ -506,7 +408,7 @@ def architecture_driven_shift(model: nn.Module, old_inputs: torch.Tensor, new_in
         <torch._C.Generator object at ...>
         >>> net = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 3))
         >>> old, new, y = torch.randn(20, 5), torch.randn(30, 5), torch.randint(0, 3, (30,))
-        >>> res = architecture_driven_shift(net, old, new, y, nn.CrossEntropyLoss(), lr=0.01, steps=100)
+        >>> res = architecture_driven_shift(net, nn.CrossEntropyLoss(), old, new, y, lr=0.01, steps=100)
         >>> res.layer_names, res.architecture_terms, res.path_factor
         (['0', '2'], [5, 16], 1.0)
         >>> abs(res.ads - sum(n * d for n, d in zip(res.architecture_terms, res.data_terms))) < 1e-9
@@ -524,7 +426,7 @@ def architecture_driven_shift(model: nn.Module, old_inputs: torch.Tensor, new_in
     check_positive("eps", eps)
     if chunk_size is not None:
         check_int("chunk_size", chunk_size)
-    layer_map = discover_layers(model, _example(model, new_inputs, new_task_labels))
+    layer_map = discover_layers(model, example_input(model, new_inputs, new_task_labels))
     groups = layer_groups(model, layer_map)
     direction, loss, grad_norm, rate = _first_step(model, loss_fn, new_inputs, new_targets, optimizer=optimizer,
                                                    eps=eps, task_labels=new_task_labels)
@@ -578,8 +480,8 @@ def topology_only_shift(model: nn.Module, example_input, reference: ADSResult) -
         >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
         <torch._C.Generator object at ...>
         >>> small = nn.Sequential(nn.Linear(5, 32), nn.ReLU(), nn.Linear(32, 3))
-        >>> ref = architecture_driven_shift(small, torch.randn(8, 5), torch.randn(8, 5),
-        ...                                 torch.randint(0, 3, (8,)), nn.CrossEntropyLoss(), lr=0.1, steps=1)
+        >>> ref = architecture_driven_shift(small, nn.CrossEntropyLoss(), torch.randn(8, 5), torch.randn(8, 5),
+        ...                                 torch.randint(0, 3, (8,)), lr=0.1, steps=1)
         >>> wide = nn.Sequential(nn.Linear(5, 64), nn.ReLU(), nn.Linear(64, 3))
         >>> topo = topology_only_shift(wide, torch.randn(2, 5), ref)
         >>> round(topo, 6) == round(ref.path_factor * (5 * ref.data_terms[0] + 64 * ref.data_terms[1]), 6)
@@ -596,127 +498,3 @@ def topology_only_shift(model: nn.Module, example_input, reference: ADSResult) -
     return float(reference.path_factor * sum(g.fan_in * d for g, d in zip(groups, reference.data_terms)))
 
 
-# --------------------------------------------------------------------------------------------
-# Ground truth and evaluation
-# --------------------------------------------------------------------------------------------
-
-
-def model_outputs(model: nn.Module, inputs: torch.Tensor, task_labels, batch_size: int | None) -> torch.Tensor:
-    """Outputs of ``model`` on ``inputs`` in eval mode without gradients, batched, each sample with
-    its own task label (samples grouped by task for multi-task models)."""
-    tasks = task_groups(model, inputs.shape[0], task_labels)
-    out = None
-    with eval_mode(model), torch.no_grad():
-        for label, idx in tasks:
-            xs = inputs if idx is None else inputs[idx]
-            z = torch.cat([model_forward(model, xs[s], label) for s in iterate_batches(xs.shape[0], batch_size)])
-            if idx is None:
-                return z
-            if out is None:
-                out = torch.empty((inputs.shape[0], *z.shape[1:]), dtype=z.dtype, device=z.device)
-            out[idx] = z
-    return out
-
-
-def logit_shift(model_before: nn.Module, model_after: nn.Module, inputs: torch.Tensor, *,
-                task_labels=None, batch_size: int | None = 1024) -> float:
-    """Ground truth: mean L2 norm of the logit change on ``inputs`` (eval mode, no gradient).
-
-    .. math:: \\mathrm{shift} = \\frac1N \\sum_a \\lVert z_\\text{after}(x_a) - z_\\text{before}(x_a) \\rVert_2
-
-    Example:
-        >>> a = nn.Linear(2, 2)
-        >>> b = nn.Linear(2, 2)
-        >>> b.load_state_dict(a.state_dict())
-        <All keys matched successfully>
-        >>> with torch.no_grad():
-        ...     _ = b.bias.add_(torch.tensor([3.0, 4.0]))
-        >>> round(logit_shift(a, b, torch.randn(10, 2)), 6)
-        5.0
-    """
-    check_inputs(inputs, name="inputs")
-    before = model_outputs(model_before, inputs, task_labels, batch_size)
-    after = model_outputs(model_after, inputs, task_labels, batch_size)
-    if before.shape != after.shape:
-        raise ValueError(f"the models' outputs differ in shape: {tuple(before.shape)} vs {tuple(after.shape)}")
-    return mean_row_norm(after - before)
-
-
-def expected_calibration_error(logits: torch.Tensor, targets: torch.Tensor, n_bins: int = 15) -> float:
-    """Expected calibration error with ``n_bins`` equal-width confidence bins.
-
-    .. math:: \\mathrm{ECE} = \\sum_{k=1}^{K} \\frac{|B_k|}{N} \\,
-              \\big| \\operatorname{acc}(B_k) - \\operatorname{conf}(B_k) \\big|
-
-    Confidence = max softmax probability, prediction = its argmax; bin ``k`` holds confidences in
-    ``((k−1)/K, k/K]``.
-
-    Example:
-        >>> logits = torch.log(torch.tensor([[0.9, 0.1], [0.6, 0.4], [0.3, 0.7]]))
-        >>> round(expected_calibration_error(logits, torch.tensor([0, 1, 1]), n_bins=4), 6)
-        0.133333
-    """
-    check_int("n_bins", n_bins)
-    check_inputs(logits, targets, name="logits")
-    if logits.dim() != 2:
-        raise ValueError(f"logits must have shape (N, C), got {tuple(logits.shape)}")
-    if targets.dtype.is_floating_point or targets.dim() != 1:
-        raise ValueError("targets must be a 1-D tensor of class indices")
-    n_classes = logits.shape[1]
-    if bool(((targets < 0) | (targets >= n_classes)).any()):
-        raise ValueError(f"targets must be class indices in [0, {n_classes})")
-    probs = torch.softmax(logits.detach().double(), dim=1)
-    confidence, prediction = probs.max(dim=1)
-    correct = (prediction == targets.to(prediction.device)).double()
-    bins = torch.clamp(torch.ceil(confidence * n_bins).long() - 1, 0, n_bins - 1)
-    n = logits.shape[0]
-    ece = 0.0
-    for k in range(n_bins):
-        members = bins == k
-        count = int(members.sum())
-        if count:
-            ece += count / n * abs(float(correct[members].mean() - confidence[members].mean()))
-    return float(ece)
-
-
-def direction_consistency(pairs, ads, shift) -> float:
-    """Fraction of one-edit architecture pairs whose ADS and true shift change in the same direction.
-
-    .. math:: \\mathrm{DC} = \\frac{\\sum_{(i,j)} \\big[\\mathbb 1\\{(a_j-a_i)(s_j-s_i) > 0\\}
-              + \\tfrac12 \\mathbb 1\\{a_j = a_i\\}\\big]}{\\#\\{(i,j) : s_i \\ne s_j\\}}
-
-    ``pairs`` are ``(i, j)`` keys into ``ads`` and ``shift`` (sequences or mappings). Pairs with
-    equal true shifts are skipped; ADS ties count ½ (as
-    :func:`~avalanche_plugins.readiness.pairwise_ranking_accuracy`).
-
-    Raises:
-        ValueError: no pairs, a key missing, non-finite values, or every pair has tied shifts.
-
-    Example:
-        >>> direction_consistency([(0, 1), (1, 2), (0, 2)], [1.0, 2.0, 1.5], [10.0, 20.0, 30.0])
-        0.6666666666666666
-    """
-    pairs = list(pairs)
-    if not pairs:
-        raise ValueError("pairs is empty: direction consistency needs at least one pair")
-    score, counted = 0.0, 0
-    for pair in pairs:
-        if len(pair) != 2:
-            raise ValueError(f"every pair must be (i, j), got {pair!r}")
-        i, j = pair
-        try:
-            a_i, a_j, s_i, s_j = float(ads[i]), float(ads[j]), float(shift[i]), float(shift[j])
-        except (KeyError, IndexError) as error:
-            raise ValueError(f"pair {pair!r} names an architecture missing from ads or shift") from error
-        if not all(math.isfinite(v) for v in (a_i, a_j, s_i, s_j)):
-            raise ValueError(f"pair {pair!r} has non-finite ads or shift values")
-        if s_i == s_j:
-            continue
-        counted += 1
-        if a_i == a_j:
-            score += 0.5
-        elif (a_j - a_i) * (s_j - s_i) > 0:
-            score += 1.0
-    if counted == 0:
-        raise ValueError("every pair has equal true shifts: there is no direction to compare")
-    return score / counted

@@ -33,13 +33,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from avalanche_plugins.core.calls import eval_mode, first_tensor, model_forward
+from avalanche_plugins.core.calls import eval_mode, first_tensor, is_multitask, model_forward
 
 __all__ = [
     "NORM_TYPES",
     "LayerInfo",
     "LayerMap",
     "discover_layers",
+    "example_input",
 ]
 
 NORM_TYPES: tuple[type[nn.Module], ...] = (
@@ -310,3 +311,16 @@ def discover_layers(model: nn.Module, example_input) -> LayerMap:
         )
     norms = {names[m]: m for m in executed if is_norm(m)}
     return LayerMap(layers=layers, unassigned=unassigned, norms=norms)
+
+
+def example_input(model: nn.Module, inputs: torch.Tensor, task_labels=None, n: int = 2):
+    """The example batch :func:`discover_layers` traces: the first ``n`` samples, paired with their
+    task labels for Avalanche multi-task models (so the right head runs).
+
+    Example:
+        >>> example_input(nn.Linear(3, 2), torch.zeros(5, 3)).shape
+        torch.Size([2, 3])
+    """
+    if task_labels is None or not is_multitask(model):
+        return inputs[:n]
+    return inputs[:n], torch.as_tensor(task_labels).reshape(-1)[:n].to(inputs.device)

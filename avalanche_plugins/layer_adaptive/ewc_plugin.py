@@ -71,7 +71,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         importances decay by ``decay_factor`` and accumulate, anchor = latest weights).
     :param decay_factor: required for (and only for) ``online``.
     :param spectrum_samples: samples of each experience used to measure ``s_ℓ``.
-    :param spectrum_batch_size: minibatch size of the HVPs (None: all samples at once).
+    :param spectrum_chunk_size: minibatch size of the HVPs (None: all samples at once).
     :param spectrum_max_iter, spectrum_tol: power-iteration budget and tolerance.
     :param fisher_samples: cap on samples for the per-sample Fisher estimators (None: all).
     :param log_profile: measure ``s_ℓ`` after every experience even for schedules that do not need
@@ -85,7 +85,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
 
     def __init__(self, ewc_lambda: float, schedule: str = "geometric", alpha: float | None = 2.0,
                  fisher: str = "batched", mode: str = "separate", decay_factor: float | None = None, *,
-                 spectrum_samples: int = 256, spectrum_batch_size: int | None = None,
+                 spectrum_samples: int = 256, spectrum_chunk_size: int | None = None,
                  spectrum_max_iter: int = 100, spectrum_tol: float = 1e-3, fisher_samples: int | None = None,
                  log_profile: bool = False, seed: int = 0):
         super().__init__()
@@ -115,7 +115,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         self.mode = mode
         self.decay_factor = decay_factor
         self.spectrum_samples = spectrum_samples
-        self.spectrum_batch_size = spectrum_batch_size
+        self.spectrum_chunk_size = spectrum_chunk_size
         self.spectrum_max_iter = spectrum_max_iter
         self.spectrum_tol = spectrum_tol
         self.fisher_samples = fisher_samples
@@ -157,7 +157,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         if self.schedule in ("measured", "smoothed") or self.log_profile:
             start = time.perf_counter()
             spectrum = measure_profile(strategy, n_samples=self.spectrum_samples,
-                                       batch_size=self.spectrum_batch_size, max_iter=self.spectrum_max_iter,
+                                       chunk_size=self.spectrum_chunk_size, max_iter=self.spectrum_max_iter,
                                        tol=self.spectrum_tol, seed=self.seed + exp_id)
             timings["spectrum"] = time.perf_counter() - start
         start = time.perf_counter()

@@ -11,7 +11,7 @@ each non-zero only inside its block, stacked and pushed through one ``torch.vmap
 forward-over-reverse Hessian-vector product (``torch.func.jvp`` of ``torch.func.grad``) per
 iteration and minibatch, so all layers share each pass over the data. Keeping only each tangent's
 own block of ``Hv`` gives ``H_ℓℓ v_ℓ`` exactly. Iteration stops per layer when the Rayleigh quotient
-changes by less than ``tol`` (relative). With ``batch_size`` the HVP is the sample-weighted mean of
+changes by less than ``tol`` (relative). With ``chunk_size`` the HVP is the sample-weighted mean of
 minibatch HVPs, i.e. exactly the full-data Hessian block, not an average of per-batch eigenvalues.
 
 Sign: power iteration finds the eigenvalue of largest magnitude, which can be negative away
@@ -31,9 +31,9 @@ import torch
 from torch import nn
 from torch.func import grad, jvp, vmap
 
-from avalanche_plugins.core.calls import batch_loss, eval_mode, is_multitask, iterate_batches
+from avalanche_plugins.core.calls import batch_loss, eval_mode, iterate_batches
 from avalanche_plugins.core.checks import check_finite_loss, check_inputs, check_int, check_positive
-from avalanche_plugins.core.layers import LayerMap, discover_layers
+from avalanche_plugins.core.layers import LayerMap, discover_layers, example_input
 
 __all__ = ["LayerSpectrum", "GeometricFit", "layer_top_eigenvalues", "geometric_fit", "condition_number"]
 
@@ -122,7 +122,7 @@ def _dot(a: dict, b: dict) -> torch.Tensor:
 
 
 def layer_top_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: torch.Tensor, *,
-                          max_iter: int = 100, tol: float = 1e-3, batch_size: int | None = None,
+                          max_iter: int = 100, tol: float = 1e-3, chunk_size: int | None = None,
                           seed: int = 0, task_labels: torch.Tensor | None = None,
                           layer_map: LayerMap | None = None) -> LayerSpectrum:
     """Top eigenvalue ``s_ℓ`` of every layer's Hessian block, by block power iteration.
@@ -135,12 +135,12 @@ def layer_top_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targe
         inputs, targets: the data defining the loss; ``task_labels`` for multi-task models.
         max_iter: power iterations per layer (a warning names layers that did not converge).
         tol: relative change of the Rayleigh quotient at which a layer stops.
-        batch_size: split the data into minibatches (HVP averaged, weighted by batch size).
+        chunk_size: split the data into minibatches (HVP averaged, weighted by batch size).
         seed: seeds the random start vectors.
         layer_map: reuse a :func:`discover_layers` result.
 
     Raises:
-        ValueError: empty data, bad ``max_iter``/``tol``/``batch_size``, a model without layers,
+        ValueError: empty data, bad ``max_iter``/``tol``/``chunk_size``, a model without layers,
             or a non-finite loss.
 
     Example:
@@ -154,19 +154,18 @@ def layer_top_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targe
     check_inputs(inputs, targets)
     check_int("max_iter", max_iter)
     check_positive("tol", tol)
-    if batch_size is not None:
-        check_int("batch_size", batch_size)
+    if chunk_size is not None:
+        check_int("chunk_size", chunk_size)
     if layer_map is None:
-        multitask = is_multitask(model) and task_labels is not None
-        layer_map = discover_layers(model, (inputs[:2], task_labels[:2]) if multitask else inputs[:2])
+        layer_map = discover_layers(model, example_input(model, inputs, task_labels))
 
     with eval_mode(model):
         return _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map,
-                                max_iter, tol, batch_size, seed)
+                                max_iter, tol, chunk_size, seed)
 
 
 def _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map, max_iter, tol,
-                     batch_size, seed) -> LayerSpectrum:
+                     chunk_size, seed) -> LayerSpectrum:
     n_layers = len(layer_map)
     block_names = [name for layer in layer_map for name in layer.params]
     owner = torch.tensor([layer.index for layer in layer_map for _ in layer.params])
@@ -177,7 +176,7 @@ def _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map, ma
     n = inputs.shape[0]
     batches = [
         (inputs[s], targets[s], None if task_labels is None else task_labels[s], (s.stop - s.start) / n)
-        for s in iterate_batches(n, batch_size)
+        for s in iterate_batches(n, chunk_size)
     ]
 
     loss_of = batch_loss(model, loss_fn, frozen)

@@ -86,7 +86,7 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
 
     def after_training_exp(self, strategy, **kwargs):
         if self.schedule == "smoothed":
-            spectrum = measure_profile(strategy, n_samples=self.spectrum_samples, batch_size=None,
+            spectrum = measure_profile(strategy, n_samples=self.spectrum_samples, chunk_size=None,
                                        max_iter=self.spectrum_max_iter, tol=self.spectrum_tol,
                                        seed=self.seed + strategy.clock.train_exp_counter)
             self.last_spectrum = spectrum.top.tolist()

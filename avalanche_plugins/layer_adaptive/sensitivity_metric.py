@@ -42,12 +42,12 @@ class ExperienceProfile:
     seconds: dict = field(default_factory=dict)
 
 
-def measure_profile(strategy, *, n_samples: int, batch_size: int | None, max_iter: int, tol: float,
+def measure_profile(strategy, *, n_samples: int, chunk_size: int | None, max_iter: int, tol: float,
                     seed: int) -> LayerSpectrum:
     """s_ℓ of ``strategy.model`` on up to ``n_samples`` samples of the current experience."""
     x, y, t = experience_tensors(strategy, n_samples=n_samples, seed=seed)
     return layer_top_eigenvalues(strategy.model, strategy._criterion, x, y, task_labels=t,
-                                 max_iter=max_iter, tol=tol, batch_size=batch_size, seed=seed)
+                                 max_iter=max_iter, tol=tol, chunk_size=chunk_size, seed=seed)
 
 
 def sensitivity_values(origin, strategy, profile: ExperienceProfile, x: int) -> list[MetricValue]:
@@ -69,7 +69,7 @@ class LayerSensitivityMetric(PluginMetric[dict]):
     """Logs the per-layer Hessian spectrum after each training experience (see module docstring).
 
     :param n_samples: samples of the experience used (random, seeded).
-    :param batch_size: minibatch size of the Hessian-vector products (None: all at once).
+    :param chunk_size: minibatch size of the Hessian-vector products (None: all at once).
     :param max_iter, tol: power-iteration budget and tolerance.
     :param seed: sample selection and start vectors (offset by the experience counter).
 
@@ -79,13 +79,13 @@ class LayerSensitivityMetric(PluginMetric[dict]):
                                      loggers=[InteractiveLogger(), TensorboardLogger()])
     """
 
-    def __init__(self, n_samples: int = 256, batch_size: int | None = None, max_iter: int = 100,
+    def __init__(self, n_samples: int = 256, chunk_size: int | None = None, max_iter: int = 100,
                  tol: float = 1e-3, seed: int = 0):
         super().__init__()
         check_int("n_samples", n_samples)
         check_int("max_iter", max_iter)
         check_positive("tol", tol)
-        self.n_samples, self.batch_size, self.max_iter, self.tol, self.seed = n_samples, batch_size, max_iter, tol, seed
+        self.n_samples, self.chunk_size, self.max_iter, self.tol, self.seed = n_samples, chunk_size, max_iter, tol, seed
         self.profiles: list[ExperienceProfile] = []
 
     def result(self) -> dict | None:
@@ -98,7 +98,7 @@ class LayerSensitivityMetric(PluginMetric[dict]):
     def after_training_exp(self, strategy) -> list[MetricValue]:
         exp_id = strategy.clock.train_exp_counter
         start = time.perf_counter()
-        spectrum = measure_profile(strategy, n_samples=self.n_samples, batch_size=self.batch_size,
+        spectrum = measure_profile(strategy, n_samples=self.n_samples, chunk_size=self.chunk_size,
                                    max_iter=self.max_iter, tol=self.tol, seed=self.seed + exp_id)
         profile = profile_from_spectrum(exp_id, spectrum, lambdas=[], seconds={"spectrum": time.perf_counter() - start})
         self.profiles.append(profile)

@@ -13,7 +13,6 @@ from avalanche_plugins.core.calls import (
     batch_loss,
     check_task_labels,
     eval_mode,
-    is_multitask,
     iterate_batches,
     model_forward,
     split_params,
@@ -26,7 +25,7 @@ from avalanche_plugins.core.checks import (
     check_int,
     check_positive,
 )
-from avalanche_plugins.core.layers import discover_layers
+from avalanche_plugins.core.layers import discover_layers, example_input
 from avalanche_plugins.readiness._common import (
     _take,
 )
@@ -161,10 +160,7 @@ def _layers(model, inputs, task_labels):
     for a model that is a single leaf module (``nn.Linear``): it has no hidden layer."""
     if next(model.children(), None) is None:
         return []
-    example = inputs[:2]
-    if task_labels is not None and is_multitask(model):
-        example = (example, task_labels.reshape(-1)[:2])
-    return list(discover_layers(model, example))
+    return list(discover_layers(model, example_input(model, inputs, task_labels)))
 
 
 def hidden_features(model: nn.Module, inputs: torch.Tensor, *, task_labels: torch.Tensor | None = None,

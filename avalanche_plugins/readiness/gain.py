@@ -12,6 +12,7 @@ from torch.func import grad, vmap
 
 from avalanche_plugins.core.calls import (
     batch_loss,
+    check_task_labels,
     eval_mode,
     iterate_batches,
     split_params,
@@ -63,7 +64,7 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
                 val_inputs: torch.Tensor, val_targets: torch.Tensor, *, k: int, lr: float,
                 optimizer: str = "sgd", batch_size: int, n_runs: int = 128, seed: int = 0,
                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                indices: torch.Tensor | None = None, task_label: int | None = None,
+                indices: torch.Tensor | None = None, task_labels: torch.Tensor | None = None,
                 chunk_size: int = 1024, adam_state: dict | None = None) -> GainResult:
     """Ground-truth plasticity: the expected relative validation-loss decrease after ``k`` steps.
 
@@ -92,7 +93,9 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
         batch_size: minibatch size (1 to the number of training samples).
         n_runs: independent runs. seed: seed of the index generator.
         indices: optional precomputed minibatch indices (overrides ``seed``).
-        task_label: the task label of every sample, for multi-task models (default 0).
+        task_labels: for multi-task models, the task labels of the training samples (one entry per
+            sample, all equal: the runs train one task head; the validation samples share it).
+            None: task 0.
         chunk_size: validation samples per vectorised evaluation.
         adam_state: Adam *continuing* from a checkpoint: a ``torch.optim.Adam`` ``state_dict``
             (entries in the order of the trainable ``model.parameters()``); every run starts from
@@ -120,8 +123,7 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
     check_int("n_runs", n_runs)
     check_int("seed", seed, minimum=0)
     check_int("chunk_size", chunk_size)
-    if task_label is not None:
-        check_int("task_label", task_label, minimum=0)
+    task_label = _single_task(task_labels, n_train)
     if adam_state is not None and optimizer != "adam":
         raise ValueError("adam_state is only used with optimizer='adam'")
     if indices is None:
@@ -178,6 +180,18 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
         losses_after=losses_after,
         indices=indices,
     )
+
+
+def _single_task(task_labels, n: int) -> int | None:
+    """The one task label of ``task_labels`` (None stays None); ``ValueError`` for mixed labels."""
+    check_task_labels(task_labels, n)
+    if task_labels is None:
+        return None
+    labels = torch.unique(task_labels)
+    if labels.numel() != 1:
+        raise ValueError(f"task_labels must hold a single task (the runs train one head), got labels "
+                         f"{labels.tolist()}")
+    return int(labels[0])
 
 
 def _load_adam_state(adam_state: dict, names: list[str], state: AdamState) -> None:

@@ -233,18 +233,11 @@ class OptimizationReadinessMetric(PluginMetric[float]):
             raise ValueError(
                 f"the experience has {n} samples: half of them ({n_train}) train the ground truth, "
                 f"fewer than batch_size={self.batch_size}")
-        task_label = None
-        if is_multitask(model):
-            labels = torch.unique(t)
-            if labels.numel() != 1:
-                raise ValueError(f"ground_truth_k needs an experience with a single task label for a "
-                                 f"multi-task model, got labels {labels.tolist()}")
-            task_label = int(labels[0])
         train, val = perm[:n_train], perm[n_train:]
         gain = k_step_gain(model, loss_fn, x[train], y[train], x[val], y[val], k=self.ground_truth_k,
                            lr=self.ground_truth_lr, optimizer=self.ground_truth_optimizer,
                            batch_size=self.batch_size, n_runs=self.ground_truth_runs, seed=seed,
-                           task_label=task_label)
+                           task_labels=t[train] if is_multitask(model) else None)
         return {"k": gain.k, "gain": gain.gain, "stderr": gain.stderr, "loss_before": gain.loss_before,
                 "loss_after_mean": gain.loss_after_mean, "lr": self.ground_truth_lr,
                 "optimizer": self.ground_truth_optimizer, "n_runs": gain.n_runs, "n_train": n_train,

@@ -33,103 +33,31 @@ the consumer's input columns it feeds, so ``Flatten`` after a conv (one block of
 per channel), pooling and CReLU (two columns per unit) are all handled. Only that one consumer
 is recorded (sequential models; in a residual block the skip path is not).
 
-Scores (:func:`unit_scores`), all per unit of each masked layer, larger is better:
-
-* ``weight_norm``: ``‖W_in[u]‖₂`` (incoming weight row, bias excluded);
-* ``activation``: fraction of inputs (samples × spatial positions) with ``φ(z_u) > threshold``,
-  where ``z_u`` is the unit's (post-BN) output *as if unmasked*: the hook sees the value before
-  multiplying by the mask, and unmasking one unit changes nothing else in its layer;
-* ``gradient``: ``‖∂L/∂W_out[:, u]‖`` — the gradient a unit's outgoing weights would receive if
-  it were inserted with zero outgoing weights (function-preserving, so the rest of the network is
-  unchanged; GradMax / NeurOps). The gradient through the mask itself is useless here: a masked
-  ReLU unit sits at ``relu'(0) = 0``.
-
-Recruitment interventions (:meth:`UnitMasks.grow`), each with the public code that uses it:
-
-* ``optimizer_state``: ``keep`` (whatever the optimizer holds), ``zero`` (the newborn entries of
-  every per-parameter state tensor — momentum, Adam moments — are set to 0, as RigL and NeurOps
-  do), ``fresh`` (zeroed moments *and* an Adam bias correction with the unit's own step count, as
-  if a fresh optimizer had been created for it, as Firefly / open_lth restart optimizers).
-  ``torch.optim.Adam`` keeps one ``step`` per parameter tensor, so zeroed moments alone are
-  bias-corrected with the tensor's large step count and start tiny. ``fresh`` therefore redoes
-  the newborn entries' update after each step: Adam's moment updates do not depend on the step
-  count, only the update ``lr·m̂/(√v̂+ε)`` does, so ``p = p_before - lr·(m/(1-β₁ᵏ))/(√(v/(1-β₂ᵏ))+ε)``
-  (AdamW also ``- lr·wd·p_before``) with ``k`` the unit's age in steps is exact. For SGD,
-  ``fresh`` equals ``zero`` (a fresh momentum buffer starts at the first gradient, which is what a
-  zeroed buffer gives with ``dampening=0``).
-* ``incoming``: ``as_is`` (the frozen values) or ``reinit`` (PyTorch's default init of the row:
-  ``U(-1/√fan_in, 1/√fan_in)`` for weight and bias; BN affine 1/0, running stats 0/1).
-* ``outgoing``: ``as_is`` or ``zero`` (function-preserving, as in Continual Backprop and NeurOps:
-  the network's output is unchanged on every input). Only the *outgoing* weights are zeroed: a
-  unit whose incoming weights and bias are zero has ``z_u = 0`` and, with ReLU,
-  ``relu'(0) = 0``, so it would be dead, not just starved.
-* ``newborn_lr`` / ``newborn_lr_halflife``: a learning-rate multiplier
-  ``1 + (newborn_lr - 1)·2^(-age/halflife)`` on the newborn entries, applied exactly for any
-  optimizer by scaling the step they took (``p = p_before + mult·(p_after - p_before)``).
-
-"Newborn entries" are a recruited unit's incoming row, bias, BN affine parameters and outgoing
-columns.
+Scores are in :mod:`~avalanche_plugins.structural.scores`, recruitment interventions in
+:mod:`~avalanche_plugins.structural.interventions`. This module is over 400 lines for one reason: it
+holds one class, :class:`UnitMasks`, whose hooks, snapshots and edits maintain one invariant
+(masked units output 0 and keep their parameters) and are only correct together.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from avalanche_plugins.core.calls import eval_mode, model_forward, stateless_forward
-from avalanche_plugins.core.checks import check_choice, check_positive
+from avalanche_plugins.core.calls import eval_mode, model_forward
 from avalanche_plugins.core.layers import LayerMap, discover_layers
+from avalanche_plugins.structural.interventions import (
+    Interventions,
+    fresh_adam_update,
+    reinit_rows,
+    zero_optimizer_entries,
+)
+from avalanche_plugins.structural.scores import highest_masked, lowest_active
 
-__all__ = [
-    "SCORES",
-    "OPTIMIZER_STATES",
-    "INCOMING",
-    "OUTGOING",
-    "Interventions",
-    "UnitMasks",
-    "unit_scores",
-    "lowest_active",
-    "highest_masked",
-    "remove_mask_hooks",
-    "check_compactness",
-    "layer_counts",
-]
-
-SCORES = ("weight_norm", "activation", "gradient")
-OPTIMIZER_STATES = ("keep", "zero", "fresh")
-INCOMING = ("as_is", "reinit")
-OUTGOING = ("as_is", "zero")
-
-
-@dataclass(frozen=True)
-class Interventions:
-    """How recruited units enter training (module docstring; defaults change nothing).
-
-    Example:
-        >>> Interventions(outgoing="zero", newborn_lr=3.0).lr_multiplier(age=100)  # halflife 100
-        2.0
-    """
-
-    optimizer_state: str = "keep"
-    incoming: str = "as_is"
-    outgoing: str = "as_is"
-    newborn_lr: float = 1.0
-    newborn_lr_halflife: float = 100.0
-
-    def __post_init__(self):
-        check_choice("optimizer_state", self.optimizer_state, OPTIMIZER_STATES)
-        check_choice("incoming", self.incoming, INCOMING)
-        check_choice("outgoing", self.outgoing, OUTGOING)
-        check_positive("newborn_lr", self.newborn_lr)
-        check_positive("newborn_lr_halflife", self.newborn_lr_halflife)
-
-    def lr_multiplier(self, age):
-        """``1 + (newborn_lr - 1)·2^(-age/halflife)`` (a float or a tensor of ages)."""
-        return 1.0 + (self.newborn_lr - 1.0) * 0.5 ** (age / self.newborn_lr_halflife)
+__all__ = ["UnitMasks", "remove_mask_hooks"]
 
 
 class _MaskHook:
@@ -488,7 +416,7 @@ class UnitMasks:
             age = age.view(shape)
             update = afters[j] - before
             if self.interventions.optimizer_state == "fresh" and optimizer is not None:
-                fresh = _fresh_adam_update(optimizer, tensor, dim, idx, before, age)
+                fresh = fresh_adam_update(optimizer, tensor, dim, idx, before, age)
                 if fresh is not None:
                     update = fresh
             if self.interventions.newborn_lr != 1.0:
@@ -589,12 +517,12 @@ class UnitMasks:
             if units.numel() == 0:
                 continue
             if iv.incoming == "reinit":
-                _reinit_rows(layer, units)
+                reinit_rows(layer, units)
             layer.hook.multiplier[units] = 1
             if iv.outgoing == "zero":
                 layer.outgoing.tensor.data.index_fill_(1, layer.outgoing.indices(units), 0.0)
             if iv.optimizer_state != "keep":
-                _zero_optimizer_entries(optimizer, layer.param_slots, units)
+                zero_optimizer_entries(optimizer, layer.param_slots, units)
             self.born[name][units] = self.steps
         self.last_grow_step = self.steps
         self._refreeze()
@@ -663,174 +591,6 @@ class UnitMasks:
 # ---------------------------------------------------------------------------------- helpers
 
 
-def _reinit_rows(layer: _Layer, units: torch.Tensor) -> None:
-    """PyTorch's default init, ``U(±1/√fan_in)``, for the rows of ``units``; BN to 1/0, 0/1."""
-    weight = layer.module.weight
-    fan_in = weight[0].numel()
-    bound = 1.0 / math.sqrt(fan_in)
-    rows = torch.empty((units.numel(), *weight.shape[1:]), device=weight.device, dtype=weight.dtype)
-    weight.data[units] = rows.uniform_(-bound, bound)
-    if getattr(layer.module, "bias", None) is not None:
-        layer.module.bias.data[units] = torch.empty(units.numel(), device=weight.device).uniform_(-bound, bound)
-    if layer.norm is not None:
-        for attr, value in (("weight", 1.0), ("bias", 0.0), ("running_mean", 0.0), ("running_var", 1.0)):
-            tensor = getattr(layer.norm, attr, None)
-            if tensor is not None:
-                tensor.data[units] = value
-
-
-def _zero_optimizer_entries(optimizer, slots: list[_Slot], units: torch.Tensor) -> None:
-    for slot in slots:
-        param = slot.tensor
-        state = optimizer.state.get(param, {})
-        for value in state.values():
-            if isinstance(value, torch.Tensor) and value.shape == param.shape:
-                value.index_fill_(slot.dim, slot.indices(units), 0.0)
-
-
-def _fresh_adam_update(optimizer, param, dim, idx, before, age):
-    """Adam/AdamW update of the entries ``idx`` with per-entry step counts ``age`` (None for
-    SGD, which needs no correction)."""
-    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
-        return None
-    state = optimizer.state.get(param)
-    if not state or "exp_avg" not in state:
-        return None
-    group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
-    beta1, beta2 = group["betas"]
-    lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
-    m = state["exp_avg"].index_select(dim, idx)
-    v = state["max_exp_avg_sq" if group.get("amsgrad") else "exp_avg_sq"].index_select(dim, idx)
-    bias1 = 1 - beta1 ** age
-    bias2 = 1 - beta2 ** age
-    step = (m / bias1) / ((v / bias2).sqrt() + eps)
-    if group.get("maximize"):
-        step = -step
-    update = -lr * step
-    decoupled = isinstance(optimizer, torch.optim.AdamW) or group.get("decoupled_weight_decay", False)
-    if decoupled and wd:
-        update = update - lr * wd * before
-    return update
-
-
-def lowest_active(scores: torch.Tensor, mask: torch.Tensor, n: int) -> torch.Tensor:
-    """Indices of the ``n`` lowest-scoring active units (``mask`` True); ties: lower index first.
-
-    Example:
-        >>> lowest_active(torch.tensor([0.5, 0.1, 0.9, 0.1]), torch.tensor([True, True, True, False]), 2)
-        tensor([0, 1])
-    """
-    active = mask.nonzero().reshape(-1)
-    if n > active.numel():
-        raise ValueError(f"cannot remove {n} units: only {active.numel()} are active")
-    order = torch.sort(scores[active].float(), stable=True).indices[:n]
-    return active[order].sort().values
-
-
-def highest_masked(scores: torch.Tensor, mask: torch.Tensor, n: int) -> torch.Tensor:
-    """Indices of the ``n`` highest-scoring masked units (``mask`` False); ties: lower index first.
-
-    Example:
-        >>> highest_masked(torch.tensor([0.5, 0.1, 0.9, 0.3]), torch.tensor([False, False, True, False]), 2)
-        tensor([0, 3])
-    """
-    masked = (~mask).nonzero().reshape(-1)
-    if n > masked.numel():
-        raise ValueError(f"cannot recruit {n} units: only {masked.numel()} are masked")
-    order = torch.sort(-scores[masked].float(), stable=True).indices[:n]
-    return masked[order].sort().values
-
-
 # ------------------------------------------------------------------------------------ scores
-
-
-def unit_scores(masks: UnitMasks, kind: str, x: torch.Tensor | None = None, y: torch.Tensor | None = None,
-                *, loss_fn: Callable | None = None, threshold: float = 0.0,
-                task_labels=None) -> dict[str, torch.Tensor]:
-    """Per-unit scores ``{layer name: (units,)}`` of every masked layer (module docstring).
-
-    ``weight_norm`` needs nothing else; ``activation`` needs inputs ``x``; ``gradient`` needs
-    ``x``, targets ``y`` and ``loss_fn``. Data-dependent scores run the model in eval mode
-    without changing parameters, buffers or masks.
-
-    Example:
-        >>> net = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 2))
-        >>> with torch.no_grad():
-        ...     _ = net[0].weight.copy_(torch.tensor([[1.0, 0.0], [-1.0, 0.0], [3.0, 4.0]]))
-        ...     _ = net[0].bias.zero_()
-        >>> masks = UnitMasks(net, torch.randn(2, 2))
-        >>> unit_scores(masks, "weight_norm")["0"]
-        tensor([1., 1., 5.])
-        >>> x = torch.tensor([[1.0, 0.0], [2.0, 0.0], [-1.0, 0.0], [1.0, 1.0]])
-        >>> unit_scores(masks, "activation", x, threshold=0.5)["0"]
-        tensor([0.7500, 0.2500, 0.7500])
-    """
-    check_choice("score", kind, SCORES)
-    if kind == "weight_norm":
-        return {name: layer.module.weight.detach().reshape(layer.size, -1).norm(dim=1)
-                for name, layer in masks.layers.items()}
-    if x is None:
-        raise ValueError(f"score={kind!r} needs inputs x")
-    if kind == "activation":
-        if not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
-            raise ValueError(f"threshold must be a finite number, got {threshold!r}")
-        masks.record_outputs(True)
-        try:
-            with torch.no_grad(), eval_mode(masks.model):
-                model_forward(masks.model, x, task_labels)
-            outputs = masks.pop_outputs()
-        finally:
-            masks.record_outputs(False)
-        out = {}
-        for name, layer in masks.layers.items():
-            z = torch.cat(outputs[name]) if len(outputs[name]) > 1 else outputs[name][0]
-            fired = (masks.activation(z) > threshold).movedim(layer.hook.unit_dim, 0)
-            out[name] = fired.reshape(layer.size, -1).float().mean(1)
-        return out
-    if y is None or loss_fn is None:
-        raise ValueError("score='gradient' needs targets y and loss_fn")
-    return _gradient_scores(masks, x, y, loss_fn, task_labels)
-
-
-def _gradient_scores(masks, x, y, loss_fn, task_labels):
-    names = {id(p): n for n, p in masks.model.named_parameters()}
-    out = {}
-    with eval_mode(masks.model):
-        for name, layer in masks.layers.items():
-            if layer.outgoing is None:
-                raise ValueError(f"score='gradient' needs the consumer of layer {name!r}, which "
-                                 "was not found (non-sequential model)")
-            weight = layer.outgoing.tensor
-            off = (layer.hook.multiplier == 0).nonzero().reshape(-1)
-            probe = weight.detach().clone()
-            probe.index_fill_(1, layer.outgoing.indices(off), 0.0)  # function-preserving
-            probe.requires_grad_(True)
-            saved = layer.hook.multiplier.clone()
-            layer.hook.multiplier.fill_(1.0)  # every unit of this layer on, outgoing zero if masked
-            try:
-                output = stateless_forward(masks.model, {names[id(weight)]: probe}, x, task_labels)
-                (grad,) = torch.autograd.grad(loss_fn(output, y), probe)
-            finally:
-                layer.hook.multiplier.copy_(saved)
-            cols = layer.outgoing.columns  # (units, k)
-            per_column = grad.detach().pow(2).movedim(1, 0).reshape(grad.shape[1], -1).sum(1)
-            out[name] = per_column[cols].sum(1).sqrt()
-    return out
-
-
-def check_compactness(name: str, value) -> None:
-    """``value`` in (0, 1], with a message naming the argument."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 1:
-        raise ValueError(f"{name} must be in (0, 1], got {value!r}")
-
-
-def layer_counts(sizes: Mapping[str, int], fraction: float) -> dict[str, int]:
-    """``max(1, round(fraction·units))`` per layer.
-
-    Example:
-        >>> layer_counts({"a": 10, "b": 3}, 0.3)
-        {'a': 3, 'b': 1}
-    """
-    return {name: max(1, int(round(fraction * n))) for name, n in sizes.items()}
 
 

@@ -48,10 +48,12 @@ from dataclasses import dataclass, field
 import torch
 from avalanche.core import SupervisedPlugin
 
-from avalanche_plugins._avalanche.data import experience_batches, experience_tensors
-from avalanche_plugins.core.calls import is_multitask
+from avalanche_plugins._avalanche.data import (
+    experience_example,
+    experience_tensors,
+)
 from avalanche_plugins.core.checks import check_choice, check_int
-from avalanche_plugins.structural.masks import (
+from avalanche_plugins.structural import (
     Interventions,
     UnitMasks,
     check_compactness,
@@ -100,13 +102,6 @@ class CycleClock:
         return ended
 
 
-def _example_input(strategy):
-    batches = experience_batches(strategy, batch_size=2)
-    x, _, t = next(batches)
-    batches.close()  # restores the RNG now
-    return (x, torch.as_tensor(t)) if is_multitask(strategy.model) else x
-
-
 class _MaskedTraining(SupervisedPlugin):
     """Creates the :class:`UnitMasks` at the first experience and keeps parameters exact."""
 
@@ -120,7 +115,7 @@ class _MaskedTraining(SupervisedPlugin):
 
     def before_training_exp(self, strategy, **kwargs):
         if self.masks is None:
-            self.masks = UnitMasks(strategy.model, _example_input(strategy), activation=self.activation)
+            self.masks = UnitMasks(strategy.model, experience_example(strategy), activation=self.activation)
             self._masks_created(strategy)
 
     def before_update(self, strategy, **kwargs):

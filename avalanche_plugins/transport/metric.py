@@ -37,11 +37,10 @@ from avalanche.evaluation.metric_results import MetricValue
 from avalanche_plugins._avalanche.data import metric_name, preserved_rng
 from avalanche_plugins.core.calls import eval_mode, model_forward
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
-from avalanche_plugins.transport.keys import (
+from avalanche_plugins.transport import (
     FAMILIES,
-    channel_permutation,
     class_balanced_anchors,
-    correspondence_break,
+    control_keys,
     fit_transport_key,
     gauss_newton_key,
     recovery,
@@ -49,9 +48,8 @@ from avalanche_plugins.transport.keys import (
     stitch,
 )
 
-__all__ = ["TransportKeyMetric", "CONTROLS"]
+__all__ = ["TransportKeyMetric"]
 
-CONTROLS = ("channel_permutation", "global_shuffle", "within_class_shuffle")
 
 
 class TransportKeyMetric(PluginMetric[dict]):
@@ -162,11 +160,9 @@ class TransportKeyMetric(PluginMetric[dict]):
                                              snap["task"], iterations=self.gauss_newton_iterations)
                         keys[f"family={family}+gauss_newton"] = refined
                     if self.controls and family != "identity":
-                        keys[f"family={family}/control=channel_permutation"] = channel_permutation(key, self.seed)
-                        for mode in ("global", "within_class"):
-                            keys[f"family={family}/control={mode}_shuffle"] = correspondence_break(
-                                u, v, family, mode=mode, labels=snap["y"].to(u.device), seed=self.seed,
-                                ridge=self.ridge)
+                        for name, control in control_keys(key, u, v, family, snap["y"].to(u.device),
+                                                          seed=self.seed, ridge=self.ridge).items():
+                            keys[f"family={family}/control={name}"] = control
                 variants[stage] = {name: stitch(model, snap["model"], stage, key) for name, key in keys.items()}
         self._active = {"experience": exp_id, "variants": variants, "residuals": residuals,
                         "correct": {}, "n": 0, "correct_checkpoint": 0, "correct_updated": 0}
