@@ -12,17 +12,23 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
+# The library alone (what `pip install avalanche-plugins` gives a user).
 $(VENV)/.installed: $(VENV)/bin/python setup.cfg pyproject.toml
 	$(PY) -m pip install -q -e .
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed
-	$(PY) -m pip install -q -e '.[test]'
+# Benchmarks and tests need the extras; benchmarks/ runs from the checkout (not in the wheel).
+$(VENV)/.installed-bench: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[bench]'
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed-bench
+	$(PY) -m pip install -q -e '.[test,bench]'
 	touch $@
 
 install: $(VENV)/.installed
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.installed-bench
 	$(PY) -m benchmarks.demo --dataset $(DATASET) $(if $(DATA_ROOT),--data-root $(DATA_ROOT))
 
 lint: $(VENV)/.installed-test

@@ -10,19 +10,22 @@ Derivation: ``docs/ads.md``.
 """
 
 from avalanche_plugins.ads.ground_truth import logit_shift, model_outputs
+from avalanche_plugins.ads.layer_terms import (
+    UNASSIGNED,
+    LayerGroup,
+    layer_groups,
+    layer_logit_changes,
+)
 from avalanche_plugins.ads.shift import (
     ADS_OPTIMIZERS,
     ADS_PATHS,
-    UNASSIGNED,
     ADSResult,
     architecture_driven_shift,
     distance_path,
-    layer_groups,
-    layer_logit_changes,
     topology_only_shift,
     update_direction,
 )
 
-__all__ = ["ADS_OPTIMIZERS", "ADS_PATHS", "UNASSIGNED", "ADSResult", "architecture_driven_shift", "distance_path",
+__all__ = ["ADS_OPTIMIZERS", "ADS_PATHS", "UNASSIGNED", "ADSResult", "LayerGroup", "architecture_driven_shift", "distance_path",
            "layer_groups", "layer_logit_changes", "logit_shift", "model_outputs", "topology_only_shift",
            "update_direction"]

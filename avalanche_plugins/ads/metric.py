@@ -41,10 +41,10 @@ import math
 import time
 
 import torch
-from avalanche.evaluation import PluginMetric
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche.data import experience_tensors, metric_name, preserved_rng
+from avalanche_plugins._avalanche.data import experience_tensors
+from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.ads import (
     ADS_OPTIMIZERS,
     ADS_PATHS,
@@ -57,7 +57,7 @@ from avalanche_plugins.core.stats import expected_calibration_error, mean_row_no
 __all__ = ["ArchitectureDrivenShiftMetric"]
 
 
-class ArchitectureDrivenShiftMetric(PluginMetric[float]):
+class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
     """Logs ADS before each experience after the first, and the realised shift and ECE after it.
 
     :param calibration_size: samples kept per trained experience, samples of the old set and of
@@ -69,7 +69,7 @@ class ArchitectureDrivenShiftMetric(PluginMetric[float]):
         ``"loss"`` (``P = min(lr·steps, L_new / −⟨∇L_new, u⟩)``, the step length at which the
         first-order new-task loss reaches 0), ``"budget"`` (``P = lr·steps``) or ``"probe"``
         (fitted decay over ``probe_steps`` steps). The logit path is the one that ranks all three
-        scenarios of ``benchmarks.ads_zoo`` above 0.8 (Spearman; the loss path fails on split
+        scenarios of the ADS zoo benchmark above 0.8 (Spearman; the loss path fails on split
         MNIST), and its values are on the scale of the realised shift, where the budget path's
         linear extrapolation over a whole experience overshoots by orders of magnitude
         (docs/ads.md).
@@ -104,18 +104,14 @@ class ArchitectureDrivenShiftMetric(PluginMetric[float]):
         check_int("seed", seed, minimum=0)
         self.calibration_size, self.lr, self.steps, self.optimizer = calibration_size, lr, steps, optimizer
         self.path, self.probe_steps, self.n_bins, self.seed = path, probe_steps, n_bins, seed
-        self.history: list[dict] = []
         self.calibration: dict | None = None  # tensors of the last measurement
         self._buffer: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._pending: dict | None = None
 
-    def result(self) -> float | None:
-        """The last predicted ADS (None before the second experience)."""
-        return self.history[-1]["ads"] if self.history else None
+    result_key = "ads"  # result(): the last predicted ADS (None before the second experience)
 
-    def reset(self) -> None:
-        """Forget the history and the buffer (a fresh run)."""
-        self.history, self.calibration, self._buffer, self._pending = [], None, [], None
+    def reset_state(self) -> None:
+        self.calibration, self._buffer, self._pending = None, [], None
 
     def __str__(self) -> str:
         return "ArchitectureDrivenShift"
@@ -151,7 +147,7 @@ class ArchitectureDrivenShiftMetric(PluginMetric[float]):
         self._pending = None
         if not self._buffer:
             return None
-        with preserved_rng(strategy.device):
+        with self.measuring(strategy):
             record = self.measure(strategy)
         return self._values(strategy, record, after=False)
 
@@ -193,7 +189,7 @@ class ArchitectureDrivenShiftMetric(PluginMetric[float]):
 
     def after_training_exp(self, strategy) -> list[MetricValue] | None:
         values = None
-        with preserved_rng(strategy.device):
+        with self.measuring(strategy):
             if self._pending is not None:
                 start = time.perf_counter()
                 record, before = self._pending["record"], self._pending["logits"]
@@ -211,19 +207,13 @@ class ArchitectureDrivenShiftMetric(PluginMetric[float]):
         return values
 
     def _values(self, strategy, record: dict, *, after: bool) -> list[MetricValue]:
-        x_plot = strategy.clock.train_iterations
-
-        def value(name, v):
-            return MetricValue(self, metric_name(name, strategy), v, x_plot)
+        def num(value):
+            return None if value is None else float(value)
 
         if after:
-            values = [value("ADSRealisedShift", float(record["realised_shift"]))]
-            if record["ece_after"] is not None:
-                values.append(value("ADSOldECE", float(record["ece_after"])))
-            return values
-        values = [value("ADS", float(record["ads"])), value("ADSFirstStep", float(record["first_step"])),
-                  value("ADSPathFactor", float(record["path_factor"])),
-                  value("ADSLayerShift", dict(record["layer_shifts"]))]
-        if record["ece_before"] is not None:
-            values.append(value("ADSOldECEBefore", float(record["ece_before"])))
-        return values
+            return self.emit(strategy, {"ADSRealisedShift": num(record["realised_shift"]),
+                                        "ADSOldECE": num(record["ece_after"])})
+        return self.emit(strategy, {"ADS": num(record["ads"]), "ADSFirstStep": num(record["first_step"]),
+                                    "ADSPathFactor": num(record["path_factor"]),
+                                    "ADSLayerShift": dict(record["layer_shifts"]),
+                                    "ADSOldECEBefore": num(record["ece_before"])})

@@ -31,65 +31,46 @@ truth is :func:`avalanche_plugins.ads.ground_truth.logit_shift`.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
-from torch.func import grad, grad_and_value, jvp, vmap
+from torch.func import grad, grad_and_value
 
+from avalanche_plugins.ads.layer_terms import (
+    UNASSIGNED,
+    LayerGroup,
+    layer_groups,
+    layer_logit_changes,
+)
 from avalanche_plugins.core.calls import (
     eval_mode,
     grouped_loss,
-    iterate_batches,
     split_params,
     stateless_forward,
     task_groups,
 )
 from avalanche_plugins.core.checks import check_choice, check_inputs, check_int, check_positive
-from avalanche_plugins.core.layers import LayerMap, discover_layers, example_input
+from avalanche_plugins.core.layers import discover_layers, example_input
 from avalanche_plugins.core.optim import AdamState, functional_step
 from avalanche_plugins.core.stats import mean_row_norm
 
 __all__ = [
     "ADS_OPTIMIZERS",
     "ADS_PATHS",
-    "UNASSIGNED",
     "ADSResult",
     "architecture_driven_shift",
     "update_direction",
     "distance_path",
-    "layer_logit_changes",
-    "layer_groups",
     "topology_only_shift",
 ]
 
 ADS_OPTIMIZERS = ("sgd", "adam")
 ADS_PATHS = ("budget", "probe", "loss", "logit")
-UNASSIGNED = "(unassigned)"
-
-
-def _forward_ad_attention():
-    """Scaled-dot-product attention's fused CPU kernels have no forward-mode derivative; the
-    math backend (plain matmul/softmax) has one, so JVPs run under it."""
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError:  # torch < 2.3: no fused-kernel selection to work around
-        return contextlib.nullcontext()
-    return sdpa_kernel(SDPBackend.MATH)
-
-
-@dataclass(frozen=True)
-class LayerGroup:
-    """Trainable parameters of one layer (or of no layer) and the group's architecture term."""
-
-    name: str
-    fan_in: int
-    params: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -149,41 +130,6 @@ class ADSResult:
 # --------------------------------------------------------------------------------------------
 # Building blocks
 # --------------------------------------------------------------------------------------------
-
-
-def _fan_in(layer) -> int:
-    """``n_{ℓ−1}``: the weight's fan-in for Linear/Conv (``in_channels/groups × kernel``), else
-    the layer map's ``in_units``."""
-    weight = getattr(layer.module, "weight", None)
-    if layer.kind in ("linear", "conv") and isinstance(weight, torch.Tensor) and weight.dim() >= 2:
-        return int(weight[0].numel())
-    return max(1, int(layer.in_units))
-
-
-def layer_groups(model: nn.Module, layer_map: LayerMap) -> list[LayerGroup]:
-    """Partition the trainable parameters into per-layer groups (module docstring rules).
-
-    Example:
-        >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
-        >>> [(g.name, g.fan_in, g.params) for g in layer_groups(net, discover_layers(net, torch.randn(2, 4)))]
-        [('0', 4, ('0.weight', '0.bias')), ('2', 8, ('2.weight', '2.bias'))]
-    """
-    index_of, leftovers = layer_map.attach_parameters()
-    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
-    if not trainable:
-        raise ValueError(f"model {type(model).__name__} has no trainable parameters "
-                         "(every parameter has requires_grad=False)")
-    groups = []
-    for layer in layer_map:
-        names = tuple(n for n in trainable if index_of.get(n) == layer.index)
-        if names:
-            groups.append(LayerGroup(layer.name, _fan_in(layer), names))
-    rest = tuple(n for n in trainable if n in leftovers or n not in index_of)
-    if rest:
-        groups.append(LayerGroup(UNASSIGNED, 1, rest))
-    if not groups:
-        raise ValueError("no trainable parameter belongs to a layer of the model")
-    return groups
 
 
 def _check_targets(model, params, consts, x, y, groups) -> torch.Tensor:
@@ -246,70 +192,6 @@ def _first_step(model: nn.Module, loss_fn, new_inputs: torch.Tensor, new_targets
     # first-order loss decrease per unit step, −⟨g, u⟩: ‖g‖² (SGD), Σ g²/(|g| + ε) (Adam)
     rate = sum(float((-g.double() * direction[n].double()).sum()) for n, g in grads.items())
     return direction, loss, grad_norm, rate
-
-
-def layer_logit_changes(model: nn.Module, old_inputs: torch.Tensor, direction: Mapping[str, torch.Tensor],
-                        groups: Sequence[LayerGroup], *, task_labels=None, chunk_size: int | None = None
-                        ) -> dict[str, torch.Tensor]:
-    """``J_ℓ(x_a) u_ℓ`` for every group ``ℓ`` and old input ``x_a``: one ``torch.func.jvp`` per group
-    (tangent ``u_ℓ`` on the group's parameters, zero elsewhere), chunked over the inputs.
-
-    The groups' tangents are stacked and pushed through one ``torch.func.vmap``-ed JVP, so the
-    groups share the primal forward pass and the per-call overhead (small models and small
-    calibration sets are overhead-bound). At most ``max(1, chunk_size // inputs)`` groups go into
-    one call, which keeps the tangent activations within what ``chunk_size`` inputs of a single JVP
-    would hold.
-
-    Returns ``{group name: (N, *output_shape) tensor}``; their sum over groups is ``J(x_a) u``.
-    """
-    check_inputs(old_inputs, name="old_inputs")
-    params, consts = split_params(model)
-    tasks = task_groups(model, old_inputs.shape[0], task_labels)
-    groups = list(groups)
-    pieces: dict[str, list] = {g.name: [] for g in groups}
-    with eval_mode(model), _forward_ad_attention():
-        for label, idx in tasks:
-            xs = old_inputs if idx is None else old_inputs[idx]
-            for s in iterate_batches(xs.shape[0], chunk_size):
-                xc = xs[s]
-                per_call = len(groups) if chunk_size is None else max(1, chunk_size // xc.shape[0])
-                for first in range(0, len(groups), per_call):
-                    batch = groups[first:first + per_call]
-                    for group, values in zip(batch, _stacked_jvp(model, params, consts, direction, batch, xc, label)):
-                        pieces[group.name].append((idx, s, values))
-    out = {}
-    for name, parts in pieces.items():
-        if len(parts) == 1:
-            out[name] = parts[0][2]
-            continue
-        full = torch.empty((old_inputs.shape[0], *parts[0][2].shape[1:]), dtype=parts[0][2].dtype,
-                           device=old_inputs.device)
-        for idx, s, values in parts:
-            if idx is None:
-                full[s] = values
-            else:
-                full[idx[s]] = values
-        out[name] = full
-    return out
-
-
-def _stacked_jvp(model, params, consts, direction, groups, inputs, label) -> list[torch.Tensor]:
-    """``J_g(inputs) u_g`` for each group ``g`` of ``groups`` (disjoint), from one ``vmap``-ed JVP."""
-    names = [n for g in groups for n in g.params]
-    primal = {n: params[n] for n in names}
-    rest = {n: p for n, p in params.items() if n not in primal}
-
-    def f(p):
-        return stateless_forward(model, {**rest, **consts, **p}, inputs, label)
-
-    if len(groups) == 1:
-        return [jvp(f, (primal,), ({n: direction[n].to(params[n].dtype) for n in names},))[1].detach()]
-    tangents = {n: torch.zeros((len(groups), *params[n].shape), dtype=params[n].dtype, device=params[n].device)
-                for n in names}
-    for i, group in enumerate(groups):
-        for n in group.params:
-            tangents[n][i] = direction[n].to(params[n].dtype)
-    return list(vmap(lambda t: jvp(f, (primal,), (t,))[1])(tangents).detach().unbind(0))
 
 
 def _probe(model, loss_fn, new_inputs, new_targets, groups, *, lr, optimizer, probe_steps, eps,

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import dataclass, field
 
 import torch
 from avalanche.core import SupervisedPlugin
 
+from avalanche_plugins._avalanche.curvature import measure_profile, sensitivity_values
 from avalanche_plugins._avalanche.data import (
     experience_batches,
     experience_layer_map,
@@ -38,15 +40,18 @@ from avalanche_plugins.layer_adaptive.fisher import (
     empirical_fisher,
     expected_fisher,
 )
+from avalanche_plugins.layer_adaptive.profile import LayerProfile, layer_profile
 from avalanche_plugins.layer_adaptive.schedules import SCHEDULES, layer_weights
-from avalanche_plugins.layer_adaptive.sensitivity_metric import (
-    ExperienceProfile,
-    measure_profile,
-    profile_from_spectrum,
-    sensitivity_values,
-)
 
-__all__ = ["LayerAdaptiveEWCPlugin"]
+__all__ = ["EWCProfile", "LayerAdaptiveEWCPlugin"]
+
+
+@dataclass
+class EWCProfile(LayerProfile):
+    """What the plugin measured and applied at the end of one experience: the curvature profile
+    (when a schedule or ``log_profile`` measured it) and the strengths ``λ_ℓ = ewc_lambda · w_ℓ``."""
+
+    lambdas: list[float] = field(default_factory=list)
 
 
 def _pad_to(tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -121,7 +126,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         self.fisher_samples = fisher_samples
         self.log_profile = log_profile
         self.seed = seed
-        self.profiles: list[ExperienceProfile] = []
+        self.profiles: list[EWCProfile] = []
         # the folded quadratic A (θ - m)² + const, per parameter name (CPU-independent tensors)
         self._curvature: dict[str, torch.Tensor] = {}
         self._anchor: dict[str, torch.Tensor] = {}
@@ -176,9 +181,9 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
                                         for n, _ in model.named_parameters()})
         lambdas = (self.ewc_lambda * weights).tolist()
         if spectrum is None:
-            profile = ExperienceProfile(experience=exp_id, layer_names=layer_map.names, lambdas=lambdas, seconds=timings)
+            profile = EWCProfile(experience=exp_id, layer_names=layer_map.names, lambdas=lambdas, seconds=timings)
         else:
-            profile = profile_from_spectrum(exp_id, spectrum, lambdas=lambdas, seconds=timings)
+            profile = EWCProfile(**vars(layer_profile(exp_id, spectrum, seconds=timings)), lambdas=lambdas)
         self.profiles.append(profile)
         if self.log_profile and spectrum is not None:
             self._publish(strategy, profile)
@@ -233,7 +238,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         shapes, curvature, anchor = self._flat
         return [n for n, _ in shapes], curvature, anchor
 
-    def _publish(self, strategy, profile: ExperienceProfile) -> None:
+    def _publish(self, strategy, profile: EWCProfile) -> None:
         evaluator = getattr(strategy, "evaluator", None)
         if evaluator is None:
             return

@@ -22,10 +22,10 @@ from __future__ import annotations
 import numpy as np
 from avalanche.core import SupervisedPlugin
 
+from avalanche_plugins._avalanche.curvature import measure_profile
 from avalanche_plugins._avalanche.data import experience_layer_map
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
 from avalanche_plugins.layer_adaptive.schedules import layer_weights
-from avalanche_plugins.layer_adaptive.sensitivity_metric import measure_profile
 
 __all__ = ["LayerAdaptiveLRPlugin"]
 

@@ -1,6 +1,6 @@
 """Optimization Readiness (OR): a label-aware predictor of plasticity, its ground truth, and baselines.
 
-"Predicting Plasticity in Deep Continual Learning" (seed 004) asks how much a checkpoint θ can
+"Predicting Plasticity in Deep Continual Learning" (arXiv 2605.09044) asks how much a checkpoint θ can
 still learn a target task T. Its answer uses the target's mean loss ``L(θ)``, the full-data
 gradient ``g = ∇L(θ)`` and the minibatch gradient ``ĝ_B`` (mean over a minibatch of ``B`` samples):
 

@@ -69,10 +69,10 @@ import math
 import time
 
 import torch
-from avalanche.evaluation import PluginMetric
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche.data import experience_tensors, metric_name, preserved_rng
+from avalanche_plugins._avalanche.data import experience_tensors
+from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.core.calls import eval_mode, is_multitask
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
 from avalanche_plugins.readiness import (
@@ -89,7 +89,7 @@ from avalanche_plugins.readiness import (
 __all__ = ["OptimizationReadinessMetric"]
 
 
-class OptimizationReadinessMetric(PluginMetric[float]):
+class OptimizationReadinessMetric(RecordingMetric[float]):
     """Logs Optimization Readiness of the checkpoint for each incoming experience (module docstring).
 
     :param n_samples: samples of the incoming experience used (random, seeded; all of them when the
@@ -161,14 +161,8 @@ class OptimizationReadinessMetric(PluginMetric[float]):
         self.ground_truth_k, self.ground_truth_lr = ground_truth_k, ground_truth_lr
         self.ground_truth_optimizer, self.ground_truth_runs = ground_truth_optimizer, ground_truth_runs
         self.seed, self.hessian_max_params = seed, hessian_max_params
-        self.history: list[dict] = []
 
-    def result(self) -> float | None:
-        """The last OR (None before the first experience)."""
-        return self.history[-1]["readiness"] if self.history else None
-
-    def reset(self) -> None:
-        self.history = []
+    result_key = "readiness"  # result(): the last OR (None before the first experience)
 
     def __str__(self) -> str:
         return "OptimizationReadiness"
@@ -176,7 +170,7 @@ class OptimizationReadinessMetric(PluginMetric[float]):
     # ----------------------------------------------------------------------------------------
 
     def before_training_exp(self, strategy) -> list[MetricValue]:
-        with preserved_rng(strategy.device):
+        with self.measuring(strategy):
             record = self.measure(strategy)
         self.history.append(record)
         return self._values(strategy, record)
@@ -244,27 +238,19 @@ class OptimizationReadinessMetric(PluginMetric[float]):
                 "n_val": n - n_train}
 
     def _values(self, strategy, record: dict) -> list[MetricValue]:
-        x_plot = strategy.clock.train_iterations
-
-        def value(name, v):
-            return MetricValue(self, metric_name(name, strategy), v, x_plot)
-
-        values = [value("OptimizationReadiness", float(record["readiness"])),
-                  value("ORStrength", float(record["strength"])),
-                  value("ORReliability", float(record["reliability"])),
-                  value("ORLoss", float(record["loss"]))]
+        values = {"OptimizationReadiness": float(record["readiness"]), "ORStrength": float(record["strength"]),
+                  "ORReliability": float(record["reliability"]), "ORLoss": float(record["loss"])}
         base = record.get("baselines")
         if base is not None:
             if base["effective_rank"]:
-                values.append(value("ORBaselineEffectiveRank", dict(base["effective_rank"])))
-                values.append(value("ORBaselineEnergyRank", dict(base["energy_rank"])))
-            values.append(value("ORBaselineENTKEnergyRank", base["entk_energy_rank"]))
-            values.append(value("ORBaselineHessianEnergyRank", base["hessian_energy_rank"]))
-            if base["active_unit_fraction"] is not None:
-                values.append(value("ORBaselineActiveUnitFraction", base["active_unit_fraction"]))
+                values["ORBaselineEffectiveRank"] = dict(base["effective_rank"])
+                values["ORBaselineEnergyRank"] = dict(base["energy_rank"])
+            values["ORBaselineENTKEnergyRank"] = base["entk_energy_rank"]
+            values["ORBaselineHessianEnergyRank"] = base["hessian_energy_rank"]
+            values["ORBaselineActiveUnitFraction"] = base["active_unit_fraction"]
         truth = record.get("ground_truth")
         if truth is not None:
-            values.append(value("ORGroundTruthGain", float(truth["gain"])))
+            values["ORGroundTruthGain"] = float(truth["gain"])
             if math.isfinite(truth["stderr"]):
-                values.append(value("ORGroundTruthGainStdErr", float(truth["stderr"])))
-        return values
+                values["ORGroundTruthGainStdErr"] = float(truth["stderr"])
+        return self.emit(strategy, values)

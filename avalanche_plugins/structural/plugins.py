@@ -47,11 +47,13 @@ from dataclasses import dataclass, field
 
 import torch
 from avalanche.core import SupervisedPlugin
+from avalanche.training.supervised import Naive
 
 from avalanche_plugins._avalanche.data import (
     experience_example,
     experience_tensors,
 )
+from avalanche_plugins._avalanche.evaluation import quiet_evaluator, stream_accuracy
 from avalanche_plugins.core.checks import check_choice, check_int
 from avalanche_plugins.structural import (
     Interventions,
@@ -60,46 +62,11 @@ from avalanche_plugins.structural import (
     layer_counts,
     unit_scores,
 )
+from avalanche_plugins.structural.cycles import CYCLE_SCOPES, CycleClock
+from avalanche_plugins.structural.metrics import CycleAccuracyMetric
 
-__all__ = ["CYCLE_SCOPES", "CycleClock", "FixedMaskPlugin", "PrunePlugin", "GrowPlugin",
+__all__ = ["FixedMaskPlugin", "PrunePlugin", "GrowPlugin",
            "TicketResult", "retrain_ticket"]
-
-CYCLE_SCOPES = ("stream", "experience")
-
-
-class CycleClock:
-    """Counts training epochs into edit cycles (module docstring).
-
-    Example:
-        >>> clock = CycleClock(epochs_per_cycle=2, scope="stream")
-        >>> events = []
-        >>> for epoch in range(5):
-        ...     events.append((clock.edit_due(), clock.end_epoch()))
-        >>> events  # (edit at the start of the epoch, cycle ends after it)
-        [(False, False), (False, True), (True, False), (False, True), (True, False)]
-    """
-
-    def __init__(self, epochs_per_cycle: int, scope: str = "stream"):
-        check_int("epochs_per_cycle", epochs_per_cycle)
-        check_choice("cycle_scope", scope, CYCLE_SCOPES)
-        self.epochs_per_cycle, self.scope = epochs_per_cycle, scope
-        self.epoch = 0  # epochs done in the current scope
-        self.cycle = 0  # cycles completed (all scopes)
-
-    def start_experience(self) -> None:
-        if self.scope == "experience":
-            self.epoch = 0
-
-    def edit_due(self) -> bool:
-        """True at the start of the first epoch of every cycle but the first."""
-        return self.epoch > 0 and self.epoch % self.epochs_per_cycle == 0
-
-    def end_epoch(self) -> bool:
-        """Count one epoch; True if it completed a cycle."""
-        self.epoch += 1
-        ended = self.epoch % self.epochs_per_cycle == 0
-        self.cycle += int(ended)
-        return ended
 
 
 class _MaskedTraining(SupervisedPlugin):
@@ -288,14 +255,15 @@ class GrowPlugin(_EditingPlugin):
         interventions (:class:`~avalanche_plugins.structural.masks.Interventions`).
     :param cycle_scope: ``"stream"`` or ``"experience"``.
 
-    With a :class:`~avalanche_plugins.structural.metrics.NewbornGradientMetric` attached, the
-    plugin also measures, during each cycle that began with growth, the mean per-unit gradient
-    norm of newborn and incumbent units and their mean activation (``newborn_log``).
+    :param track_newborn: also measure, during each cycle that began with growth, the mean per-unit
+        gradient norm of newborn and incumbent units and their mean activation (``newborn_log``;
+        :class:`~avalanche_plugins.structural.metrics.NewbornGradientMetric` emits them). Off by
+        default: it costs one pass over the gradients per iteration.
 
     Example::
 
         grow = GrowPlugin(0.3, seed_compactness=0.1, grow_fraction_per_cycle=0.05,
-                          outgoing="zero", optimizer_state="fresh")
+                          outgoing="zero", optimizer_state="fresh", track_newborn=True)
         strategy = Naive(model=model, optimizer=optimizer, plugins=[grow],
                          evaluator=EvaluationPlugin(NewbornGradientMetric(grow)))
     """
@@ -305,9 +273,12 @@ class GrowPlugin(_EditingPlugin):
                  score: str = "activation", threshold: float = 0.0, *, optimizer_state: str = "keep",
                  incoming: str = "as_is", outgoing: str = "as_is", newborn_lr: float = 1.0,
                  newborn_lr_halflife: float = 100.0, cycle_scope: str = "stream",
-                 score_samples: int = 256, seed: int = 0, activation: Callable = torch.relu):
+                 score_samples: int = 256, seed: int = 0, activation: Callable = torch.relu,
+                 track_newborn: bool = False):
         super().__init__(target_compactness, epochs_per_cycle, score, threshold, cycle_scope,
                          score_samples, seed, activation, ("activation", "gradient"))
+        if not isinstance(track_newborn, bool):
+            raise TypeError(f"track_newborn must be a bool, got {type(track_newborn).__name__}")
         check_compactness("seed_compactness", seed_compactness)
         if seed_compactness > target_compactness:
             raise ValueError(f"seed_compactness={seed_compactness} must not exceed "
@@ -317,7 +288,7 @@ class GrowPlugin(_EditingPlugin):
         self.grow_fraction = grow_fraction_per_cycle
         self.interventions = Interventions(optimizer_state, incoming, outgoing, newborn_lr,
                                            newborn_lr_halflife)
-        self.track_newborn = False
+        self.track_newborn = track_newborn
         self.newborn_log: list[dict] = []  # one record per cycle that began with growth
         self._acc = None
 
@@ -421,17 +392,9 @@ def retrain_ticket(mask, model_factory: Callable[[], torch.nn.Module], stream, *
 
     :param mask: ``{layer name: bool tensor}`` or a :class:`UnitMasks` (its current masks).
     :param stream: an Avalanche benchmark (``train_stream``/``test_stream``) or an object with a
-        ``.benchmark`` holding one (``benchmarks.data.Stream``).
+        ``.benchmark`` holding one.
     :param optimizer_factory: ``params -> optimizer`` (default ``SGD(lr=0.01)``).
     """
-    from avalanche.training.supervised import Naive
-
-    from avalanche_plugins.structural.metrics import (
-        CycleAccuracyMetric,
-        quiet_evaluator,
-        stream_accuracy,
-    )
-
     benchmark = getattr(stream, "benchmark", stream)
     torch.manual_seed(seed)
     model = model_factory()
@@ -446,7 +409,7 @@ def retrain_ticket(mask, model_factory: Callable[[], torch.nn.Module], stream, *
     for experience in benchmark.train_stream:
         strategy.train(experience, num_workers=0)
     acc = stream_accuracy(strategy, list(benchmark.test_stream), batch_size=eval_mb_size)
-    taa = cycles.taa if cycles.trajectory else acc
-    return TicketResult(acc=acc, taa=taa, trajectory=list(cycles.trajectory),
+    taa = cycles.taa if cycles.history else acc
+    return TicketResult(acc=acc, taa=taa, trajectory=list(cycles.history),
                         compactness=fixed.masks.compactness())
 

@@ -31,10 +31,10 @@ import copy
 import math
 
 import torch
-from avalanche.evaluation import PluginMetric
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche.data import metric_name, preserved_rng
+from avalanche_plugins._avalanche.data import metric_name
+from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.core.calls import eval_mode, model_forward
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
 from avalanche_plugins.transport import (
@@ -52,11 +52,11 @@ __all__ = ["TransportKeyMetric"]
 
 
 
-class TransportKeyMetric(PluginMetric[dict]):
+class TransportKeyMetric(RecordingMetric[dict]):
     """Stitched accuracy of earlier experiences per stage, key family and control (module docstring).
 
     :param stages: submodule names at which to stitch (e.g. ``["layer1", "layer2"]`` for a ResNet,
-        ``["features.0", "features.1"]`` for ``benchmarks.models.SmallCNN``).
+        ``["features.0", "features.1"]`` for a CNN whose ``features`` is an ``nn.Sequential`` of blocks).
     :param families: key families (``"identity"`` is the "no key" control).
     :param n_anchors: anchors per snapshot (class-balanced, from the experience's training data).
     :param controls: also evaluate the controls for every non-identity family.
@@ -101,15 +101,11 @@ class TransportKeyMetric(PluginMetric[dict]):
         self.stages, self.families, self.n_anchors = list(stages), families, n_anchors
         self.controls, self.experiences, self.ridge, self.seed = controls, experiences, ridge, seed
         self.snapshots: dict[int, dict] = {}
-        self.results: list[dict] = []
         self._last_trained = -1
         self._active: dict | None = None
 
-    def result(self) -> dict | None:
-        return self.results[-1] if self.results else None
-
-    def reset(self) -> None:
-        self._active = None
+    def reset_state(self) -> None:
+        self.snapshots, self._last_trained, self._active = {}, -1, None
 
     def __str__(self) -> str:
         return "TransportKey"
@@ -123,7 +119,7 @@ class TransportKeyMetric(PluginMetric[dict]):
             return None
         data = strategy.experience.dataset
         data = data.eval() if hasattr(data, "eval") else data
-        with preserved_rng(strategy.device):  # loading anchors must not move the training RNG stream
+        with self.measuring(strategy):  # loading anchors must not move the training RNG stream
             x, y = class_balanced_anchors(data, self.n_anchors, seed=self.seed + exp_id)
         task = int(strategy.experience.task_label) if hasattr(strategy.experience, "task_label") else 0
         snapshot = copy.deepcopy(strategy.model).eval()
@@ -198,7 +194,7 @@ class TransportKeyMetric(PluginMetric[dict]):
         record = {"experience": active["experience"], "after": self._last_trained, "acc_checkpoint": acc_a,
                   "acc_updated": acc_ab, "acc": acc, "recovery": rec, "residual": active["residuals"],
                   "bn_mode": "eval"}
-        self.results.append(record)
+        self.history.append(record)
         x_plot = strategy.clock.train_iterations
         values = [MetricValue(self, metric_name("TransportKeyAccCheckpoint", strategy), acc_a, x_plot),
                   MetricValue(self, metric_name("TransportKeyAccUpdated", strategy), acc_ab, x_plot)]

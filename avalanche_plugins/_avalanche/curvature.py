@@ -1,0 +1,37 @@
+"""Measuring and publishing the per-layer curvature profile from inside a strategy.
+
+Shared by ``LayerSensitivityMetric``, ``LayerAdaptiveEWCPlugin`` and ``LayerAdaptiveLRPlugin``, so a
+plugin never imports a metric module.
+"""
+
+from __future__ import annotations
+
+from avalanche.evaluation.metric_results import MetricValue
+
+from avalanche_plugins._avalanche.data import experience_tensors, metric_name, profile_figure
+from avalanche_plugins.layer_adaptive.hessian import LayerSpectrum, layer_top_eigenvalues
+from avalanche_plugins.layer_adaptive.profile import LayerProfile
+
+__all__ = ["measure_profile", "sensitivity_values"]
+
+
+def measure_profile(strategy, *, n_samples: int, chunk_size: int | None, max_iter: int, tol: float,
+                    seed: int) -> LayerSpectrum:
+    """s_ℓ of ``strategy.model`` on up to ``n_samples`` samples of the current experience."""
+    x, y, t = experience_tensors(strategy, n_samples=n_samples, seed=seed)
+    return layer_top_eigenvalues(strategy.model, strategy._criterion, x, y, task_labels=t,
+                                 max_iter=max_iter, tol=tol, chunk_size=chunk_size, seed=seed)
+
+
+def sensitivity_values(origin, strategy, profile: LayerProfile, x: int) -> list[MetricValue]:
+    """MetricValues for a profile: per-layer dict, κ, α̂ and a bar-chart figure."""
+    values = [
+        MetricValue(origin, metric_name("LayerSensitivity", strategy), dict(zip(profile.layer_names, profile.spectrum)), x),
+        MetricValue(origin, metric_name("LayerSensitivityKappa", strategy), float(profile.kappa), x),
+    ]
+    if profile.alpha_hat is not None:
+        values.append(MetricValue(origin, metric_name("LayerSensitivityAlphaHat", strategy), float(profile.alpha_hat), x))
+    fig = profile_figure(profile.layer_names, profile.spectrum,
+                         f"s_l after experience {profile.experience} (kappa={profile.kappa:.3g})")
+    values.append(MetricValue(origin, metric_name("LayerSensitivityProfile", strategy), fig, x))
+    return values
