@@ -1,7 +1,6 @@
-"""Shared test helpers: tiny models and a dense Hessian to check fast paths against."""
+"""Shared test helpers: a dense Hessian to check fast paths against, checkpoint/resume runs."""
 
 import torch
-from torch import nn
 from torch.func import functional_call
 
 from avalanche_plugins.core.layers import discover_layers
@@ -28,21 +27,6 @@ def dense_block_eigenvalues(model, loss_fn, x, y):
         hessian = torch.autograd.functional.hessian(loss_of, flat0)
         result.append(torch.linalg.eigvalsh(hessian.double()))
     return result
-
-
-def small_mlp(seed=0):
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 8), nn.ReLU(), nn.Linear(8, 3))
-
-
-def small_bn_cnn(seed=0):
-    torch.manual_seed(seed)
-    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3),
-                        nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(64, 3))
-    net.train()
-    with torch.no_grad():
-        net(torch.randn(64, 1, 8, 8))  # non-trivial running statistics
-    return net
 
 
 def train_with_checkpoints(fresh, experiences, path, *, resume_at=None, **train_kwargs):

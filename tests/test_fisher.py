@@ -4,13 +4,13 @@ import pytest
 import torch
 from torch import nn
 
-from avalanche_plugins.layer_adaptive.fisher import (
+from avalanche_plugins.layer_adaptive import (
     batched_fisher,
     empirical_fisher,
     expected_fisher,
     fisher_diagonal,
 )
-from tests.helpers import small_bn_cnn, small_mlp
+from tests.fixtures import small_bn_cnn, small_mlp
 
 CE = nn.CrossEntropyLoss()
 

@@ -5,12 +5,13 @@ import pytest
 import torch
 from torch import nn
 
-from avalanche_plugins.layer_adaptive.hessian import (
+from avalanche_plugins.layer_adaptive import (
     condition_number,
     geometric_fit,
     layer_top_eigenvalues,
 )
-from tests.helpers import dense_block_eigenvalues, small_bn_cnn, small_mlp
+from tests.fixtures import small_bn_cnn, small_mlp
+from tests.helpers import dense_block_eigenvalues
 
 CE = nn.CrossEntropyLoss()
 

@@ -11,12 +11,9 @@ from avalanche.training.plugins import EWCPlugin
 from avalanche.training.supervised import Naive
 from torch import nn
 
-from avalanche_plugins import LayerAdaptiveEWCPlugin
-from avalanche_plugins.layer_adaptive.fisher import batched_fisher
-from avalanche_plugins.layer_adaptive.schedules import layer_weights
-from benchmarks.continual import accuracy_evaluator
-from benchmarks.data import make_stream
-from benchmarks.models import build_model
+from avalanche_plugins import LayerAdaptiveEWCPlugin, fix_checkpoint_pickling
+from avalanche_plugins.layer_adaptive import batched_fisher, layer_weights
+from tests.fixtures import build_model, digits_stream, evaluator
 from tests.helpers import train_with_checkpoints
 
 
@@ -26,7 +23,7 @@ def incremental_mlp(stream):
 
 
 def train(plugin, *, head="multihead", n_experiences=3, seed=0, epochs=2, lr=0.05, extra=()):
-    stream = make_stream("digits", "split", task_incremental=head == "multihead", seed=0)
+    stream = digits_stream(task_incremental=head == "multihead")
     torch.manual_seed(seed)
     if head == "multihead":
         model = build_model("mlp", stream.input_shape, stream.n_classes, hidden=(32, 32), multihead=True)
@@ -34,7 +31,7 @@ def train(plugin, *, head="multihead", n_experiences=3, seed=0, epochs=2, lr=0.0
         model = incremental_mlp(stream)
     strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
                      criterion=nn.CrossEntropyLoss(), train_mb_size=32, train_epochs=epochs,
-                     plugins=[plugin, *extra], evaluator=accuracy_evaluator())
+                     plugins=[plugin, *extra], evaluator=evaluator())
     for experience in stream.benchmark.train_stream[:n_experiences]:
         strategy.train(experience)
     return strategy, stream
@@ -120,11 +117,11 @@ def test_parameters_outside_layers_warn_once_and_get_weight_one():
         def forward(self, x):
             return self.net(x) + self.offset
 
-    stream = make_stream("digits", "split", seed=0)
+    stream = digits_stream()
     model = WithBias()
     plugin = LayerAdaptiveEWCPlugin(1.0, schedule="geometric", alpha=4.0)
     strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
-                     criterion=nn.CrossEntropyLoss(), train_mb_size=64, plugins=[plugin], evaluator=accuracy_evaluator())
+                     criterion=nn.CrossEntropyLoss(), train_mb_size=64, plugins=[plugin], evaluator=evaluator())
     with pytest.warns(UserWarning, match="outside every layer.*offset"):
         strategy.train(stream.benchmark.train_stream[0])
     assert float(plugin._curvature["offset"].sum()) > 0  # protected with weight 1
@@ -142,13 +139,11 @@ def test_bad_arguments(kwargs):
 def test_checkpoint_resume_matches_uninterrupted(tmp_path):
     from avalanche.training.determinism.rng_manager import RNGManager
 
-    from avalanche_plugins._avalanche.compat import fix_checkpoint_pickling
-
     fix_checkpoint_pickling()  # torch 2.14 + dill cannot pickle any optimizer otherwise
 
     def run(resume: bool):
         RNGManager.set_random_seeds(0)
-        stream = make_stream("digits", "split", task_incremental=True, seed=0)
+        stream = digits_stream(task_incremental=True)
         RNGManager.set_random_seeds(0)
 
         def fresh():
@@ -156,7 +151,7 @@ def test_checkpoint_resume_matches_uninterrupted(tmp_path):
             return Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                          criterion=nn.CrossEntropyLoss(), train_mb_size=32, train_epochs=1,
                          plugins=[LayerAdaptiveEWCPlugin(10.0, schedule="smoothed", spectrum_samples=64)],
-                         evaluator=accuracy_evaluator())
+                         evaluator=evaluator())
 
         return train_with_checkpoints(fresh, stream.benchmark.train_stream[:3], tmp_path / f"ckpt_{resume}.pkl",
                                       resume_at=2 if resume else None)

@@ -5,6 +5,7 @@ import io
 import numpy as np
 import pytest
 import torch
+from avalanche.core import SupervisedPlugin
 from avalanche.evaluation.metrics import accuracy_metrics
 from avalanche.logging import InteractiveLogger, TensorboardLogger, TextLogger
 from avalanche.training.plugins import EvaluationPlugin
@@ -12,13 +13,12 @@ from avalanche.training.supervised import Naive
 from torch import nn
 
 from avalanche_plugins import LayerAdaptiveEWCPlugin, LayerAdaptiveLRPlugin, LayerSensitivityMetric
-from avalanche_plugins.layer_adaptive.hessian import geometric_fit
-from benchmarks.data import make_stream
-from benchmarks.models import build_model
+from avalanche_plugins.layer_adaptive import geometric_fit
+from tests.fixtures import build_model, digits_stream
 
 
 def strategy_for(plugins=(), metrics=(), loggers=(), seed=0, epochs=1):
-    stream = make_stream("digits", "split", task_incremental=True, seed=0)
+    stream = digits_stream(task_incremental=True)
     torch.manual_seed(seed)
     model = build_model("mlp", stream.input_shape, 2, hidden=(32, 16), multihead=True)
     evaluator = EvaluationPlugin(accuracy_metrics(experience=True), *metrics, loggers=list(loggers))
@@ -43,6 +43,8 @@ def test_metric_names_values_and_loggers(tmp_path):
     assert kappa == pytest.approx(max(last[name].values()) / min(last[name].values()))
     assert "LayerSensitivityAlphaHat/train_phase/train_stream/Task001/Exp001" in last
     assert metric.result() == pytest.approx(last[name])
+    assert [r.experience for r in metric.history] == [0, 1]  # one profile per trained experience
+    assert metric.history[-1].kappa == pytest.approx(kappa)
     assert "LayerSensitivityKappa" in text.getvalue()
     tb.writer.flush()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -77,23 +79,48 @@ def group_of(optimizer, param):
     return next(i for i, g in enumerate(optimizer.param_groups) if any(p is param for p in g["params"]))
 
 
+def optimizer_state(strategy):
+    """A copy of the optimizer's per-parameter state, keyed by parameter name."""
+    state = strategy.optimizer.state
+    return {name: {k: v.clone() for k, v in state[p].items()}
+            for name, p in strategy.model.named_parameters() if state.get(p)}
+
+
+class StateAtStart(SupervisedPlugin):
+    """Placed after the plugin under test: the optimizer state once every plugin has prepared
+    the experience, just before its first step."""
+
+    def __init__(self):
+        super().__init__()
+        self.states = []
+
+    def before_training_exp(self, strategy, **kwargs):
+        self.states.append(optimizer_state(strategy))
+
+
 def test_lr_plugin_geometric_groups_keep_state_and_cover_new_heads():
-    plugin = LayerAdaptiveLRPlugin(schedule="geometric", alpha=0.5)
-    strategy, stream = strategy_for(plugins=[plugin])
+    plugin, probe = LayerAdaptiveLRPlugin(schedule="geometric", alpha=0.5), StateAtStart()
+    strategy, stream = strategy_for(plugins=[plugin, probe])
     strategy.train(stream.benchmark.train_stream[0])
     opt, model = strategy.optimizer, strategy.model
     assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.05, 0.1, 0.2])
     assert all(g["momentum"] == 0.9 for g in opt.param_groups)
-    w = model.trunk.features[1].weight
-    momentum_before = opt.state[w]["momentum_buffer"].clone()
+    after_first = optimizer_state(strategy)
+    assert "trunk.features.1.weight" in after_first  # momentum buffers exist
     strategy.train(stream.benchmark.train_stream[1])  # adds head 1: grouped with the head layer
+    # the regrouped optimizer starts experience 1 with every buffer experience 0 left, unchanged
+    kept = probe.states[1]
+    assert kept.keys() == after_first.keys()
+    for name, buffers in after_first.items():
+        assert all(torch.equal(kept[name][k], v) for k, v in buffers.items()), name
     params = list(model.parameters())
     assert sorted(id(p) for g in opt.param_groups for p in g["params"]) == sorted(id(p) for p in params)
     head1 = model.head.classifiers["1"].classifier.weight
+    w = model.trunk.features[1].weight
     assert opt.param_groups[group_of(opt, head1)]["lr"] == pytest.approx(0.2)
     assert opt.param_groups[group_of(opt, w)]["lr"] == pytest.approx(0.05)
-    assert not torch.equal(opt.state[w]["momentum_buffer"], momentum_before)  # state kept and updated
-    assert head1.grad is not None
+    assert not torch.equal(opt.state[w]["momentum_buffer"], after_first["trunk.features.1.weight"]["momentum_buffer"])
+    assert head1.grad is not None and "momentum_buffer" in opt.state[head1]
 
 
 def test_lr_plugin_smoothed_uses_inverse_curvature():

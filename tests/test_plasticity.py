@@ -202,13 +202,21 @@ def test_zero_gradient_rule_exact():
         model.weight.copy_(torch.tensor([[1.0, 2.0]]))
     x = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]], dtype=torch.float64)
     y = model(x).detach() - 1.0  # residual model(x) - y = 1 ⟂ columns of X
+    # E_B‖ĝ_B‖² by enumeration: per-sample gradients 2·x_i, so ĝ_B = x_i + x_j; the pairs {±e1}
+    # and {±e2} cancel, the 4 mixed pairs have ‖ĝ_B‖² = 2: 8/6 for B = 2, and 0 for B = N = 4.
+    exact = {b: subset_second_moment(model, MSE, x, y, b) for b in (2, 4)}
+    assert exact[2][0] == pytest.approx(4 / 3, rel=1e-12) and exact[4] == (0.0, 0.0)
+    n_batches = 128
     for estimator, b in (("per_sample", 2), ("sampled", 2), ("per_sample", 4), ("sampled", 4)):
-        res = optimization_readiness(model, MSE, x, y, batch_size=b, estimator=estimator)
+        res = optimization_readiness(model, MSE, x, y, batch_size=b, n_batches=n_batches, estimator=estimator)
         assert res.grad_norm_sq == 0.0
         assert (res.strength, res.reliability, res.readiness) == (0.0, 0.0, 0.0)
         assert res.loss == 1.0
-        assert res.second_moment == (0.0 if b == 4 else res.second_moment) and res.second_moment >= 0
-    assert optimization_readiness(model, MSE, x, y, batch_size=2, estimator="per_sample").second_moment > 0
+        mean, variance = exact[b]
+        if estimator == "per_sample" or b == 4:
+            assert res.second_moment == pytest.approx(mean, rel=1e-12, abs=1e-12)
+        else:  # the mean of n_batches draws: within 4 standard errors
+            assert abs(res.second_moment - mean) < 4 * math.sqrt(variance / n_batches)
     gd = k_step_gain(model, MSE, x, y, x, y, k=5, lr=0.1, batch_size=4, n_runs=2)
     assert gd.gain == 0.0
 

@@ -3,8 +3,7 @@
 import numpy as np
 import pytest
 
-from avalanche_plugins.layer_adaptive.hessian import geometric_fit
-from avalanche_plugins.layer_adaptive.schedules import layer_weights
+from avalanche_plugins.layer_adaptive import geometric_fit, layer_weights
 
 
 def test_schedules_closed_forms():

@@ -9,19 +9,16 @@ from avalanche.training.plugins import EWCPlugin, ReplayPlugin
 from avalanche.training.supervised import Naive
 from torch import nn
 
-from avalanche_plugins.structural.metrics import (
+from avalanche_plugins import (
     CycleAccuracyMetric,
-    NewbornGradientMetric,
-    quiet_evaluator,
-)
-from avalanche_plugins.structural.plugins import (
     FixedMaskPlugin,
     GrowPlugin,
+    NewbornGradientMetric,
     PrunePlugin,
+    fix_checkpoint_pickling,
     retrain_ticket,
 )
-from benchmarks.data import make_stream
-from benchmarks.models import build_model
+from tests.fixtures import build_model, digits_stream, evaluator
 from tests.helpers import train_with_checkpoints
 
 torch.set_num_threads(1)
@@ -34,7 +31,7 @@ def mlp(stream):
 
 
 def run(plugin, *, n_experiences=3, epochs=1, stream=None, metrics=(), extra=(), seed=0, spy=None):
-    stream = stream or make_stream("digits", "split", seed=0)
+    stream = stream or digits_stream()
     torch.manual_seed(seed)
     model = mlp(stream)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
@@ -42,7 +39,7 @@ def run(plugin, *, n_experiences=3, epochs=1, stream=None, metrics=(), extra=(),
     strategy = Naive(model=model, optimizer=optimizer, criterion=nn.CrossEntropyLoss(), train_mb_size=32,
                      train_epochs=epochs, plugins=[plugin, *([spy] if spy else []), EWCPlugin(10.0),
                                                    ReplayPlugin(mem_size=40), *extra],
-                     evaluator=quiet_evaluator(*metrics))
+                     evaluator=evaluator(*metrics))
     last = {}
     for experience in stream.benchmark.train_stream[:n_experiences]:
         last.update(strategy.train(experience, num_workers=0))
@@ -51,10 +48,11 @@ def run(plugin, *, n_experiences=3, epochs=1, stream=None, metrics=(), extra=(),
 
 def test_grow_in_a_continual_run_with_ewc_and_replay():
     grow = GrowPlugin(0.5, seed_compactness=0.25, grow_fraction_per_cycle=0.125, epochs_per_cycle=1,
-                      outgoing="zero", optimizer_state="zero")
-    stream = make_stream("digits", "split", seed=0)
+                      outgoing="zero", optimizer_state="zero", track_newborn=True)
+    stream = digits_stream()
     cycles = CycleAccuracyMetric(stream.benchmark.test_stream, 1)
-    strategy, initial, last, _ = run(grow, stream=stream, metrics=(cycles, NewbornGradientMetric(grow)))
+    newborn = NewbornGradientMetric(grow)
+    strategy, initial, last, _ = run(grow, stream=stream, metrics=(cycles, newborn))
     masks = grow.masks
     assert masks.names == list(LAYERS)
     # seed 8 of 32 units, +4 per cycle at the start of experiences 1 and 2 -> 16 = 50 %
@@ -69,13 +67,16 @@ def test_grow_in_a_continual_run_with_ewc_and_replay():
     x = stream.benchmark.test_stream[0].dataset[0][0].unsqueeze(0)
     assert torch.all(model.features[:3](x)[:, off] == 0)
     # metrics with Avalanche template names
-    for i, (_, accuracy) in enumerate(cycles.trajectory):
+    assert len(cycles.history) == 3  # one cycle per epoch: (iteration, accuracy) at each
+    for i, (_, accuracy) in enumerate(cycles.history):
         assert last[f"CycleAccuracy/train_phase/train_stream/Task000/Exp{i:03d}"] == accuracy
     assert last["TAA/train_phase/train_stream/Task000/Exp002"] == pytest.approx(
-        sum(a for _, a in cycles.trajectory) / 3)
+        sum(a for _, a in cycles.history) / 3)
+    assert cycles.result() == cycles.history[-1][1] and cycles.taa == last["TAA/train_phase/train_stream/Task000/Exp002"]
     assert len(grow.newborn_log) == 2 and all(r["n_newborn"] == 8 for r in grow.newborn_log)
     ratio = last["NewbornGradientRatio/train_phase/train_stream/Task000/Exp002"]
     assert ratio == grow.newborn_log[-1]["grad_ratio"] and math.isfinite(ratio) and ratio > 0
+    assert newborn.history == grow.newborn_log and newborn.result() == ratio
     assert "NewbornActivation/train_phase/train_stream/Task000/Exp001" in last
 
 
@@ -108,7 +109,7 @@ def test_prune_rewinds_survivors_to_init_bit_for_bit():
 
 
 def test_grow_within_one_experience():
-    stream = make_stream("digits", "split", n_experiences=1, seed=0)
+    stream = digits_stream(1)
     grow = GrowPlugin(0.5, 0.25, 0.125, epochs_per_cycle=1, score="gradient", cycle_scope="experience",
                       incoming="reinit", newborn_lr=2.0)
     run(grow, stream=stream, n_experiences=1, epochs=3)
@@ -119,23 +120,22 @@ def test_grow_within_one_experience():
 def test_checkpoint_resume_matches_uninterrupted(tmp_path):
     from avalanche.training.determinism.rng_manager import RNGManager
 
-    from avalanche_plugins._avalanche.compat import fix_checkpoint_pickling
-
     fix_checkpoint_pickling()
 
     def go(resume: bool):
         RNGManager.set_random_seeds(0)
-        stream = make_stream("digits", "split", seed=0)
+        stream = digits_stream()
         RNGManager.set_random_seeds(0)
 
         def fresh():
             model = mlp(stream)
-            grow = GrowPlugin(0.5, 0.25, 0.125, 1, optimizer_state="fresh", outgoing="zero", newborn_lr=3.0)
+            grow = GrowPlugin(0.5, 0.25, 0.125, 1, optimizer_state="fresh", outgoing="zero", newborn_lr=3.0,
+                              track_newborn=True)
             metrics = (CycleAccuracyMetric(stream.benchmark.test_stream, 1), NewbornGradientMetric(grow))
             return Naive(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=1e-4),
                          criterion=nn.CrossEntropyLoss(), train_mb_size=32, train_epochs=1,
                          plugins=[grow, EWCPlugin(10.0), ReplayPlugin(mem_size=40)],
-                         evaluator=quiet_evaluator(*metrics))
+                         evaluator=evaluator(*metrics))
 
         return train_with_checkpoints(fresh, stream.benchmark.train_stream[:3], tmp_path / f"ckpt_{resume}.pkl",
                                       resume_at=2 if resume else None, num_workers=0)
@@ -148,13 +148,13 @@ def test_checkpoint_resume_matches_uninterrupted(tmp_path):
     assert {k: v.tolist() for k, v in a.masks.masks.items()} == {k: v.tolist() for k, v in b.masks.masks.items()}
     # the resumed plugin still controls the resumed model (hooks and parameters are the same objects)
     assert b.masks.model is resumed.model
-    metric_a = straight.evaluator.metrics[0]
-    metric_b = resumed.evaluator.metrics[0]
-    assert metric_a.trajectory == metric_b.trajectory
+    metric_a, metric_b = (next(m for m in s.evaluator.metrics if isinstance(m, CycleAccuracyMetric))
+                          for s in (straight, resumed))
+    assert metric_a.history == metric_b.history and len(metric_a.history) == 3
 
 
 def test_retrain_ticket_reports_acc_and_taa():
-    stream = make_stream("digits", "split", n_experiences=2, seed=0)
+    stream = digits_stream(2)
     mask = {"features.1": torch.arange(32) % 2 == 0, "features.3": torch.arange(32) < 8}
     result = retrain_ticket(mask, lambda: mlp(stream), stream, train_epochs=2,
                             plugins_factory=lambda: [ReplayPlugin(mem_size=40)],
@@ -190,11 +190,20 @@ def test_bad_arguments_name_the_argument(make, argument):
         make()
 
 
+def test_newborn_metric_needs_a_tracking_grow_plugin():
+    with pytest.raises(ValueError, match="track_newborn=True"):
+        NewbornGradientMetric(GrowPlugin(0.5, 0.25))
+    with pytest.raises(ValueError, match="GrowPlugin"):
+        NewbornGradientMetric(PrunePlugin(0.5))
+    grow = GrowPlugin(0.5, 0.25, track_newborn=True)
+    assert NewbornGradientMetric(grow).result() is None and grow.track_newborn
+
+
 def test_model_without_maskable_hidden_layer_fails_clearly():
-    stream = make_stream("digits", "split", seed=0)
+    stream = digits_stream()
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
     strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                      criterion=nn.CrossEntropyLoss(), train_mb_size=32, plugins=[GrowPlugin(0.5, 0.25)],
-                     evaluator=quiet_evaluator())
+                     evaluator=evaluator())
     with pytest.raises(ValueError, match="model Sequential has no maskable hidden layer"):
         strategy.train(stream.benchmark.train_stream[0], num_workers=0)

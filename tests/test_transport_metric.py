@@ -10,6 +10,7 @@ from avalanche.training.plugins import EvaluationPlugin, EWCPlugin, ReplayPlugin
 from avalanche.training.supervised import Naive
 from torch import nn
 
+from avalanche_plugins import TransportKeyMetric
 from avalanche_plugins.transport import (
     fit_transport_key,
     gauss_newton_key,
@@ -17,16 +18,14 @@ from avalanche_plugins.transport import (
     stitch,
     stitched_accuracy,
 )
-from avalanche_plugins.transport.metric import TransportKeyMetric
-from benchmarks.data import make_stream
-from benchmarks.models import build_model
+from tests.fixtures import build_model, digits_stream, evaluator
 
 STAGES = ["trunk.features.0", "trunk.features.1"]
 PREFIX = "TransportKeyAcc/eval_phase/test_stream/Task000/Exp000"
 
 
 def run(metric=None, tmp_path=None, text=None):
-    stream = make_stream("digits", "split", task_incremental=True, seed=0)
+    stream = digits_stream(task_incremental=True)
     torch.manual_seed(0)
     model = build_model("cnn", stream.input_shape, 2, multihead=True, widths=(8, 16))
     loggers = [] if metric is None else [TextLogger(text), InteractiveLogger(),
@@ -61,7 +60,7 @@ def test_metric_logs_stitched_accuracy_and_recovery_and_leaves_training_alone(tm
         last["Top1_Acc_Exp/eval_phase/test_stream/Task000/Exp000"])
     # no stitched values for the experience just trained (nothing to recover yet)
     assert not any(k.startswith("TransportKeyAcc/eval_phase/test_stream/Task002") for k in last)
-    assert {(r["experience"], r["after"]) for r in metric.results} == {(0, 1), (0, 2), (1, 2)}
+    assert {(r["experience"], r["after"]) for r in metric.history} == {(0, 1), (0, 2), (1, 2)}
 
     # independent recomputation from the snapshot, its anchors and the test data
     snap = metric.snapshots[0]
@@ -96,6 +95,32 @@ def test_metric_logs_stitched_accuracy_and_recovery_and_leaves_training_alone(tm
     plain, _, _ = run()
     for (name, a), b in zip(strategy.model.state_dict().items(), plain.model.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_anchors_read_through_a_random_transform_leave_the_run_unchanged():
+    """The training data draw noise from torch's global RNG at every read, in training and
+    evaluation mode alike (like a torchvision dataset built with ``transform=RandomCrop``): reading
+    the anchors after experience 0 must not shift the random stream that shuffles and augments
+    experience 1 (the metric restores the RNG state around the reads)."""
+
+    def train(metric=None):
+        stream = digits_stream(task_incremental=True, noise=0.5)
+        torch.manual_seed(0)
+        model = build_model("cnn", stream.input_shape, 2, multihead=True, widths=(4, 8))
+        strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                         criterion=nn.CrossEntropyLoss(), train_mb_size=32, train_epochs=1,
+                         evaluator=evaluator(*([metric] if metric else [])))
+        for experience in stream.benchmark.train_stream[:2]:
+            strategy.train(experience)
+        return strategy, torch.get_rng_state()
+
+    metric = TransportKeyMetric(stages=["trunk.features.0"], families=("identity",), n_anchors=20,
+                                controls=False, experiences=[0])
+    (measured, rng_measured), (plain, rng_plain) = train(metric), train()
+    assert list(metric.snapshots) == [0] and metric.snapshots[0]["x"].shape[0] == 20
+    for (name, a), b in zip(measured.model.state_dict().items(), plain.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert torch.equal(rng_measured, rng_plain)
 
 
 def test_bad_arguments():

@@ -15,7 +15,7 @@ from avalanche_plugins.structural import (
     remove_mask_hooks,
     unit_scores,
 )
-from tests.helpers import small_bn_cnn, small_mlp
+from tests.fixtures import small_bn_cnn, small_mlp
 
 torch.set_num_threads(1)
 

@@ -9,8 +9,11 @@ Avalanche's ``EvaluationPlugin`` (so it reaches every logger). They share one co
 * ``emit(strategy, {name: value})`` — ``MetricValue`` objects named with Avalanche's
   ``Name/phase/stream/TaskNNN/ExpNNN`` template, at the strategy's iteration count; None values
   are skipped.
-* ``measuring(strategy)`` — a context that restores torch's RNG state on exit: building data
-  loaders or sampling draws from the global RNG, and measuring must never change the training run.
+* ``measuring(strategy)`` — a context that restores torch's RNG state (CPU and the strategy's CUDA
+  device) on exit: measuring must never change the training run. ``experience_batches`` already
+  restores the CPU RNG after building its loader; ``measuring`` also covers direct
+  ``dataset[i]`` reads through random training transforms (the transport metric's anchors) and the
+  CUDA generator.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ each non-zero only inside its block, stacked and pushed through one ``torch.vmap
 forward-over-reverse Hessian-vector product (``torch.func.jvp`` of ``torch.func.grad``) per
 iteration and minibatch, so all layers share each pass over the data. Keeping only each tangent's
 own block of ``Hv`` gives ``H_ℓℓ v_ℓ`` exactly. Iteration stops per layer when the Rayleigh quotient
-changes by less than ``tol`` (relative). With ``chunk_size`` the HVP is the sample-weighted mean of
+``ρ = vᵀHv`` changes by less than ``tol`` (relative) *and* the eigen-residual
+``‖H_ℓℓ v − ρ v‖ / |ρ|`` is at most ``√tol``; a steady ρ alone is not convergence (with eigenvalues
+``±λ`` the iterate oscillates while ρ stays anywhere in ``(−λ, λ)``). With ``chunk_size`` the HVP is the sample-weighted mean of
 minibatch HVPs, i.e. exactly the full-data Hessian block, not an average of per-batch eigenvalues.
 
 Sign: power iteration finds the eigenvalue of largest magnitude, which can be negative away
@@ -214,6 +216,7 @@ def _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map, ma
         v = {name: t / norm.view(-1, *[1] * (t.dim() - 1)) for name, t in v.items()}
         estimate = torch.zeros(k, dtype=torch.float64)
         change = torch.full((k,), float("inf"), dtype=torch.float64)
+        residual = torch.full((k,), float("inf"), dtype=torch.float64)
         iterations = torch.zeros(k, dtype=torch.long)
         active = torch.ones(k, dtype=torch.bool)
         for step in range(1, max_iter + 1):
@@ -226,32 +229,40 @@ def _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map, ma
                 change[idx] = (rayleigh - prev).abs() / (prev.abs() + 1e-12)
             estimate[idx] = rayleigh
             iterations[idx] = step
+            # eigen-residual ‖Hv − ρv‖/|ρ|: a steady Rayleigh quotient alone is not convergence
+            # (with eigenvalues ±λ the vector oscillates and ρ stays put anywhere in (−λ, λ))
+            resid = {name: hv[name] - rayleigh.to(hv[name].dtype).view(-1, *[1] * (hv[name].dim() - 1)) * sub[name]
+                     for name in block_names}
+            residual[idx] = _dot(resid, resid).sqrt().double() / rayleigh.abs().clamp_min(1e-30)
             hv_norm = _dot(hv, hv).sqrt().clamp_min(1e-30)
             for name in block_names:
                 v[name][idx] = hv[name] / hv_norm.view(-1, *[1] * (hv[name].dim() - 1))
-            done = change[idx] < tol
+            done = (change[idx] < tol) & (residual[idx] <= math.sqrt(tol))
             # an exactly zero block (e.g. dead layer) has nothing to iterate on
             done |= rayleigh.abs() < 1e-30
             active[idx[done]] = False
             if not active.any():
                 break
-        return estimate, iterations, change
+        return estimate, iterations, change, residual
 
     generator = torch.Generator().manual_seed(seed)
     all_ids = torch.arange(n_layers)
-    dominant, iterations, change = run(all_ids, torch.zeros(n_layers), generator)
+    dominant, iterations, change, residual = run(all_ids, torch.zeros(n_layers), generator)
     top = dominant.clone()
     negative = (dominant < 0).nonzero().flatten()
     if len(negative):
         mu = dominant[negative]
-        shifted, it2, ch2 = run(all_ids[negative], mu.float(), generator)
+        shifted, it2, ch2, res2 = run(all_ids[negative], mu.float(), generator)
         top[negative] = shifted + mu
         iterations[negative] += it2
         change[negative] = ch2
+        residual[negative] = res2
 
-    converged = [bool(c < tol) or abs(float(d)) < 1e-30 for c, d in zip(change, dominant)]
+    converged = [bool(c < tol and r <= math.sqrt(tol)) or abs(float(d)) < 1e-30
+                 for c, r, d in zip(change, residual, dominant)]
     names = layer_map.names
-    stuck = [f"{names[i]} (last relative change {float(change[i]):.2e})" for i in range(n_layers) if not converged[i]]
+    stuck = [f"{names[i]} (last relative change {float(change[i]):.2e}, residual {float(residual[i]):.2e})"
+             for i in range(n_layers) if not converged[i]]
     if stuck:
         warnings.warn(f"power iteration did not reach tol={tol} within max_iter={max_iter} for layers: "
                       + ", ".join(stuck), RuntimeWarning, stacklevel=3)

@@ -75,7 +75,7 @@ class TransportKeyMetric(RecordingMetric[dict]):
         evaluator = EvaluationPlugin(accuracy_metrics(experience=True), tk,
                                      loggers=[InteractiveLogger(), TensorboardLogger()])
         ...
-        tk.results[-1]   # {"experience": 0, "after": 2, "acc": {...}, "recovery": {...}}
+        tk.history[-1]   # {"experience": 0, "after": 2, "acc": {...}, "recovery": {...}}
     """
 
     def __init__(self, stages, families=("identity", "channel", "cross_channel"), n_anchors: int = 100,
