@@ -75,5 +75,5 @@ def test_bad_input():
         layer_top_eigenvalues(nn.Sequential(nn.Flatten()), CE, x, y)
     x_nan = x.clone()
     x_nan[0, 0] = float("nan")
-    with pytest.raises(ValueError, match="loss is nan"):
+    with pytest.raises(ValueError, match="inputs has 1 non-finite"):
         layer_top_eigenvalues(model, CE, x_nan, y)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 from torch import nn
 
@@ -30,3 +31,95 @@ def test_power_iteration_with_symmetric_extreme_eigenvalues_is_never_reported_co
         assert converged or any("did not reach" in str(w.message) for w in caught)
         outcomes.append(converged)
     assert not all(outcomes)  # some starts have a positive dominant Rayleigh quotient and cannot converge
+
+
+# ---------------------------------------------------------------------------------------------
+# Silent wrong results now raise, naming the argument
+
+
+def _mlp(d_in=4, hidden=6, d_out=3):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, d_out))
+
+
+def test_tied_weights_are_rejected_by_the_layer_map_and_everything_built_on_it():
+    from avalanche_plugins.ads import architecture_driven_shift
+    from avalanche_plugins.core.layers import discover_layers
+
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    net[2].weight = net[0].weight
+    x, y = torch.randn(8, 4), torch.randint(0, 4, (8,))
+    with pytest.raises(ValueError, match="tied weights"):
+        discover_layers(net, x)
+    with pytest.raises(ValueError, match="tied weights"):
+        layer_top_eigenvalues(net, nn.CrossEntropyLoss(), x, y)
+    with pytest.raises(ValueError, match="tied weights"):
+        architecture_driven_shift(net, nn.CrossEntropyLoss(), x, x, y, lr=0.1, steps=1)
+
+
+@pytest.mark.parametrize("call", ["expected_fisher", "hessian_later_chunk", "ads_old", "logit_shift", "ece",
+                                  "identity_key", "channel_key", "k_step_gain", "or_targets"])
+def test_non_finite_inputs_raise_a_value_error_naming_the_argument(call):
+    from avalanche_plugins.ads import architecture_driven_shift, logit_shift
+    from avalanche_plugins.core.stats import expected_calibration_error
+    from avalanche_plugins.layer_adaptive import expected_fisher
+    from avalanche_plugins.readiness import k_step_gain, optimization_readiness
+    from avalanche_plugins.transport import fit_transport_key
+
+    net, ce = _mlp(), nn.CrossEntropyLoss()
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    bad = x.clone()
+    bad[-1, 0] = float("nan")
+    calls = {
+        "expected_fisher": lambda: expected_fisher(net, bad),
+        "hessian_later_chunk": lambda: layer_top_eigenvalues(net, ce, bad, y, chunk_size=4),
+        "ads_old": lambda: architecture_driven_shift(net, ce, bad, x, y, lr=0.1, steps=1),
+        "logit_shift": lambda: logit_shift(net, _mlp(), bad),
+        "ece": lambda: expected_calibration_error(bad[:, :3], y),
+        "identity_key": lambda: fit_transport_key(bad, x, "identity"),
+        "channel_key": lambda: fit_transport_key(x, bad, "channel"),
+        "k_step_gain": lambda: k_step_gain(net, ce, bad, y, x, y, k=1, lr=0.1, batch_size=4, n_runs=2),
+        "or_targets": lambda: optimization_readiness(_mlp(d_out=1), nn.MSELoss(), x, torch.full((16, 1), float("inf"))),
+    }
+    with pytest.raises(ValueError, match="non-finite"):
+        calls[call]()
+
+
+def test_regression_targets_that_would_broadcast_are_rejected():
+    from avalanche_plugins.readiness import optimization_readiness
+
+    net, x = _mlp(d_out=1), torch.randn(32, 4)
+    y = torch.randn(32)
+    with pytest.raises(ValueError, match="reshape the targets"):
+        optimization_readiness(net, nn.MSELoss(), x, y)
+    res = optimization_readiness(net, nn.MSELoss(), x, y.unsqueeze(1), estimator="per_sample")
+    assert res.readiness > 0
+
+
+def test_mask_values_other_than_0_1_and_nan_scores_are_rejected():
+    from avalanche_plugins.structural import UnitMasks, lowest_active
+
+    masks = UnitMasks(_mlp(), torch.randn(2, 4))
+    with pytest.raises(ValueError, match="0/1"):
+        masks.set_masks({"0": torch.tensor([1.0, 0.5, 0.0, 1.0, 1.0, 1.0])})
+    masks.set_masks({"0": torch.tensor([1, 0, 0, 1, 1, 1])})
+    assert masks.masks["0"].tolist() == [True, False, False, True, True, True]
+    with pytest.raises(ValueError, match="NaN"):
+        lowest_active(torch.tensor([float("nan"), 1.0, 2.0]), torch.ones(3, dtype=torch.bool), 1)
+
+
+def test_constant_anchors_are_rejected_and_numpy_accuracies_are_numbers():
+    import numpy as np
+
+    from avalanche_plugins.transport import fit_transport_key, recovery
+
+    with pytest.raises(ValueError, match="constant across the anchors"):
+        fit_transport_key(torch.zeros(10, 3), torch.randn(10, 3), "channel")
+    assert recovery(np.float32(0.8), 0.5, np.float64(0.9)).value == pytest.approx(0.75)
+
+
+def test_logit_shift_chunk_size_is_checked():
+    from avalanche_plugins.ads import logit_shift
+
+    with pytest.raises(ValueError, match="chunk_size"):
+        logit_shift(_mlp(), _mlp(), torch.randn(4, 4), chunk_size=0)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from avalanche_plugins.core.calls import eval_mode, iterate_batches, model_forward, task_groups
-from avalanche_plugins.core.checks import check_inputs
+from avalanche_plugins.core.checks import check_inputs, check_int
 from avalanche_plugins.core.stats import mean_row_norm
 
 __all__ = ["logit_shift", "model_outputs"]
@@ -49,6 +49,8 @@ def logit_shift(model_before: nn.Module, model_after: nn.Module, inputs: torch.T
         5.0
     """
     check_inputs(inputs, name="inputs")
+    if chunk_size is not None:
+        check_int("chunk_size", chunk_size)
     before = model_outputs(model_before, inputs, task_labels, chunk_size)
     after = model_outputs(model_after, inputs, task_labels, chunk_size)
     if before.shape != after.shape:

@@ -8,6 +8,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from avalanche_plugins.core.checks import check_output_targets
+
 __all__ = ["is_multitask", "model_forward", "stateless_forward", "iterate_batches", "eval_mode",
            "split_params", "task_groups", "check_task_labels", "first_tensor", "batch_loss",
            "sample_loss", "grouped_loss"]
@@ -119,10 +121,14 @@ def task_groups(model: nn.Module, n: int, task_labels) -> list[tuple[int | None,
 
 def batch_loss(model: nn.Module, loss_fn, consts: dict, task_label=None):
     """``f(params, x, y, t=task_label) = loss_fn(model(x; params ∪ consts, t), y)``: the loss of
-    a batch as a pure function of the trainable parameters, for ``torch.func`` transforms."""
+    a batch as a pure function of the trainable parameters, for ``torch.func`` transforms.
+    With torch's elementwise losses the targets must have the outputs' shape (``ValueError``
+    otherwise: ``(N,)`` against ``(N, 1)`` would broadcast silently)."""
 
     def f(params, x, y, t=task_label):
-        return loss_fn(stateless_forward(model, {**consts, **params}, x, t), y)
+        out = stateless_forward(model, {**consts, **params}, x, t)
+        check_output_targets(out, y, loss_fn)
+        return loss_fn(out, y)
 
     return f
 
@@ -134,7 +140,9 @@ def sample_loss(model: nn.Module, loss_fn, consts: dict, task_label=None):
     def f(params, x, y, t=task_label):
         if isinstance(t, torch.Tensor):
             t = t.unsqueeze(0)
-        return loss_fn(stateless_forward(model, {**consts, **params}, x.unsqueeze(0), t), y.unsqueeze(0))
+        out = stateless_forward(model, {**consts, **params}, x.unsqueeze(0), t)
+        check_output_targets(out, y.unsqueeze(0), loss_fn)
+        return loss_fn(out, y.unsqueeze(0))
 
     return f
 

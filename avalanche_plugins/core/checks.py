@@ -26,12 +26,23 @@ def check_int(name: str, value, *, minimum: int = 1) -> None:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
+def check_finite(name: str, tensor: torch.Tensor) -> None:
+    """``ValueError`` when a floating-point tensor holds NaN or ±Inf (one policy for every estimator:
+    non-finite data gives non-finite results, so it is rejected up front, naming the argument)."""
+    if tensor.is_floating_point() or tensor.is_complex():
+        bad = ~torch.isfinite(tensor)
+        if bool(bad.any()):
+            raise ValueError(f"{name} has {int(bad.sum())} non-finite values (NaN or Inf); "
+                             "every estimator needs finite data")
+
+
 def check_inputs(inputs, targets=None, *, name: str = "inputs") -> None:
-    """Non-empty tensors with matching first dimension."""
+    """Non-empty, finite tensors with matching first dimension."""
     if not isinstance(inputs, torch.Tensor):
         raise TypeError(f"{name} must be a tensor, got {type(inputs).__name__}")
     if inputs.dim() == 0 or inputs.shape[0] == 0:
         raise ValueError(f"{name} is empty: at least one sample is needed")
+    check_finite(name, inputs)
     if targets is not None:
         if not isinstance(targets, torch.Tensor):
             raise TypeError(f"targets must be a tensor, got {type(targets).__name__}")
@@ -39,6 +50,19 @@ def check_inputs(inputs, targets=None, *, name: str = "inputs") -> None:
             raise ValueError(
                 f"targets has {targets.shape[0]} samples but {name} has {inputs.shape[0]}"
             )
+        check_finite("targets", targets)
+
+
+def check_output_targets(outputs: torch.Tensor, targets: torch.Tensor, loss_fn=None) -> None:
+    """For torch's elementwise losses (MSE, L1, smooth L1, Huber, BCE), targets must have the outputs'
+    shape: ``(N,)`` targets against ``(N, 1)`` outputs broadcast to ``(N, N)`` and give a wrong loss
+    silently. Other losses (cross-entropy, custom callables) define their own shapes."""
+    elementwise = (torch.nn.MSELoss, torch.nn.L1Loss, torch.nn.SmoothL1Loss, torch.nn.HuberLoss,
+                   torch.nn.BCELoss, torch.nn.BCEWithLogitsLoss)
+    if isinstance(loss_fn, elementwise) and targets.shape != outputs.shape:
+        raise ValueError(f"targets have shape {tuple(targets.shape)} but the model outputs "
+                         f"{tuple(outputs.shape)}: {type(loss_fn).__name__} would broadcast them silently; "
+                         "reshape the targets to the outputs' shape")
 
 
 def check_finite_loss(loss: torch.Tensor, where: str) -> None:

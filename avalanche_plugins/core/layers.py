@@ -191,6 +191,22 @@ def _units(module: nn.Module, kind: str, inp: torch.Tensor | None, out: torch.Te
     return width(inp), width(out)
 
 
+def _check_no_tied_parameters(model: nn.Module) -> None:
+    """``ValueError`` when one ``Parameter`` object is registered in two modules (weight tying)."""
+    holders: dict[int, dict[int, str]] = {}  # parameter -> {module object: first name}
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        for param_name, param in module.named_parameters(recurse=False):
+            full = f"{module_name}.{param_name}" if module_name else param_name
+            holders.setdefault(id(param), {}).setdefault(id(module), full)
+    # one module registered twice is a shared *layer* (reported by discover_layers as weight sharing)
+    tied = [list(names.values()) for names in holders.values() if len(names) > 1]
+    if tied:
+        raise ValueError(f"model has tied weights (one Parameter held by several modules: {tied[:3]}); "
+                         "per-layer curvature, EWC strengths and ADS groups would credit the shared weight "
+                         "to one layer only, so tied weights are not supported: untie them or exclude the "
+                         "model")
+
+
 def discover_layers(model: nn.Module, example_input) -> LayerMap:
     """Trace ``model`` on one example batch and return its parametrised layers in execution order.
 
@@ -204,7 +220,9 @@ def discover_layers(model: nn.Module, example_input) -> LayerMap:
         A :class:`LayerMap`; see the module docstring for the rules.
 
     Raises:
-        ValueError: the model has no parametrised layer, or a layer runs twice in one forward pass.
+        ValueError: the model has no parametrised layer, a layer runs twice in one forward pass,
+            or one ``Parameter`` is held by two modules (tied weights): per-layer quantities
+            would be credited to one of them only.
 
     Example:
         >>> net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
@@ -215,6 +233,7 @@ def discover_layers(model: nn.Module, example_input) -> LayerMap:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     names = {module: name for name, module in model.named_modules()}
+    _check_no_tied_parameters(model)
     calls: list[tuple[nn.Module, torch.Tensor | None, torch.Tensor | None]] = []
     call_count: dict[nn.Module, int] = {}
 

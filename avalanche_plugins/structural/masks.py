@@ -438,11 +438,15 @@ class UnitMasks:
     def set_masks(self, masks: Mapping[str, torch.Tensor]) -> None:
         """Set masks directly (no intervention); layers not named keep theirs.
 
-        Raises ``ValueError`` for an unknown layer name or a wrong mask size."""
+        Raises ``ValueError`` for an unknown layer name, a wrong mask size or values other than 0/1."""
         for name, mask in masks.items():
             if name not in self.layers:
                 raise ValueError(f"masks: no maskable layer named {name!r}; layers are {self.names}")
-            mask = torch.as_tensor(mask, dtype=torch.bool)
+            raw = torch.as_tensor(mask)
+            if raw.dtype != torch.bool and not bool(((raw == 0) | (raw == 1)).all()):
+                raise ValueError(f"masks[{name!r}] must be boolean or hold only 0/1, got values "
+                                 f"{torch.unique(raw[(raw != 0) & (raw != 1)]).tolist()[:5]}")
+            mask = raw.to(torch.bool)
             layer = self.layers[name]
             if mask.shape != (layer.size,):
                 raise ValueError(f"masks[{name!r}] must have shape ({layer.size},), got {tuple(mask.shape)}")

@@ -33,6 +33,12 @@ SCORES = ("weight_norm", "activation", "gradient")
 
 
 
+def _check_scores(scores: torch.Tensor) -> None:
+    if not bool(torch.isfinite(scores).all()):
+        raise ValueError("unit scores have NaN or Inf values: the ranking of units would be arbitrary "
+                         "(check the model's weights, activations or gradients)")
+
+
 def lowest_active(scores: torch.Tensor, mask: torch.Tensor, n: int) -> torch.Tensor:
     """Indices of the ``n`` lowest-scoring active units (``mask`` True); ties: lower index first.
 
@@ -40,6 +46,7 @@ def lowest_active(scores: torch.Tensor, mask: torch.Tensor, n: int) -> torch.Ten
         >>> lowest_active(torch.tensor([0.5, 0.1, 0.9, 0.1]), torch.tensor([True, True, True, False]), 2)
         tensor([0, 1])
     """
+    _check_scores(scores)
     active = mask.nonzero().reshape(-1)
     if n > active.numel():
         raise ValueError(f"cannot remove {n} units: only {active.numel()} are active")
@@ -55,6 +62,7 @@ def highest_masked(scores: torch.Tensor, mask: torch.Tensor, n: int) -> torch.Te
         >>> highest_masked(torch.tensor([0.5, 0.1, 0.9, 0.3]), torch.tensor([False, False, True, False]), 2)
         tensor([0, 3])
     """
+    _check_scores(scores)
     masked = (~mask).nonzero().reshape(-1)
     if n > masked.numel():
         raise ValueError(f"cannot recruit {n} units: only {masked.numel()} are masked")

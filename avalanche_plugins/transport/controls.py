@@ -9,6 +9,7 @@ benchmark use it). :func:`recovery` is the fraction of the lost accuracy a key b
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -109,8 +110,9 @@ def recovery(acc_key: float, acc_updated: float, acc_checkpoint: float, *,
         'nothing was forgotten: acc_checkpoint - acc_updated = 0 < 1e-06'
     """
     for name, a in (("acc_key", acc_key), ("acc_updated", acc_updated), ("acc_checkpoint", acc_checkpoint)):
-        if not isinstance(a, (int, float)) or not math.isfinite(a):
+        if isinstance(a, bool) or not isinstance(a, numbers.Real) or not math.isfinite(a):
             raise ValueError(f"{name} must be a finite number, got {a!r}")
+    acc_key, acc_updated, acc_checkpoint = float(acc_key), float(acc_updated), float(acc_checkpoint)
     forgotten = acc_checkpoint - acc_updated
     if forgotten < min_forgetting:
         return Recovery(math.nan, f"nothing was forgotten: acc_checkpoint - acc_updated = "

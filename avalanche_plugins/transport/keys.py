@@ -38,7 +38,7 @@ import math
 import torch
 from torch import nn
 
-from avalanche_plugins.core.checks import check_choice, check_int, check_positive
+from avalanche_plugins.core.checks import check_choice, check_finite, check_int, check_positive
 
 __all__ = ["FAMILIES", "LAYOUTS", "TransportKey", "class_balanced_anchors", "fit_transport_key"]
 
@@ -232,6 +232,7 @@ def fit_transport_key(u: torch.Tensor, v: torch.Tensor, family: str = "channel",
             raise TypeError(f"{name} must be a tensor, got {type(a).__name__}")
         if a.dim() == 0 or a.shape[0] == 0:
             raise ValueError(f"{name} is empty: at least one anchor is needed")
+        check_finite(name, a)
     layout = _infer_layout(u) if layout is None else layout
     check_choice("layout", layout, LAYOUTS)
     dim = _channel_dim(layout)
@@ -253,6 +254,9 @@ def fit_transport_key(u: torch.Tensor, v: torch.Tensor, family: str = "channel",
                          "channels; pass ridge > 0 or more anchors")
     mu_u, mu_v = U.mean(0), V.mean(0)
     Uc, Vc = U - mu_u, V - mu_v
+    if family != "identity" and not bool((Uc != 0).any()):
+        raise ValueError("u is constant across the anchors (e.g. all-zero, dead activations): there is "
+                         "nothing to fit a key on; use other anchors or another stage")
     lam = ridge * float((Uc * Uc).sum()) / c_in
     with torch.no_grad():
         if family == "channel":
