@@ -123,3 +123,51 @@ def test_logit_shift_chunk_size_is_checked():
 
     with pytest.raises(ValueError, match="chunk_size"):
         logit_shift(_mlp(), _mlp(), torch.randn(4, 4), chunk_size=0)
+
+
+def _conv1d_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv1d(2, 4, 3), nn.ReLU(), nn.Conv1d(4, 5, 3), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(5 * 6, 3))
+
+
+def test_conv1d_activations_are_channel_maps_and_a_pure_channel_drift_is_undone():
+    from avalanche_plugins.transport import fit_transport_key, stage_activations, stage_layout
+
+    checkpoint, x = _conv1d_net(), torch.randn(64, 2, 10)
+    updated = _conv1d_net()
+    with torch.no_grad():  # per-output-channel scale and shift of the first conv: an exact channel drift
+        scale, shift = torch.tensor([2.0, 0.5, -1.0, 3.0]), torch.tensor([0.1, -0.2, 0.3, 0.0])
+        updated[0].weight.mul_(scale.view(-1, 1, 1))
+        updated[0].bias.mul_(scale).add_(shift)
+    u, v = stage_activations(updated, "0", x), stage_activations(checkpoint, "0", x)
+    layout = stage_layout(updated, "0", x)
+    assert layout == "channels_first" and stage_layout(updated, "1", x) == "channels_first"
+    key = fit_transport_key(u, v, "channel", layout=layout, ridge=0.0)
+    assert key.num_parameters == 2 * 4
+    assert key.residual < 1e-8
+    assert torch.allclose(key(u), v, atol=1e-5)
+
+
+def test_token_stages_are_read_as_tokens_and_ambiguous_stages_ask_for_a_layout():
+    from avalanche_plugins.transport import stage_layout
+
+    tokens = nn.Sequential(nn.Linear(3, 4), nn.GELU(), nn.Linear(4, 2))
+    assert stage_layout(tokens, "1", torch.randn(2, 5, 3)) == "tokens"
+
+    class Unfold(nn.Module):
+        def forward(self, x):
+            return x.reshape(x.shape[0], 2, -1)
+
+    ambiguous = nn.Sequential(Unfold(), nn.Flatten(), nn.Linear(8, 2))
+    with pytest.raises(ValueError, match="pass the layout explicitly"):
+        stage_layout(ambiguous, "0", torch.randn(2, 8))
+
+
+def test_transport_metric_validates_layouts():
+    from avalanche_plugins import TransportKeyMetric
+
+    with pytest.raises(ValueError, match="layouts"):
+        TransportKeyMetric(stages=["0"], layouts={"0": "nchw"})
+    assert TransportKeyMetric(stages=["0", "2"], layouts="channels_first").layouts == {
+        "0": "channels_first", "2": "channels_first"}

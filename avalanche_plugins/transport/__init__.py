@@ -29,6 +29,7 @@ from avalanche_plugins.transport.refine import gauss_newton_key, optimize_key, r
 from avalanche_plugins.transport.stitch import (
     StitchedModel,
     stage_activations,
+    stage_layout,
     stitch,
     stitched_accuracy,
 )
@@ -36,5 +37,5 @@ from avalanche_plugins.transport.stitch import (
 __all__ = [
     "CONTROLS", "FAMILIES", "LAYOUTS", "Recovery", "StitchedModel", "TransportKey", "channel_permutation",
     "class_balanced_anchors", "control_keys", "correspondence_break", "fit_transport_key", "gauss_newton_key",
-    "optimize_key", "recovery", "refine_key", "stage_activations", "stitch", "stitched_accuracy",
+    "optimize_key", "recovery", "refine_key", "stage_activations", "stage_layout", "stitch", "stitched_accuracy",
 ]

@@ -56,7 +56,7 @@ def channel_permutation(key: TransportKey, seed: int = 0) -> nn.Module:
 
 def correspondence_break(u: torch.Tensor, v: torch.Tensor, family: str = "channel", *,
                          mode: str = "global", labels: torch.Tensor | None = None, seed: int = 0,
-                         ridge: float = 1e-4) -> TransportKey:
+                         ridge: float = 1e-4, layout: str | None = None) -> TransportKey:
     """Control: a key fitted on mispaired anchors (``u_i`` with ``v_π(i)``).
 
     ``mode="global"`` shuffles across all anchors; ``"within_class"`` only among anchors of the
@@ -80,7 +80,7 @@ def correspondence_break(u: torch.Tensor, v: torch.Tensor, family: str = "channe
         for c in labels.unique():
             idx = (labels == c).nonzero().flatten()
             perm[idx] = idx[torch.randperm(len(idx), generator=g)]
-    return fit_transport_key(u, v[perm.to(v.device)], family, ridge=ridge)
+    return fit_transport_key(u, v[perm.to(v.device)], family, ridge=ridge, layout=layout)
 
 
 
@@ -121,7 +121,7 @@ def recovery(acc_key: float, acc_updated: float, acc_checkpoint: float, *,
 
 
 def control_keys(key: TransportKey, u: torch.Tensor, v: torch.Tensor, family: str, labels: torch.Tensor,
-                 *, seed: int = 0, ridge: float = 1e-4) -> dict[str, nn.Module]:
+                 *, seed: int = 0, ridge: float = 1e-4, layout: str | None = None) -> dict[str, nn.Module]:
     """The three controls of a key fitted on ``(u, v)``, by name (:data:`CONTROLS` order): the key on
     channel-permuted activations, and keys fitted on globally / within-class mispaired anchors.
 
@@ -134,5 +134,5 @@ def control_keys(key: TransportKey, u: torch.Tensor, v: torch.Tensor, family: st
     controls = {"channel_permutation": channel_permutation(key, seed)}
     for mode in ("global", "within_class"):
         controls[f"{mode}_shuffle"] = correspondence_break(u, v, family, mode=mode, labels=labels, seed=seed,
-                                                           ridge=ridge)
+                                                           ridge=ridge, layout=layout)
     return controls

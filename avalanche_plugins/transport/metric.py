@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping
 
 import torch
 from avalanche.evaluation.metric_results import MetricValue
@@ -39,12 +40,14 @@ from avalanche_plugins.core.calls import eval_mode, model_forward
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
 from avalanche_plugins.transport import (
     FAMILIES,
+    LAYOUTS,
     class_balanced_anchors,
     control_keys,
     fit_transport_key,
     gauss_newton_key,
     recovery,
     stage_activations,
+    stage_layout,
     stitch,
 )
 
@@ -63,6 +66,10 @@ class TransportKeyMetric(RecordingMetric[dict]):
     :param experiences: experience ids to snapshot (None: all).
     :param ridge: relative ridge of the key fits.
     :param seed: anchor selection and control shuffles.
+    :param layouts: how each stage's activations are laid out: None (default: 2-D flat, 4-D
+        channel maps, 3-D read from the modules that produce them, see
+        :func:`~avalanche_plugins.transport.stitch.stage_layout`), one of ``"flat"``,
+        ``"channels_first"``, ``"tokens"`` for every stage, or a ``{stage: layout}`` mapping.
     :param gauss_newton_iterations: when > 0, also log ``family=<f>+gauss_newton`` for every
         non-identity family: the closed-form key refined label-free by that many
         Levenberg–Marquardt steps on the checkpoint's own anchor logits
@@ -80,7 +87,7 @@ class TransportKeyMetric(RecordingMetric[dict]):
 
     def __init__(self, stages, families=("identity", "channel", "cross_channel"), n_anchors: int = 100,
                  controls: bool = True, experiences=None, ridge: float = 1e-4, seed: int = 0,
-                 gauss_newton_iterations: int = 0):
+                 gauss_newton_iterations: int = 0, layouts=None):
         super().__init__()
         if isinstance(stages, str) or not stages:
             raise ValueError(f"stages must be a non-empty list of submodule names, got {stages!r}")
@@ -98,6 +105,15 @@ class TransportKeyMetric(RecordingMetric[dict]):
         check_int("seed", seed, minimum=0)
         check_int("gauss_newton_iterations", gauss_newton_iterations, minimum=0)
         self.gauss_newton_iterations = gauss_newton_iterations
+        if isinstance(layouts, str):
+            layouts = {stage: layouts for stage in stages}
+        if layouts is not None:
+            if not isinstance(layouts, Mapping):
+                raise TypeError(f"layouts must be None, a layout name or a {{stage: layout}} mapping, got "
+                                f"{type(layouts).__name__}")
+            for stage, layout in layouts.items():
+                check_choice(f"layouts[{stage!r}]", layout, LAYOUTS)
+        self.layouts = dict(layouts or {})
         self.stages, self.families, self.n_anchors = list(stages), families, n_anchors
         self.controls, self.experiences, self.ridge, self.seed = controls, experiences, ridge, seed
         self.snapshots: dict[int, dict] = {}
@@ -144,9 +160,10 @@ class TransportKeyMetric(RecordingMetric[dict]):
             for stage in self.stages:
                 u = stage_activations(model, stage, snap["x"], snap["task"])
                 v = stage_activations(snap["model"], stage, snap["x"], snap["task"])
+                layout = self.layouts.get(stage) or stage_layout(model, stage, snap["x"], snap["task"])
                 keys = {}
                 for family in self.families:
-                    key = fit_transport_key(u, v, family, ridge=self.ridge)
+                    key = fit_transport_key(u, v, family, ridge=self.ridge, layout=layout)
                     keys[f"family={family}"] = key
                     residuals[f"stage={stage}/family={family}"] = key.residual
                     if self.gauss_newton_iterations and family != "identity":
@@ -157,7 +174,8 @@ class TransportKeyMetric(RecordingMetric[dict]):
                         keys[f"family={family}+gauss_newton"] = refined
                     if self.controls and family != "identity":
                         for name, control in control_keys(key, u, v, family, snap["y"].to(u.device),
-                                                          seed=self.seed, ridge=self.ridge).items():
+                                                          seed=self.seed, ridge=self.ridge,
+                                                          layout=layout).items():
                             keys[f"family={family}/control={name}"] = control
                 variants[stage] = {name: stitch(model, snap["model"], stage, key) for name, key in keys.items()}
         self._active = {"experience": exp_id, "variants": variants, "residuals": residuals,

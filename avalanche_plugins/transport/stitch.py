@@ -14,7 +14,13 @@ from torch import nn
 from avalanche_plugins.core.calls import eval_mode, is_multitask, model_forward
 from avalanche_plugins.core.split import split_model
 
-__all__ = ["StitchedModel", "stage_activations", "stitch", "stitched_accuracy"]
+__all__ = ["StitchedModel", "stage_activations", "stage_layout", "stitch", "stitched_accuracy"]
+
+# Modules whose output fixes how a 3-D activation (N, ·, ·) is laid out.
+_CHANNELS_FIRST_1D = (nn.Conv1d, nn.ConvTranspose1d, nn.BatchNorm1d, nn.InstanceNorm1d, nn.MaxPool1d,
+                      nn.AvgPool1d, nn.AdaptiveAvgPool1d, nn.AdaptiveMaxPool1d)
+_TOKENS = (nn.Linear, nn.MultiheadAttention, nn.LayerNorm, nn.Embedding, nn.TransformerEncoderLayer,
+           nn.TransformerDecoderLayer)
 
 
 class _StopForward(Exception):
@@ -60,6 +66,49 @@ def stage_activations(model: nn.Module, stage: str, x: torch.Tensor, task_labels
         raise ValueError(f"stage={stage!r} outputs {type(captured[0]).__name__}, not a tensor")
     return captured[0]
 
+
+
+def stage_layout(model: nn.Module, stage: str, x: torch.Tensor, task_labels=None) -> str:
+    """How ``stage``'s activations are laid out: ``"flat"`` (N, C), ``"channels_first"`` (N, C, H, W)
+    or, for 3-D activations, ``"channels_first"`` (N, C, L) after a 1-d convolution / pooling /
+    BatchNorm1d and ``"tokens"`` (N, T, C) after a Linear / attention / LayerNorm / embedding: the last
+    such module the forward pass runs up to ``stage`` decides. ``ValueError`` when none does.
+
+    Example:
+        >>> net = nn.Sequential(nn.Conv1d(2, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6, 3))
+        >>> stage_layout(net, "1", torch.randn(2, 2, 8))
+        'channels_first'
+    """
+    executed: list[nn.Module] = []
+    target = _module(model, stage)
+
+    def record(module, inputs, output):
+        executed.append(module)
+        if module is target:
+            raise _StopForward
+
+    handles = [m.register_forward_hook(record) for m in model.modules() if m is not model]
+    try:
+        with eval_mode(model), torch.no_grad():
+            model_forward(model, x[:2], None if task_labels is None else task_labels[:2])
+    except _StopForward:
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+    if target not in executed:
+        raise ValueError(f"stage={stage!r} was not run by the forward pass")
+    out = stage_activations(model, stage, x[:2], None if task_labels is None else task_labels[:2])
+    if out.dim() != 3:
+        return {2: "flat", 4: "channels_first"}.get(out.dim(), "flat")
+    for module in reversed(executed):
+        if isinstance(module, _CHANNELS_FIRST_1D):
+            return "channels_first"
+        if isinstance(module, _TOKENS):
+            return "tokens"
+    raise ValueError(f"cannot tell whether stage {stage!r}'s activations {tuple(out.shape)} are tokens "
+                     "(N, T, C) or channel maps (N, C, L): pass the layout explicitly "
+                     "(layout='tokens' or 'channels_first')")
 
 
 class StitchedModel(nn.Module):
