@@ -1,0 +1,11 @@
+"""Benchmarks of the five results (run from a checkout; not part of the installed package).
+
+* :mod:`benchmarks.common` — the shared contract: one command line, one job protocol with a
+  resumable executor, results files and ``--report``, data, the model zoo, training loops.
+* One module or package per study: :mod:`benchmarks.baselines`, :mod:`benchmarks.layer_adaptive_ewc`,
+  :mod:`benchmarks.grow_prune`, :mod:`benchmarks.plasticity_ranking` (with the SCR task source
+  :mod:`benchmarks.scr`), :mod:`benchmarks.ads_zoo`, :mod:`benchmarks.transport_keys`;
+  :mod:`benchmarks.demo` is the quick start.
+
+``python -m benchmarks.NAME --help`` lists a study's options on top of the shared ones.
+"""

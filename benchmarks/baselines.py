@@ -5,61 +5,30 @@ Average accuracy and forgetting per strategy on Split digits (scikit-learn, offl
 next to these. Run ``python -m benchmarks.baselines --help``.
 
 SI note: Avalanche 0.6's ``SynapticIntelligencePlugin`` is a no-op on CPU (it snapshots weights
-as views); this benchmark applies :func:`avalanche_plugins._avalanche.compat.fix_synaptic_intelligence_on_cpu`
+as views); this benchmark applies :func:`avalanche_plugins.fix_synaptic_intelligence_on_cpu`
 before building it, so "SI" here is the algorithm, not Naive under another name.
 """
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import asdict, dataclass, field
+import functools
+import json
+import time
+from dataclasses import asdict, dataclass
 
-import torch
-
-from avalanche_plugins._avalanche.compat import fix_synaptic_intelligence_on_cpu
-from benchmarks.continual import (
-    accuracy_evaluator,
-    average_accuracy,
-    average_forgetting,
-    run_stream,
-)
-from benchmarks.data import make_stream
-from benchmarks.harness import (
-    Timer,
-    benchmark_parser,
+from avalanche_plugins import fix_synaptic_intelligence_on_cpu
+from benchmarks.common.cli import benchmark_parser, is_skipped, parse_args, split_list
+from benchmarks.common.jobs import run_jobs
+from benchmarks.common.results import (
     format_table,
-    seed_everything,
+    plot_final_accuracy,
+    print_report,
     summarize,
     write_results,
 )
-from benchmarks.models import build_model
+from benchmarks.common.training import TrainConfig, config_stream, run_strategy
 
 STRATEGIES = ("naive", "ewc", "si", "gem", "replay")
-
-
-@dataclass
-class TrainConfig:
-    """Everything that defines one run besides the strategy and the seed."""
-
-    dataset: str = "digits"
-    scenario: str = "split"
-    n_experiences: int = 5
-    task_incremental: bool = False
-    model: str = "mlp"
-    hidden: tuple[int, ...] = (128, 128)
-    model_kwargs: dict = field(default_factory=dict)  # for non-MLP models (e.g. CNN widths)
-    lr: float = 0.05
-    momentum: float = 0.0
-    epochs: int = 5
-    batch_size: int = 32
-    ewc_lambda: float = 100.0
-    si_lambda: float = 10000.0
-    gem_patterns: int = 64
-    gem_strength: float = 0.5
-    replay_mem: int = 100
-    data_root: str | None = None
-    validation: bool = False
-    extra: dict = field(default_factory=dict)
 
 
 def make_plugins(name: str, cfg: TrainConfig) -> list:
@@ -85,60 +54,32 @@ def make_plugins(name: str, cfg: TrainConfig) -> list:
     raise ValueError(f"strategy must be one of {STRATEGIES}, got {name!r}")
 
 
-def run_one(plugins_for, name: str, cfg: TrainConfig, seed: int, stream=None, keep_strategy: bool = False) -> dict:
-    """Build the stream, model and strategy for ``(name, seed)``, train, and return a result row.
-
-    ``plugins_for(name, cfg)`` returns the plugin list (so other benchmarks add their own methods).
-    """
-    from avalanche.training.supervised import Naive
-
-    stream = stream or make_stream(cfg.dataset, cfg.scenario, n_experiences=cfg.n_experiences,
-                                   task_incremental=cfg.task_incremental, data_root=cfg.data_root,
-                                   seed=seed, validation=cfg.validation)
-    seed_everything(seed)  # after the stream: Avalanche's generators reseed torch
-    model_kwargs = {"hidden": cfg.hidden} if cfg.model == "mlp" else dict(cfg.model_kwargs)
-    model = build_model(cfg.model, stream.input_shape, stream.n_classes,
-                        multihead=cfg.task_incremental, **model_kwargs)
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-    strategy = Naive(model=model, optimizer=optimizer, criterion=torch.nn.CrossEntropyLoss(),
-                     train_mb_size=cfg.batch_size, train_epochs=cfg.epochs, eval_mb_size=512,
-                     device="cpu", plugins=plugins_for(name, cfg), evaluator=accuracy_evaluator())
-    with Timer() as timer:
-        acc = run_stream(strategy, stream.benchmark, progress=f"{name} seed {seed}")
-    return {
-        "strategy": name,
-        "scenario": stream.description,
-        "seed": seed,
-        "acc": average_accuracy(acc),
-        "forgetting": average_forgetting(acc),
-        "wall_s": timer.seconds,
-        "accuracy_matrix": acc.tolist(),
-        **({"strategy_object": strategy} if keep_strategy else {}),
-    }
+def scenario_name(cfg: TrainConfig) -> str:
+    """``dataset/scenario/mode``, e.g. ``digits/split/task`` (the names ``--skip`` takes)."""
+    mode = "task" if cfg.task_incremental else ("class" if cfg.scenario == "split" else "domain")
+    return f"{cfg.dataset}/{cfg.scenario}/{mode}"
 
 
-def plot_accuracy(rows, path, title: str) -> None:
-    """Final accuracy per experience, one line per strategy (mean over seeds)."""
-    import matplotlib
+@dataclass(frozen=True)
+class Job:
+    strategy: str
+    seed: int
+    cfg: TrainConfig
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
 
-    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
-    fig, axes = plt.subplots(1, len(scenarios), figsize=(6 * len(scenarios), 4), squeeze=False)
-    for ax, scenario in zip(axes[0], scenarios):
-        for strategy in dict.fromkeys(r["strategy"] for r in rows):
-            mats = [np.array(r["accuracy_matrix"]) for r in rows if r["strategy"] == strategy and r["scenario"] == scenario]
-            if mats:
-                final = np.mean([m[-1] for m in mats], axis=0)
-                ax.plot(range(len(final)), final, marker="o", label=strategy)
-        ax.set(xlabel="experience", ylabel="final test accuracy", title=scenario, ylim=(0, 1))
-        ax.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+@functools.lru_cache(maxsize=2)
+def _stream(cfg_json: str, seed: int):
+    return config_stream(TrainConfig(**json.loads(cfg_json)), seed)
+
+
+def run_job(job: Job) -> dict:
+    """One strategy on one scenario and seed (the stream is shared by the strategies of a seed)."""
+    stream = _stream(json.dumps(asdict(job.cfg), sort_keys=True), job.seed)
+    row = run_strategy(make_plugins, job.strategy, job.cfg, job.seed, stream=stream, progress=False)
+    row["config"] = asdict(job.cfg)
+    print(f"{row['scenario']:<45} {job.strategy:<14} seed {job.seed}: ACC {row['acc']:.3f} "
+          f"F {row['forgetting']:.3f} ({row['wall_s']:.1f}s)", flush=True)
+    return row
 
 
 def scenario_configs(args) -> list[TrainConfig]:
@@ -154,40 +95,38 @@ def scenario_configs(args) -> list[TrainConfig]:
     return configs
 
 
-def main(argv=None, plugins_for=make_plugins, strategies=STRATEGIES, name="baselines",
-         description: str | None = None) -> dict:
-    parser = benchmark_parser(name, description or __doc__.splitlines()[0])
-    parser.add_argument("--strategies", default=",".join(strategies),
-                        help=f"comma-separated subset of {','.join(strategies)}")
-    args = parser.parse_args(argv)
-    chosen = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    unknown = set(chosen) - set(strategies)
+def report(saved: dict) -> str:
+    """The summary table of a saved run."""
+    return format_table(saved["summary"], ["scenario", "strategy"], ["acc", "forgetting", "wall_s"])
+
+
+def main(argv=None) -> dict:
+    parser = benchmark_parser("baselines", __doc__.splitlines()[0],
+                              skip_help="scenarios as DATASET/SCENARIO/MODE (digits/split/class, digits/split/task, "
+                                        "mnist/split/class, mnist/permuted/domain) or a prefix (mnist)")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES),
+                        help=f"comma-separated subset of {','.join(STRATEGIES)}")
+    args = parse_args(parser, argv)
+    if args.report:
+        return {"report": print_report(args.report, report)}
+    chosen = split_list(args.strategies)
+    unknown = set(chosen) - set(STRATEGIES)
     if unknown:
-        parser.error(f"--strategies: unknown {sorted(unknown)}; choose from {strategies}")
-    seeds = range(1 if args.quick and args.seeds == 3 else args.seeds)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    rows = []
-    with Timer() as total:
-        for cfg in scenario_configs(args):
-            for seed in seeds:
-                stream = make_stream(cfg.dataset, cfg.scenario, n_experiences=cfg.n_experiences,
-                                     task_incremental=cfg.task_incremental, data_root=cfg.data_root,
-                                     seed=seed, validation=cfg.validation)
-                for strategy in chosen:
-                    row = run_one(plugins_for, strategy, cfg, seed, stream=stream)
-                    row["config"] = asdict(cfg)
-                    rows.append(row)
-                    print(f"{row['scenario']:<45} {strategy:<14} seed {seed}: ACC {row['acc']:.3f} "
-                          f"F {row['forgetting']:.3f} ({row['wall_s']:.1f}s)", flush=True)
+        parser.error(f"--strategies: unknown {sorted(unknown)}; choose from {STRATEGIES}")
+    configs = [c for c in scenario_configs(args) if not is_skipped(args.skip, *scenario_name(c).split("/"))]
+    jobs = [Job(strategy, seed, cfg) for cfg in configs for seed in range(args.seeds) for strategy in chosen]
+    start = time.perf_counter()
+    rows = run_jobs(run_job, jobs, cache=f"{args.out}/jobs.jsonl", workers=args.workers, threads=args.threads,
+                    desc="baselines", progress=not args.no_progress)
+    wall = time.perf_counter() - start
     summary = summarize(rows, ["scenario", "strategy"], ["acc", "forgetting", "wall_s"])
-    table = format_table(summary, ["scenario", "strategy"], ["acc", "forgetting", "wall_s"])
-    out = write_results(args.out, config={"args": vars(args), "strategies": chosen,
-                                          "scenarios": [asdict(c) for c in scenario_configs(args)]},
-                        rows=rows, summary=summary, wall_seconds=total.seconds)
-    plot_accuracy(rows, out / "accuracy.png", f"{name}: final accuracy per experience")
-    print(table)
-    print(f"wrote {out}/results.json, results.csv, accuracy.png ({total.seconds:.0f}s)")
-    return {"rows": rows, "summary": summary, "out": out}
+    out = write_results(args.out, args, config={"args": vars(args), "strategies": chosen,
+                                                "scenarios": [asdict(c) for c in configs]},
+                        rows=rows, summary=summary, wall_seconds=wall)
+    plot_final_accuracy(rows, out / "accuracy.png", "baselines: final accuracy per experience")
+    text = print_report(out / "results.json", report, out_dir=out)
+    print(f"wrote {out}/results.json, results.csv, report.md, accuracy.png ({wall:.0f}s)")
+    return {"rows": rows, "summary": summary, "out": out, "report": text}
 
 
 if __name__ == "__main__":

@@ -8,10 +8,18 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import warnings
 
-from benchmarks.baselines import TrainConfig, plot_accuracy, run_one
-from benchmarks.harness import Timer, format_table, summarize, write_results
+from benchmarks.common.jobs import Timer
+from benchmarks.common.results import (
+    command_line,
+    format_table,
+    plot_final_accuracy,
+    summarize,
+    write_results,
+)
+from benchmarks.common.training import TrainConfig, run_strategy
 from benchmarks.layer_adaptive_ewc import plugins_for
 
 STRATEGIES = ("naive", "ewc", "lae_geometric", "lae_smoothed")
@@ -23,7 +31,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--data-root", default=None, help="folder holding MNIST/raw (for --dataset mnist)")
     parser.add_argument("--out", default="demo_out")
     parser.add_argument("--seed", type=int, default=0)
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.command = command_line(parser.prog, argv)
     if args.dataset == "mnist" and not args.data_root:
         parser.error("--dataset mnist needs --data-root (e.g. make demo DATASET=mnist DATA_ROOT=../shared/data)")
     warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -34,13 +44,13 @@ def main(argv=None) -> dict:
     rows = []
     with Timer() as total:
         for name in STRATEGIES:
-            row = run_one(plugins_for, name, cfg, args.seed)
+            row = run_strategy(plugins_for, name, cfg, args.seed)
             rows.append(row)
             print(f"{name:<10} ACC {row['acc']:.3f}  forgetting {row['forgetting']:.3f}  ({row['wall_s']:.1f}s)")
     summary = summarize(rows, ["scenario", "strategy"], ["acc", "forgetting", "wall_s"])
-    out = write_results(args.out, config={"args": vars(args), "train": cfg.__dict__}, rows=rows,
+    out = write_results(args.out, args, config={"args": vars(args), "train": cfg.__dict__}, rows=rows,
                         summary=summary, wall_seconds=total.seconds)
-    plot_accuracy(rows, out / "accuracy.png", "demo: final accuracy per experience")
+    plot_final_accuracy(rows, out / "accuracy.png", "demo: final accuracy per experience")
     print(format_table(summary, ["scenario", "strategy"], ["acc", "forgetting"]))
     print(f"plot: {out / 'accuracy.png'}")
     return {"rows": rows, "out": out}

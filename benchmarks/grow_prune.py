@@ -1,6 +1,6 @@
 """Grow vs Prune: unit-level structural plasticity on a class-incremental stream with tiny replay.
 
-"On the Stability of Growth in Structural Plasticity" (arXiv 2605.15435), issue 6. Dense vs
+"On the Stability of Growth in Structural Plasticity" (arXiv 2605.15435). Dense vs
 Prune (IMP with rewinding to init) vs Grow (activation-scored recruitment) vs Grow with each
 insertion intervention, at target compactness c (fraction of hidden units kept), on:
 
@@ -20,7 +20,7 @@ cycles). Cost: time per training epoch of the masked model (fixed mask at c) ove
 model, measured in the same process. ``--quick``: one seed, c = 30 %, fewer methods.
 
 Every (setting, method, compactness, seed) run and every timing measurement is one job of
-:func:`benchmarks.executor.run_jobs`: finished jobs are appended to ``OUT/jobs.jsonl`` and reused
+:func:`benchmarks.common.jobs.run_jobs`: finished jobs are appended to ``OUT/jobs.jsonl`` and reused
 when the same command is run again, so an interrupted run resumes where it stopped. To fit a
 budget: ``--settings`` (a subset of the settings by name), ``--epochs`` / ``--iid-epochs`` (epochs
 per experience of the split / IID settings), ``--cnn-methods`` / ``--iid-methods`` (fewer methods
@@ -32,41 +32,28 @@ Run ``python -m benchmarks.grow_prune --help``.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import time
-import warnings
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from avalanche_plugins.structural.metrics import (
+from avalanche_plugins import (
     CycleAccuracyMetric,
-    NewbornGradientMetric,
-    quiet_evaluator,
-    stream_accuracy,
-)
-from avalanche_plugins.structural.plugins import (
     FixedMaskPlugin,
     GrowPlugin,
+    NewbornGradientMetric,
     PrunePlugin,
     retrain_ticket,
 )
-from benchmarks.continual import _quiet_deprecations
-from benchmarks.data import make_stream
-from benchmarks.executor import LocalExecutor, run_jobs
-from benchmarks.harness import (
-    Timer,
-    benchmark_parser,
-    format_table,
-    seed_everything,
-    summarize,
-    write_results,
-)
-from benchmarks.models import build_model
+from benchmarks.common.cli import benchmark_parser, is_skipped, parse_args, split_list
+from benchmarks.common.data import make_stream
+from benchmarks.common.jobs import Timer, run_jobs, seed_everything
+from benchmarks.common.models import build_model
+from benchmarks.common.results import format_table, print_report, summarize, write_results
+from benchmarks.common.training import quiet_deprecations, quiet_evaluator, stream_accuracy
 
 GROW_VARIANTS = {  # method -> GrowPlugin interventions
     "grow": {},
@@ -127,7 +114,7 @@ def make_plugin(method: str, setting: Setting, c: float, seed: int):
         if method == "grow+leaky" else torch.relu
     return GrowPlugin(c, seed_compactness=seed_c, grow_fraction_per_cycle=(c - seed_c) / setting.edits + 1e-9,
                       epochs_per_cycle=1, score="activation", threshold=0.0, cycle_scope=scope, seed=seed,
-                      activation=activation, **GROW_VARIANTS[method])
+                      activation=activation, track_newborn=True, **GROW_VARIANTS[method])
 
 
 def replay(setting: Setting):
@@ -151,12 +138,12 @@ def run_one(setting: Setting, stream, method: str, c: float, seed: int, *, ticke
                      train_epochs=setting.epochs, eval_mb_size=512, device="cpu",
                      plugins=[p for p in [plugin] if p is not None] + replay(setting),
                      evaluator=quiet_evaluator(*metrics))
-    with Timer() as timer, _quiet_deprecations():
+    with Timer() as timer, quiet_deprecations():
         for experience in stream.benchmark.train_stream:
             strategy.train(experience, num_workers=0)
     row = {"setting": setting.name, "method": method, "compactness": c if plugin else 1.0, "seed": seed,
-           "acc": stream_accuracy(strategy, list(stream.benchmark.test_stream), batch_size=512),
-           "taa": cycles.taa, "trajectory": cycles.trajectory, "wall_s": timer.seconds,
+           "acc": stream_accuracy(strategy.model, list(stream.benchmark.test_stream), batch_size=512),
+           "taa": cycles.taa, "trajectory": list(cycles.history), "wall_s": timer.seconds,
            "ticket_acc": None, "ticket_taa": None, "newborn_grad_ratio": None}
     if plugin is not None:
         row["final_compactness"] = plugin.masks.compactness()
@@ -166,7 +153,7 @@ def run_one(setting: Setting, stream, method: str, c: float, seed: int, *, ticke
         row["newborn_grad_ratio"] = float(np.mean(ratios)) if ratios else None
         row["newborn_log"] = plugin.newborn_log
     if plugin is not None and ticket:
-        with _quiet_deprecations():
+        with quiet_deprecations():
             result = retrain_ticket(
                 plugin.masks.masks, lambda: make_model(setting, stream.n_classes, stream.input_shape, leaky),
                 stream, optimizer_factory=lambda p: make_optimizer(setting, p),
@@ -260,19 +247,10 @@ class Job:
     c: float = 1.0
     seed: int = 0
 
-    def key(self) -> str:
-        return json.dumps({"kind": self.kind, "setting": asdict(self.setting), "method": self.method,
-                           "c": self.c, "seed": self.seed}, sort_keys=True)
-
 
 @functools.lru_cache(maxsize=4)
 def _stream(dataset: str, scenario: str, n_experiences: int, data_root):
     return make_stream(dataset, scenario, n_experiences=n_experiences, data_root=data_root, seed=0)
-
-
-def _init_worker(threads: int) -> None:
-    torch.set_num_threads(threads)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
 def run_job(job: Job) -> dict:
@@ -294,7 +272,7 @@ def run_job(job: Job) -> dict:
 
 
 def _methods(value: str | None, default, parser, flag: str) -> list[str]:
-    methods = [m.strip() for m in (value or ",".join(default)).split(",") if m.strip()]
+    methods = split_list(value or ",".join(default))
     unknown = set(methods) - set(METHODS)
     if unknown:
         parser.error(f"{flag}: unknown {sorted(unknown)}; choose from {METHODS}")
@@ -342,8 +320,21 @@ def analysis(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+VALUES = ("acc", "taa", "ticket_acc", "ticket_taa", "newborn_grad_ratio")
+
+
+def report(saved: dict) -> str:
+    """The summary table, the paired analysis and the masked/dense time per epoch of a saved run."""
+    lines = [format_table(saved["summary"], ["setting", "method", "compactness"], VALUES), analysis(saved["runs"])]
+    if saved.get("timing"):
+        lines.append("masked/dense time per epoch: " + ", ".join(f"{t['setting']} {t['masked_over_dense']:.2f}"
+                                                               for t in saved["timing"]))
+    return "\n".join(lines)
+
+
 def main(argv=None) -> dict:
-    parser = benchmark_parser("grow_prune", __doc__.splitlines()[0])
+    parser = benchmark_parser("grow_prune", __doc__.splitlines()[0],
+                              skip_help="setting names (e.g. 'cnn split digits'); timing (the masked/dense cost)")
     parser.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS)}")
     parser.add_argument("--cnn-methods", default=None,
                         help="methods on the CNN settings (default: --methods; grow+leaky never runs there)")
@@ -355,33 +346,25 @@ def main(argv=None) -> dict:
                         help="epochs per experience of the split settings (default: per setting)")
     parser.add_argument("--iid-epochs", type=int, default=None,
                         help="epochs of the IID settings (default: per setting; at least edits + 1)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (per worker)")
-    parser.add_argument("--workers", type=int, default=1, help="processes")
-    parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
                         help="sgd: lr 0.01, momentum 0.9; adam: lr 1e-3")
-    parser.add_argument("--report", default=None, metavar="RESULTS_JSON",
-                        help="only print the analysis tables of an earlier run's results.json")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     if args.report:
-        text = analysis(json.loads(Path(args.report).read_text())["runs"])
-        print(text)
-        return {"analysis": text}
-    torch.set_num_threads(args.threads)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
+        return {"report": print_report(args.report, report)}
     default_methods = ("dense", "prune", "grow", "grow+zero_out", "grow+fresh_state") if args.quick else METHODS
     methods = _methods(args.methods, default_methods, parser, "--methods")
     cnn_methods = _methods(args.cnn_methods, methods, parser, "--cnn-methods")
     iid_methods = _methods(args.iid_methods, methods, parser, "--iid-methods")
-    targets = [float(v) for v in (args.compactness or ("0.3" if args.quick else "0.2,0.3,0.4,0.5")).split(",")]
-    seeds = range(1 if args.quick and args.seeds == 3 else args.seeds)
+    targets = [float(v) for v in split_list(args.compactness or ("0.3" if args.quick else "0.2,0.3,0.4,0.5"))]
+    seeds = range(args.seeds)
     settings = settings_for(args)
     if args.settings:
-        names = [n.strip() for n in args.settings.split(",") if n.strip()]
+        names = split_list(args.settings)
         known = [s.name for s in settings]
         if set(names) - set(known):
             parser.error(f"--settings: unknown {sorted(set(names) - set(known))}; choose from {known}")
         settings = [s for s in settings if s.name in names]
+    settings = [s for s in settings if not is_skipped(args.skip, s.name)]
     for i, setting in enumerate(settings):
         epochs = args.iid_epochs if setting.n_experiences == 1 else args.epochs
         if epochs is not None:
@@ -389,7 +372,7 @@ def main(argv=None) -> dict:
                 parser.error(f"--iid-epochs must exceed the {setting.edits} edits of {setting.name!r}")
             settings[i] = replace(setting, epochs=epochs)
         settings[i] = replace(settings[i], optimizer=args.optimizer)
-    jobs = [Job("timing", s, c=targets[0]) for s in settings]
+    jobs = [] if is_skipped(args.skip, "timing") else [Job("timing", s, c=targets[0]) for s in settings]
     for setting in settings:
         for seed in seeds:
             for method in (cnn_methods if setting.model == "cnn" else
@@ -397,33 +380,24 @@ def main(argv=None) -> dict:
                 if method == "grow+leaky" and setting.model != "mlp":
                     continue
                 jobs += [Job("run", setting, method, c, seed) for c in ([1.0] if method == "dense" else targets)]
-    out = Path(args.out)
-    with Timer() as total:
-        done = run_jobs(run_job, jobs, key=Job.key, executor=LocalExecutor(
-                            args.workers, initializer=_init_worker, initargs=(args.threads,)),
-                        cache=out / "jobs.jsonl", desc="grow/prune", progress=not args.no_progress)
-    order = {job.key(): i for i, job in enumerate(jobs)}
+    start = time.perf_counter()
+    done = run_jobs(run_job, jobs, cache=f"{args.out}/jobs.jsonl", workers=args.workers, threads=args.threads,
+                    desc="grow/prune", progress=not args.no_progress)
+    wall = time.perf_counter() - start
     timing = [r for r in done if r.get("kind") == "timing"]
     rows = [r for r in done if r.get("kind") != "timing"]
-    rank = {(s.name, m, c, seed): i for i, (s, m, c, seed) in enumerate(
-        (j.setting, j.method, j.c, j.seed) for j in sorted(jobs, key=lambda j: order[j.key()]) if j.kind == "run")}
-    rows.sort(key=lambda r: rank.get((r["setting"], r["method"], r["compactness"], r["seed"]), len(rank)))
-    values = ["acc", "taa", "ticket_acc", "ticket_taa", "newborn_grad_ratio"]
-    summary = summarize(rows, ["setting", "method", "compactness"], values)
-    table = format_table(summary, ["setting", "method", "compactness"], values)
-    out = write_results(args.out, config={"args": vars(args), "methods": methods, "cnn_methods": cnn_methods,
-                                          "iid_methods": iid_methods,
-                                          "compactness": targets, "settings": [asdict(s) for s in settings],
-                                          "optimizer": args.optimizer},
-                        rows=rows, summary=summary, wall_seconds=total.seconds,
+    summary = summarize(rows, ["setting", "method", "compactness"], VALUES)
+    out = write_results(args.out, args, config={"args": vars(args), "methods": methods, "cnn_methods": cnn_methods,
+                                                "iid_methods": iid_methods,
+                                                "compactness": targets, "settings": [asdict(s) for s in settings],
+                                                "optimizer": args.optimizer},
+                        rows=rows, summary=summary, wall_seconds=wall,
                         extra={"timing": timing, "masked_over_dense_time_per_epoch":
-                               max(t["masked_over_dense"] for t in timing)})
+                               max((t["masked_over_dense"] for t in timing), default=None)})
     plot_trajectories(rows, out / "trajectory.png")
-    print(table)
-    print(analysis(rows))
-    print("masked/dense time per epoch: " + ", ".join(f"{t['setting']} {t['masked_over_dense']:.2f}" for t in timing))
-    print(f"wrote {out}/results.json, results.csv, trajectory.png, jobs.jsonl ({total.seconds:.0f}s)")
-    return {"rows": rows, "summary": summary, "timing": timing, "out": out}
+    text = print_report(out / "results.json", report, out_dir=out)
+    print(f"wrote {out}/results.json, results.csv, report.md, trajectory.png, jobs.jsonl ({wall:.0f}s)")
+    return {"rows": rows, "summary": summary, "timing": timing, "out": out, "report": text}
 
 
 if __name__ == "__main__":

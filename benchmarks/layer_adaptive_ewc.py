@@ -12,32 +12,29 @@ each with an MLP and a small CNN. Also reported: the measured κ and α̂ of the
 spectrum, two cost ratios (penalty time per iteration vs ``EWCPlugin``; the whole spectrum vs one
 training epoch), and the continual-learning-baselines anchor (Avalanche EWC, 784-512-10,
 SGD 0.001, 10 epochs, batch 256, λ=1 on Permuted MNIST) run on the same data.
+
+Method: "Layers Matter" (Moser et al., 2026): λ_ℓ ∝ the top Hessian eigenvalue s_ℓ of layer ℓ, or
+its geometric proxy λ_ℓ = c / α^(ℓ−1). Every run is one job of the shared executor
+(:mod:`benchmarks.common.jobs`; resumable, ``--workers N``).
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import time
 import types
-import warnings
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from benchmarks.baselines import TrainConfig, run_one
-from benchmarks.executor import LocalExecutor
-from benchmarks.executor import run_jobs as execute
-from benchmarks.harness import (
-    Timer,
-    benchmark_parser,
-    format_table,
-    seed_everything,
-    summarize,
-    write_results,
-)
+from avalanche_plugins.layer_adaptive import layer_top_eigenvalues
+from benchmarks.common.cli import benchmark_parser, is_skipped, parse_args, split_list
+from benchmarks.common.data import make_stream
+from benchmarks.common.jobs import Timer, run_jobs, seed_everything, torch_threads
+from benchmarks.common.models import build_model
+from benchmarks.common.results import format_table, print_report, summarize, write_results
+from benchmarks.common.training import TrainConfig, accuracy_evaluator, run_strategy
 
 ANCHOR = "anchor_permuted"
 LAMBDA_METHODS = ("ewc", "lae_geometric", "lae_measured", "lae_smoothed", "ewc_replay")
@@ -53,6 +50,8 @@ class Job:
     validation: bool
     ewc_lambda: float = 0.0
     alpha: float | None = None
+    data_root: str | None = None
+    quick: bool = False
 
 
 def plugins_for(method: str, cfg: TrainConfig) -> list:
@@ -94,26 +93,17 @@ def scenario_config(name: str, model: str, data_root, quick: bool) -> TrainConfi
     raise ValueError(f"unknown scenario {name!r}")
 
 
-_CONTEXT: dict = {}
-
-
-def _init_worker(data_root, quick):
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore")
-    _CONTEXT.update(data_root=data_root, quick=quick)
-
-
 def run_job(job: Job) -> dict:
-    cfg = scenario_config(job.scenario_name, job.model, _CONTEXT["data_root"], _CONTEXT["quick"])
+    cfg = scenario_config(job.scenario_name, job.model, job.data_root, job.quick)
     cfg = replace(cfg, ewc_lambda=job.ewc_lambda, validation=job.validation,
-                  extra={"alpha": job.alpha, "spectrum_samples": 128 if _CONTEXT["quick"] else 256})
+                  extra={"alpha": job.alpha, "spectrum_samples": 128 if job.quick else 256})
     try:
-        row = run_one(plugins_for, job.method, cfg, job.seed, keep_strategy=True)
+        row = run_strategy(plugins_for, job.method, cfg, job.seed, keep_strategy=True, progress=False)
     except ValueError as error:  # a λ too large for the learning rate diverges (NaN loss): a grid outcome
-        return {**asdict(job), "acc": float("nan"), "forgetting": float("nan"), "wall_s": float("nan"),
+        return {**_job_fields(job), "acc": float("nan"), "forgetting": float("nan"), "wall_s": float("nan"),
                 "error": str(error)}
     strategy = row.pop("strategy_object")
-    row.update(asdict(job))
+    row.update(_job_fields(job))
     profiles = [p for p in strategy.plugins if hasattr(p, "profiles")]
     if profiles and profiles[0].profiles and profiles[0].profiles[-1].spectrum is not None:
         recs = profiles[0].profiles
@@ -124,21 +114,20 @@ def run_job(job: Job) -> dict:
     return row
 
 
-def _job_key(job: Job, data_root, quick: bool) -> str:
-    return json.dumps({**asdict(job), "data_root": str(data_root), "quick": quick}, sort_keys=True)
-
-
-def run_jobs(jobs: list[Job], workers: int, data_root, quick: bool, desc: str, cache: Path | None = None) -> list[dict]:
-    """Run jobs (in ``workers`` processes); finished rows are appended to ``cache`` (JSON lines)
-    and reused when the same command is run again, so an interrupted full run resumes."""
-    executor = LocalExecutor(workers, initializer=_init_worker, initargs=(data_root, quick))
-    return execute(run_job, jobs, key=lambda job: _job_key(job, data_root, quick), executor=executor,
-                   cache=cache, desc=desc)
+def _job_fields(job: Job) -> dict:
+    """The job's identity in its row (the data root and quick flag are in the config)."""
+    fields = asdict(job)
+    del fields["data_root"], fields["quick"]
+    return fields
 
 
 def cells(scenarios, models, args) -> list[tuple[str, str]]:
-    skip = {tuple(c.split("/")) for c in args.skip.split(",") if c}
-    return [c for c in itertools.product(scenarios, models) if c not in skip]
+    return [c for c in itertools.product(scenarios, models) if not is_skipped(args.skip, *c)]
+
+
+def _run(jobs: list[Job], args, desc: str) -> list[dict]:
+    return run_jobs(run_job, jobs, cache=f"{args.out}/jobs.jsonl", workers=args.workers, threads=args.threads,
+                    desc=desc, progress=not args.no_progress)
 
 
 def tune(scenarios, models, args) -> tuple[dict, list[dict]]:
@@ -148,8 +137,8 @@ def tune(scenarios, models, args) -> tuple[dict, list[dict]]:
         for method in LAMBDA_METHODS:
             alphas = args.alphas if method == "lae_geometric" else [None]
             for lam, alpha in itertools.product(args.lambdas, alphas):
-                jobs.append(Job(scenario, model, method, 0, True, lam, alpha))
-    rows = run_jobs(jobs, args.workers, args.data_root, args.quick, "tuning (validation)", cache=args.cache)
+                jobs.append(Job(scenario, model, method, 0, True, lam, alpha, args.data_root, args.quick))
+    rows = _run(jobs, args, "tuning (validation)")
     best: dict = {}
     for row in rows:
         key = (row["scenario_name"], row["model"], row["method"])
@@ -172,7 +161,8 @@ def penalty_cost_ratio(data_root, n_reps: int = 300) -> dict:
 
     cfg = replace(scenario_config("permuted", "mlp", data_root, quick=True), epochs=1, ewc_lambda=1.0)
     ewc, lae = EWCPlugin(ewc_lambda=1.0), LayerAdaptiveEWCPlugin(1.0, schedule="uniform")
-    row = run_one(lambda *_: [ewc, lae], "both", replace(cfg, n_experiences=3), 0, keep_strategy=True)
+    row = run_strategy(lambda *_: [ewc, lae], "both", replace(cfg, n_experiences=3), 0, keep_strategy=True,
+                       progress=False)
     model = row["strategy_object"].model
     times = {"ewc": [], "lae": []}
     for _ in range(n_reps):
@@ -190,13 +180,10 @@ def penalty_cost_ratio(data_root, n_reps: int = 300) -> dict:
 
 
 def spectrum_cost_ratio(data_root) -> dict:
-    """Whole per-layer spectrum (plugin defaults) vs one training epoch on the same experience."""
+    """Whole per-layer spectrum (the plugin's defaults: 256 samples of the experience, power
+    iteration with at most 100 iterations, tolerance 1e-3) vs one training epoch on the same
+    experience."""
     from avalanche.training.supervised import Naive
-
-    from avalanche_plugins.layer_adaptive.ewc_plugin import measure_profile
-    from benchmarks.continual import accuracy_evaluator
-    from benchmarks.data import make_stream
-    from benchmarks.models import build_model
 
     out = {}
     for model_name in ("mlp", "cnn"):
@@ -205,19 +192,28 @@ def spectrum_cost_ratio(data_root) -> dict:
         seed_everything(0)
         kwargs = {"hidden": cfg.hidden} if model_name == "mlp" else cfg.model_kwargs
         model = build_model(model_name, stream.input_shape, 10, **kwargs)
+        criterion = torch.nn.CrossEntropyLoss()
         strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9),
-                         criterion=torch.nn.CrossEntropyLoss(), train_mb_size=cfg.batch_size, train_epochs=1,
+                         criterion=criterion, train_mb_size=cfg.batch_size, train_epochs=1,
                          evaluator=accuracy_evaluator())
         experience = stream.benchmark.train_stream[0]
         with Timer() as epoch:
             strategy.train(experience)
-        strategy.experience = experience
         with Timer() as spectrum:
-            measure_profile(strategy, n_samples=256, chunk_size=None, max_iter=100, tol=1e-3, seed=0)
+            x, y = _samples(experience.dataset, 256, seed=0)
+            layer_top_eigenvalues(model, criterion, x, y, max_iter=100, tol=1e-3, chunk_size=None, seed=0)
         out[model_name] = {"epoch_s": epoch.seconds, "spectrum_s": spectrum.seconds,
                            "spectrum_vs_epoch": spectrum.seconds / epoch.seconds,
                            "epoch_samples": len(experience.dataset)}
     return out
+
+
+def _samples(dataset, n: int, seed: int):
+    """``n`` seeded random samples of an Avalanche dataset (eval transforms) as tensors."""
+    data = dataset.eval() if hasattr(dataset, "eval") else dataset
+    idx = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[:n].sort().values.tolist()
+    items = [data[i] for i in idx]
+    return torch.stack([item[0] for item in items]), torch.as_tensor([int(item[1]) for item in items])
 
 
 def plot(summary, path):
@@ -242,28 +238,48 @@ def plot(summary, path):
     plt.close(fig)
 
 
+def report(saved: dict) -> str:
+    """Per scenario/model cell: accuracy and forgetting of every method at its chosen λ (α), the
+    measured κ and α̂; the anchor; the cost ratios."""
+    summary = saved["summary"]
+    lines = []
+    for scenario, model in dict.fromkeys((s["scenario_name"], s["model"]) for s in summary):
+        part = [s for s in summary if s["scenario_name"] == scenario and s["model"] == model]
+        lines += ["", f"### {scenario} / {model}", format_table(part, ["method", "ewc_lambda", "alpha"],
+                                                                ["acc", "forgetting"])]
+        k = [s for s in part if "kappa" in s]
+        if k:
+            lines.append("measured κ = " + ", ".join(f"{s['method']}: {s['kappa']:.1f} (α̂ {s['alpha_hat']:.2f})"
+                                                   for s in k))
+    if saved.get("anchor"):
+        lines += ["", "anchor (continual-learning-baselines Permuted MNIST EWC config):",
+                  format_table(saved["anchor"], ["method"], ["acc", "forgetting"])]
+    if saved.get("penalty_time_ratio") is not None:
+        lines += ["", f"penalty time LAE / EWCPlugin: {saved['penalty_time_ratio']:.2f}x; spectrum / epoch: "
+                  + ", ".join(f"{m} {v:.2f}x" for m, v in saved["spectrum_vs_epoch_ratio"].items())]
+    return "\n".join(lines).lstrip("\n")
+
+
 def main(argv=None) -> dict:
-    parser = benchmark_parser("layer_adaptive_ewc", __doc__.splitlines()[0])
+    parser = benchmark_parser("layer_adaptive_ewc", __doc__.splitlines()[0],
+                              skip_help="SCENARIO/MODEL cells (e.g. permuted/cnn) or a scenario; "
+                                        "anchor (the continual-learning-baselines anchor); costs (the cost ratios)")
     parser.add_argument("--scenarios", default="permuted,split_task,split_class")
     parser.add_argument("--models", default="mlp,cnn")
     parser.add_argument("--lambdas", default="1,10,100,1000,10000", help="λ grid shared by every EWC variant")
     parser.add_argument("--alphas", default="0.5,2", help="α grid of the geometric schedule")
-    parser.add_argument("--workers", type=int, default=2, help="parallel processes (1 thread each)")
-    parser.add_argument("--skip", default="", help="scenario/model cells to leave out, e.g. permuted/cnn")
-    parser.add_argument("--no-anchor", action="store_true", help="skip the continual-learning-baselines anchor")
-    args = parser.parse_args(argv)
-    args.lambdas = [float(v) for v in args.lambdas.split(",")]
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    args.cache = Path(args.out) / "jobs.jsonl"
-    args.alphas = [float(v) for v in args.alphas.split(",")]
-    scenarios = args.scenarios.split(",")
-    models = args.models.split(",")
+    args = parse_args(parser, argv)
+    if args.report:
+        return {"report": print_report(args.report, report)}
+    args.lambdas = [float(v) for v in split_list(args.lambdas)]
+    args.alphas = [float(v) for v in split_list(args.alphas)]
+    scenarios = split_list(args.scenarios)
+    models = split_list(args.models)
     if args.quick:
         scenarios, models = scenarios[:1], models[:1]
         args.lambdas = args.lambdas[2:4] if len(args.lambdas) > 3 else args.lambdas
         args.alphas = args.alphas[:2]
-    seeds = list(range(1 if args.quick and args.seeds == 3 else args.seeds))
-    warnings.filterwarnings("ignore")
+    seeds = list(range(args.seeds))
     with Timer() as total:
         chosen, tuning_rows = tune(scenarios, models, args)
         jobs = []
@@ -274,15 +290,19 @@ def main(argv=None) -> dict:
                     continue
                 setting = chosen.get((scenario, model, method), {"ewc_lambda": 0.0, "alpha": None})
                 for seed in seeds:
-                    jobs.append(Job(scenario, model, method, seed, False, setting["ewc_lambda"], setting["alpha"]))
-        # the anchor is EWC on 3 seeds; Naive under the same configuration on one seed for reference
-        anchor_jobs = [] if args.no_anchor else [Job(ANCHOR, "mlp", "ewc", seed, False, 1.0) for seed in seeds]
-        anchor_jobs += [] if args.no_anchor else [Job(ANCHOR, "mlp", "naive", seeds[0], False, 1.0)]
-        rows = run_jobs(anchor_jobs + jobs, args.workers, args.data_root, args.quick, "final runs (test)",
-                        cache=args.cache)
+                    jobs.append(Job(scenario, model, method, seed, False, setting["ewc_lambda"], setting["alpha"],
+                                    args.data_root, args.quick))
+        # the anchor is EWC on every seed; Naive under the same configuration on the first seed for reference
+        anchor_jobs = [] if is_skipped(args.skip, "anchor") else (
+            [Job(ANCHOR, "mlp", "ewc", seed, False, 1.0, None, args.data_root, args.quick) for seed in seeds]
+            + [Job(ANCHOR, "mlp", "naive", seeds[0], False, 1.0, None, args.data_root, args.quick)])
+        rows = _run(anchor_jobs + jobs, args, "final runs (test)")
         anchor = [r for r in rows if r["scenario_name"] == ANCHOR]
         test_rows = [r for r in rows if r["scenario_name"] != ANCHOR]
-        costs = {"penalty": penalty_cost_ratio(args.data_root), "spectrum": spectrum_cost_ratio(args.data_root)}
+        costs = None
+        if not is_skipped(args.skip, "costs"):
+            with torch_threads(args.threads):
+                costs = {"penalty": penalty_cost_ratio(args.data_root), "spectrum": spectrum_cost_ratio(args.data_root)}
     for r in tuning_rows:
         r["phase"] = "tune"
     for r in test_rows:
@@ -306,29 +326,18 @@ def main(argv=None) -> dict:
         "methods": {s["scenario_name"] + "/" + s["model"] + "/" + s["method"]: s["acc_mean"] for s in summary},
         "chosen": {"/".join(k): v for k, v in chosen.items()},
         "costs": costs,
-        "penalty_time_ratio": costs["penalty"]["penalty_time_ratio"],
-        "spectrum_vs_epoch_ratio": {m: v["spectrum_vs_epoch"] for m, v in costs["spectrum"].items()},
+        "penalty_time_ratio": costs["penalty"]["penalty_time_ratio"] if costs else None,
+        "spectrum_vs_epoch_ratio": {m: v["spectrum_vs_epoch"] for m, v in costs["spectrum"].items()} if costs else None,
         "anchor": anchor_summary,
     }
-    out = write_results(args.out, config={"args": vars(args), "scenarios": scenarios, "models": models,
-                                          "seeds": seeds, "train": {f"{s}/{m}": asdict(scenario_config(s, m, args.data_root, args.quick))
-                                                                   for s in scenarios for m in models}},
+    out = write_results(args.out, args, config={"args": vars(args), "scenarios": scenarios, "models": models,
+                                                "seeds": seeds, "train": {f"{s}/{m}": asdict(scenario_config(s, m, args.data_root, args.quick))
+                                                                         for s in scenarios for m in models}},
                         rows=tuning_rows + test_rows + anchor, summary=summary, wall_seconds=total.seconds,
                         extra=results)
     plot(summary, out / "accuracy.png")
-    for scenario, model in cells(scenarios, models, args):
-        part = [s for s in summary if s["scenario_name"] == scenario and s["model"] == model]
-        print(f"\n### {scenario} / {model}")
-        print(format_table(part, ["method", "ewc_lambda", "alpha"], ["acc", "forgetting"]))
-        k = [s for s in part if "kappa" in s]
-        if k:
-            print("measured κ = " + ", ".join(f"{s['method']}: {s['kappa']:.1f} (α̂ {s['alpha_hat']:.2f})" for s in k))
-    if anchor_summary:
-        print("\nanchor (continual-learning-baselines Permuted MNIST EWC config):")
-        print(format_table(anchor_summary, ["method"], ["acc", "forgetting"]))
-    print(f"\npenalty time LAE / EWCPlugin: {results['penalty_time_ratio']:.2f}x; spectrum / epoch: "
-          + ", ".join(f"{m} {v:.2f}x" for m, v in results["spectrum_vs_epoch_ratio"].items()))
-    print(f"wrote {out}/results.json, results.csv, accuracy.png ({total.seconds:.0f}s)")
+    results["report"] = print_report(out / "results.json", report, out_dir=out)
+    print(f"wrote {out}/results.json, results.csv, report.md, accuracy.png ({total.seconds:.0f}s)")
     return results
 
 

@@ -2,8 +2,9 @@
 Avalanche benchmark.
 
 Source: the Slowly-Changing Regression problem of the loss-of-plasticity work (Dohare et al.,
-after Mahmood & Sutton's representation-search problems), as summarised in
-``docs/references.md`` §3 (the paper texts were not available here):
+"Loss of plasticity in deep continual learning", Nature 2024; after Mahmood & Sutton's
+representation-search problems), as used by "Predicting Plasticity in Deep Continual Learning"
+(arXiv 2605.09044); reconstructed from summaries of those texts:
 
 * 20 binary inputs. The first ``n_flipping = 15`` "flipping" bits are held fixed for a whole
   *period* (10,000 examples in the paper; ``examples_per_period`` here, smaller allowed) and then

@@ -1,4 +1,7 @@
-"""How much "forgotten" task-A accuracy do transport keys bring back? (issue 5)
+"""How much "forgotten" task-A accuracy do transport keys bring back?
+
+Method: transport keys (arXiv 2606.02860): stitch the early layers of the model after task B to
+the late layers and head of the model after task A through a key fitted on unlabelled anchors.
 
 For each task pair, model and seed: train θ_A on task A, fine-tune it naively on task B (θ_AB,
 task-incremental: task A's head is kept), then at every stage stitch θ_AB's early layers to θ_A's
@@ -22,7 +25,9 @@ small CNN with BatchNorm, mini ResNet, tiny ViT. Every evaluation runs in eval m
 running statistics); ``bn_mode`` is recorded with each row.
 
 Writes ``results.json`` / ``results.csv`` (one row per pair, model, seed, stage, anchors and
-variant), ``recovery.png``, and prints the tables quoted in docs/RESULTS.md.
+variant), ``recovery.png``, and prints the tables quoted in docs/RESULTS.md (``--report`` re-prints
+them from a saved ``results.json``). Every (pair, model, seed) is one job of the shared executor
+(:mod:`benchmarks.common.jobs`; resumable, ``--workers N``).
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ from __future__ import annotations
 import copy
 import json
 import time
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -52,17 +56,12 @@ from avalanche_plugins.transport import (
     stitch,
     stitched_accuracy,
 )
-from benchmarks.data import load_digits_arrays, load_mnist_arrays
-from benchmarks.executor import LocalExecutor, run_jobs
-from benchmarks.harness import (
-    Timer,
-    benchmark_parser,
-    format_table,
-    seed_everything,
-    summarize,
-    write_results,
-)
-from benchmarks.models import build_model
+from benchmarks.common.cli import benchmark_parser, is_skipped, parse_args, split_list
+from benchmarks.common.data import load_digits_arrays, load_mnist_arrays
+from benchmarks.common.jobs import Timer, run_jobs, seed_everything
+from benchmarks.common.models import TaskHeadsNet, build_model
+from benchmarks.common.results import format_table, print_report, summarize, write_results
+from benchmarks.common.training import batched_accuracy, train_minibatches
 
 PAIRS = ("split", "domain")
 MODELS = ("cnn", "resnet", "vit")
@@ -70,19 +69,30 @@ STAGES = {"cnn": ["features.0", "features.1"], "resnet": ["stem", "layer1", "lay
           "vit": ["embed", "blocks.0", "blocks.1"]}
 
 
-class TwoHeadNet(nn.Module):
-    """Shared trunk, one linear head per task; ``forward(x, task)`` (Avalanche's multi-task call)."""
+@dataclass(frozen=True)
+class Config:
+    """Training, key-fitting and evaluation settings shared by every job of a run."""
 
-    def __init__(self, trunk: nn.Module, feature_dim: int, n_classes: int):
-        super().__init__()
-        self.trunk = trunk
-        self.heads = nn.ModuleList([nn.Linear(feature_dim, n_classes) for _ in range(2)])
-
-    def forward_single_task(self, x, task: int):
-        return self.heads[task](self.trunk(x))
-
-    def forward(self, x, task_labels=0):
-        return self.forward_single_task(x, int(task_labels))
+    data_root: str | None
+    quick: bool
+    dataset: str
+    epochs_a: int = 3
+    epochs_b: int = 2
+    lr: float = 3e-3
+    batch_size: int = 64
+    max_train: int = 4000
+    max_test: int = 500
+    ridge: float = 1e-4
+    refine_steps: int = 30
+    refine_lr: float = 1e-3
+    gn_iterations: int = 2
+    gn_damping: float = 0.1
+    stitch_steps: int = 100
+    short_stitch_steps: int = 2
+    stitch_batch: int = 64
+    stitch_lr: float = 1e-2
+    anchor_counts: tuple[int, ...] = (10, 50, 100, 500)
+    main_anchors: int = 100
 
 
 @dataclass(frozen=True)
@@ -90,15 +100,7 @@ class Job:
     pair: str
     model: str
     seed: int
-
-
-_CONTEXT: dict = {}
-
-
-def _init_worker(config: dict):
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore")
-    _CONTEXT.update(config)
+    config: Config
 
 
 def task_data(pair: str, data_root, quick: bool):
@@ -122,29 +124,6 @@ def task_data(pair: str, data_root, quick: bool):
     return {"A": (xtr, ytr, xte, yte), "B": (permute(xtr), ytr, permute(xte), yte)}
 
 
-def train_task(model, task: int, x, y, epochs: int, lr: float, batch_size: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    model.train()
-    for _ in range(epochs):
-        order = torch.randperm(len(x), generator=g)
-        for start in range(0, len(x), batch_size):
-            idx = order[start:start + batch_size]
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x[idx], task), y[idx]).backward()
-            opt.step()
-    model.eval()
-
-
-@torch.no_grad()
-def accuracy_from_stage(stitched, h_test, x, y, batch: int = 500) -> float:
-    correct = 0
-    for s in range(0, len(x), batch):
-        out = stitched.forward_from_stage(stitched.key(h_test[s:s + batch]), x[s:s + batch])
-        correct += int((out.argmax(-1) == y[s:s + batch]).sum())
-    return correct / len(x)
-
-
 def train_stitch(stitched, u, x, y, steps: int, lr: float, batch: int, seed: int) -> TransportKey:
     """Model-stitching baseline: a linear/1×1-conv key (identity start) trained with labels by
     Adam on minibatches of the anchors."""
@@ -160,7 +139,7 @@ def train_stitch(stitched, u, x, y, steps: int, lr: float, batch: int, seed: int
     return optimize_key(key, loss_of_key, steps=steps, lr=lr)
 
 
-def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: dict, with_controls: bool) -> list[dict]:
+def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: Config, with_controls: bool) -> list[dict]:
     """Rows for every key variant at one stage and one anchor set."""
     xa, ya = anchors
     xte, yte = test
@@ -172,17 +151,19 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: dict, with
 
     def record(variant, key, seconds, **extra):
         stitched = stitch(theta_ab, theta_a, stage, key)
-        rows.append({"variant": variant, "acc": accuracy_from_stage(stitched, h_test, xte, yte),
+        acc = batched_accuracy(lambda h, x: stitched.forward_from_stage(stitched.key(h), x), h_test, xte,
+                               targets=yte, batch_size=500)
+        rows.append({"variant": variant, "acc": acc,
                      "fit_s": seconds, "key_params": getattr(key, "num_parameters", 0),
                      "residual": getattr(key, "residual", float("nan")), **extra})
 
-    refiners = {"refine": lambda key, stitched: refine_key(key, stitched, xa, steps=cfg["refine_steps"],
-                                                           lr=cfg["refine_lr"]),
-                "gauss_newton": lambda key, stitched: gauss_newton_key(key, stitched, xa, iterations=cfg["gn_iterations"],
-                                                                       damping=cfg["gn_damping"])}
+    refiners = {"refine": lambda key, stitched: refine_key(key, stitched, xa, steps=cfg.refine_steps,
+                                                           lr=cfg.refine_lr),
+                "gauss_newton": lambda key, stitched: gauss_newton_key(key, stitched, xa, iterations=cfg.gn_iterations,
+                                                                       damping=cfg.gn_damping)}
     for family in ("identity", "channel", "cross_channel") if with_controls else ("channel", "cross_channel"):
         with Timer() as t:
-            key = fit_transport_key(u, v, family, ridge=cfg["ridge"])
+            key = fit_transport_key(u, v, family, ridge=cfg.ridge)
         record(family, key, t.seconds)
         if family == "cross_channel":  # label-free refinements of a copy of the closed form
             for name, refine in refiners.items():
@@ -191,25 +172,25 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: dict, with
                     refine(refined, stitch(theta_ab, theta_a, stage, refined))
                 record(f"cross_channel+{name}", refined, t.seconds + t_refine.seconds)
         if with_controls and family != "identity":
-            for name, control in control_keys(key, u, v, family, ya, seed=0, ridge=cfg["ridge"]).items():
+            for name, control in control_keys(key, u, v, family, ya, seed=0, ridge=cfg.ridge).items():
                 record(f"{family}/{name}", control, float("nan"))
-    for variant, steps in (("trained_stitch", cfg["stitch_steps"]), ("trained_stitch_short", cfg["short_stitch_steps"])):
+    for variant, steps in (("trained_stitch", cfg.stitch_steps), ("trained_stitch_short", cfg.short_stitch_steps)):
         stitched = stitch(theta_ab, theta_a, stage, TransportKey("identity", 1))
         with Timer() as t:
-            key = train_stitch(stitched, u, xa, ya, steps, cfg["stitch_lr"], cfg["stitch_batch"], seed=0)
+            key = train_stitch(stitched, u, xa, ya, steps, cfg.stitch_lr, cfg.stitch_batch, seed=0)
         record(variant, key, t.seconds)
     return rows
 
 
 def run_job(job: Job) -> list[dict]:
-    cfg = _CONTEXT
+    cfg = job.config
     start = time.perf_counter()
     seed_everything(job.seed)
-    data = task_data(job.pair, cfg["data_root"], cfg["quick"])
+    data = task_data(job.pair, cfg.data_root, cfg.quick)
     xtr_a, ytr_a, xte_a, yte_a = data["A"]
     xtr_b, ytr_b, _, _ = data["B"]
-    xte_a, yte_a = xte_a[:cfg["max_test"]], yte_a[:cfg["max_test"]]
-    xtr_a, ytr_a, xtr_b, ytr_b = xtr_a[:cfg["max_train"]], ytr_a[:cfg["max_train"]], xtr_b[:cfg["max_train"]], ytr_b[:cfg["max_train"]]
+    xte_a, yte_a = xte_a[:cfg.max_test], yte_a[:cfg.max_test]
+    xtr_a, ytr_a, xtr_b, ytr_b = xtr_a[:cfg.max_train], ytr_a[:cfg.max_train], xtr_b[:cfg.max_train], ytr_b[:cfg.max_train]
     n_classes = int(ytr_a.max()) + 1
     kwargs = {"dim": 48, "depth": 2, "heads": 4} if job.model == "vit" else {}
     if job.model == "cnn":
@@ -217,14 +198,16 @@ def run_job(job: Job) -> list[dict]:
     trunk = build_model(job.model, tuple(xtr_a.shape[1:]), n_classes, **kwargs)
     feature_dim = trunk.feature_dim
     trunk.head = nn.Identity()
-    theta_a = TwoHeadNet(trunk, feature_dim, n_classes)
+    theta_a = TaskHeadsNet(trunk, feature_dim, n_classes, n_tasks=2)
     times = {}
     with Timer() as t:
-        train_task(theta_a, 0, xtr_a, ytr_a, cfg["epochs_a"], cfg["lr"], cfg["batch_size"], job.seed)
+        train_minibatches(theta_a, xtr_a, ytr_a, epochs=cfg.epochs_a, lr=cfg.lr, batch_size=cfg.batch_size,
+                          generator=torch.Generator().manual_seed(job.seed), optimizer="adam", task=0)
     times["train_a_s"] = t.seconds
     theta_ab = copy.deepcopy(theta_a)
     with Timer() as t:
-        train_task(theta_ab, 1, xtr_b, ytr_b, cfg["epochs_b"], cfg["lr"], cfg["batch_size"], job.seed + 1)
+        train_minibatches(theta_ab, xtr_b, ytr_b, epochs=cfg.epochs_b, lr=cfg.lr, batch_size=cfg.batch_size,
+                          generator=torch.Generator().manual_seed(job.seed + 1), optimizer="adam", task=1)
     times["train_b_s"] = t.seconds
     for p in [*theta_a.parameters(), *theta_ab.parameters()]:
         p.requires_grad_(False)
@@ -233,12 +216,12 @@ def run_job(job: Job) -> list[dict]:
     # task-A views as plain chains (trunk -> head A), so stitched models run only the late part
     view_a, view_ab = nn.Sequential(theta_a.trunk, theta_a.heads[0]), nn.Sequential(theta_ab.trunk, theta_ab.heads[0])
     rows = []
-    for n_anchors in cfg["anchor_counts"]:
+    for n_anchors in cfg.anchor_counts:
         anchors = class_balanced_anchors((xtr_a, ytr_a), n_anchors, seed=job.seed)
         for stage in STAGES[job.model]:
-            main = n_anchors == cfg["main_anchors"]
+            main = n_anchors == cfg.main_anchors
             for row in evaluate_stage(view_a, view_ab, f"0.{stage}", anchors, (xte_a, yte_a), cfg, main):
-                row.update(asdict(job), stage=stage, n_anchors=n_anchors, acc_a=acc_a, acc_ab=acc_ab,
+                row.update(pair=job.pair, model=job.model, seed=job.seed, stage=stage, n_anchors=n_anchors, acc_a=acc_a, acc_ab=acc_ab,
                            recovery=recovery(row["acc"], acc_ab, acc_a).value, bn_mode="eval", **times)
                 rows.append(row)
     for row in rows:
@@ -246,14 +229,10 @@ def run_job(job: Job) -> list[dict]:
     return rows
 
 
-def config_for(args) -> dict:
+def config_for(args) -> Config:
     quick = args.quick
-    return {"data_root": args.data_root, "quick": quick, "dataset": "mnist" if args.data_root else "digits",
-            "epochs_a": 3, "epochs_b": 3 if quick else 2, "lr": 3e-3, "batch_size": 64, "max_train": 4000,
-            "max_test": 500, "ridge": 1e-4, "refine_steps": 30, "refine_lr": 1e-3,
-            "gn_iterations": 2, "gn_damping": 0.1, "stitch_steps": 100, "short_stitch_steps": 2,
-            "stitch_batch": 64,
-            "stitch_lr": 1e-2, "anchor_counts": [10, 100] if quick else [10, 50, 100, 500], "main_anchors": 100}
+    return Config(data_root=args.data_root, quick=quick, dataset="mnist" if args.data_root else "digits",
+                  epochs_b=3 if quick else 2, anchor_counts=(10, 100) if quick else (10, 50, 100, 500))
 
 
 def tables(rows: list[dict], main_anchors: int) -> str:
@@ -276,7 +255,7 @@ REPORT_VARIANTS = ("identity", "channel", "cross_channel", "cross_channel+refine
                    "trained_stitch_short", "trained_stitch")
 
 
-def report(rows: list[dict], main_anchors: int) -> str:
+def docs_tables(rows: list[dict], main_anchors: int) -> str:
     """The tables quoted in docs/RESULTS.md: per stage, stitched accuracy (recovery %) of every key
     and the closed-form → trained-stitch time; the cross-channel controls; the anchor sweep."""
     main = [r for r in rows if r["n_anchors"] == main_anchors]
@@ -376,48 +355,42 @@ def plot(rows: list[dict], out: Path, main_anchors: int) -> None:
     plt.close(fig)
 
 
+def report(saved: dict) -> str:
+    """Every table of a saved run: the summaries, the docs tables and the time ratios."""
+    rows, main_anchors = saved["runs"], saved["config"]["main_anchors"]
+    return (tables(rows, main_anchors) + "\n\n" + docs_tables(rows, main_anchors)
+            + "\n\nTime ratios: " + json.dumps(time_ratios(rows, main_anchors), indent=1))
+
+
 def main(argv=None) -> dict:
-    parser = benchmark_parser("transport_keys", __doc__.splitlines()[0])
+    parser = benchmark_parser("transport_keys", __doc__.splitlines()[0],
+                              skip_help="PAIR/MODEL cells (e.g. domain/resnet) or a pair")
     parser.add_argument("--models", default=None, help=f"comma-separated subset of {','.join(MODELS)}")
     parser.add_argument("--pairs", default=None, help=f"comma-separated subset of {','.join(PAIRS)}")
-    parser.add_argument("--workers", type=int, default=1, help="processes (each uses one torch thread)")
-    parser.add_argument("--skip", default="", help="comma-separated pair/model cells to skip (e.g. domain/resnet)")
-    parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("--report", default=None, metavar="RESULTS_JSON",
-                        help="print the docs tables of a saved run and exit")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     if args.report:
-        saved = json.loads(Path(args.report).read_text())
-        text = report(saved["runs"], saved["config"]["main_anchors"])
-        print(text)
-        return {"report": text}
-    models = args.models.split(",") if args.models else (["cnn"] if args.quick else list(MODELS))
-    pairs = args.pairs.split(",") if args.pairs else (["split"] if args.quick else list(PAIRS))
+        return {"report": print_report(args.report, report)}
+    models = split_list(args.models) if args.models else (["cnn"] if args.quick else list(MODELS))
+    pairs = split_list(args.pairs) if args.pairs else (["split"] if args.quick else list(PAIRS))
     for name, values, allowed in (("--models", models, MODELS), ("--pairs", pairs, PAIRS)):
         bad = [v for v in values if v not in allowed]
         if bad:
             parser.error(f"{name} must be a subset of {allowed}, got {bad}")
-    seeds = 1 if args.quick else args.seeds
     cfg = config_for(args)
-    out = Path(args.out)
-    skip = {tuple(c.split("/")) for c in args.skip.split(",") if c}
-    jobs = [Job(p, m, s) for p in pairs for m in models if (p, m) not in skip for s in range(seeds)]
+    jobs = [Job(p, m, s, cfg) for p in pairs for m in models if not is_skipped(args.skip, p, m)
+            for s in range(args.seeds)]
     start = time.perf_counter()
-    executor = LocalExecutor(args.workers, initializer=_init_worker, initargs=(cfg,))
-    per_job = run_jobs(run_job, jobs, key=lambda j: json.dumps({**asdict(j), **cfg}, sort_keys=True),
-                       executor=executor, cache=out / "jobs.jsonl", desc="transport keys",
-                       progress=not args.no_progress)
+    per_job = run_jobs(run_job, jobs, cache=f"{args.out}/jobs.jsonl", workers=args.workers, threads=args.threads,
+                       desc="transport keys", progress=not args.no_progress)
     rows = [r for job_rows in per_job for r in job_rows]
-    ratios = time_ratios(rows, cfg["main_anchors"])
+    ratios = time_ratios(rows, cfg.main_anchors)
     summary = summarize(rows, ["pair", "model", "stage", "n_anchors", "variant"],
                         ["acc", "recovery", "residual", "fit_s", "key_params"])
-    write_results(out, config=cfg, rows=rows, summary=summary, wall_seconds=time.perf_counter() - start,
-                  extra={"time_ratios": ratios, "bn_mode": "eval"})
-    plot(rows, out, cfg["main_anchors"])
-    print(tables(rows, cfg["main_anchors"]))
-    print("\n" + report(rows, cfg["main_anchors"]))
-    print("\nTime ratios:", json.dumps(ratios, indent=1))
-    return {"rows": rows, "time_ratios": ratios}
+    out = write_results(args.out, args, config=asdict(cfg), rows=rows, summary=summary,
+                        wall_seconds=time.perf_counter() - start, extra={"time_ratios": ratios, "bn_mode": "eval"})
+    plot(rows, out, cfg.main_anchors)
+    text = print_report(out / "results.json", report, out_dir=out)
+    return {"rows": rows, "time_ratios": ratios, "report": text}
 
 
 if __name__ == "__main__":

@@ -8,11 +8,11 @@ from avalanche.core import SupervisedPlugin
 from avalanche.training.plugins import SynapticIntelligencePlugin
 from avalanche.training.supervised import Naive
 
-from avalanche_plugins._avalanche.compat import fix_synaptic_intelligence_on_cpu
+from avalanche_plugins import fix_synaptic_intelligence_on_cpu
 from benchmarks import baselines
-from benchmarks.continual import accuracy_evaluator, average_forgetting
-from benchmarks.data import make_stream
-from benchmarks.models import build_model
+from benchmarks.common.data import make_stream
+from benchmarks.common.models import build_model
+from benchmarks.common.training import accuracy_evaluator, average_forgetting
 
 
 class LossProbe(SupervisedPlugin):
@@ -48,12 +48,13 @@ def test_forgetting_counts_only_after_learning():
     assert average_forgetting(acc) == pytest.approx(0.5)
 
 
+@pytest.mark.slow
 def test_baselines_quick_end_to_end(tmp_path):
-    result = baselines.main(["--quick", "--out", str(tmp_path)])
+    result = baselines.main(["--quick", "--no-progress", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "results.json").read_text())
     assert (tmp_path / "results.csv").read_text().startswith("strategy,scenario,seed,acc")
     assert (tmp_path / "accuracy.png").stat().st_size > 1000
-    assert {"command", "config", "machine", "runs", "summary", "wall_seconds"} <= set(data)
+    assert {"command", "code_version", "data", "config", "machine", "runs", "summary", "wall_seconds"} <= set(data)
     acc = {(s["scenario"].split(" (")[0] + (" task" if "task-inc" in s["scenario"] else ""), s["strategy"]): s["acc_mean"]
            for s in result["summary"]}
     # class-incremental: fine-tuning keeps only the last 2 of 10 classes; memory-based methods do better

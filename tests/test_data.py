@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.data import check_mnist_root, load_digits_arrays, make_stream
+from benchmarks.common.data import (
+    check_mnist_root,
+    data_fingerprint,
+    load_digits_arrays,
+    make_stream,
+)
 
 
 def exp_tensors(experience):
@@ -103,3 +108,15 @@ def test_mnist_from_root_classic_and_validation(tmp_path):
     assert len(perm.benchmark.test_stream[1].dataset) == 50
     val = make_stream("mnist", "split", data_root=tmp_path, validation=True)
     assert sum(len(e.dataset) for e in val.benchmark.test_stream) == 30  # 15% of 200, stratified
+
+
+def test_data_fingerprint_hashes_the_mnist_files(tmp_path):
+    import hashlib
+
+    write_fake_mnist(tmp_path)
+    fingerprint = data_fingerprint(tmp_path)
+    image_file = tmp_path / "MNIST" / "raw" / "train-images-idx3-ubyte"
+    assert fingerprint["name"] == "MNIST" and len(fingerprint["sha256"]) == 4
+    assert fingerprint["sha256"]["MNIST/raw/train-images-idx3-ubyte"] == hashlib.sha256(image_file.read_bytes()).hexdigest()
+    assert data_fingerprint(tmp_path / "elsewhere")["sha256"]["MNIST/raw/t10k-labels-idx1-ubyte"] == "missing"
+    assert data_fingerprint(None)["name"] == "scikit-learn digits"

@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from benchmarks import grow_prune
 
 
+@pytest.mark.slow
 def test_quick_run_writes_acc_taa_tickets_ratio_and_cost(tmp_path):
     grow_prune.main(["--quick", "--no-progress", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "results.json").read_text())
@@ -22,5 +25,6 @@ def test_quick_run_writes_acc_taa_tickets_ratio_and_cost(tmp_path):
     # --report re-prints the paired analysis from the saved file, matching the rows
     grow = next(r for r in rows if r["method"] == "grow")
     prune = next(r for r in rows if r["method"] == "prune")
-    report = grow_prune.main(["--report", str(tmp_path / "results.json")])["analysis"]
+    report = grow_prune.main(["--report", str(tmp_path / "results.json")])["report"]
+    assert report + "\n" == (tmp_path / "report.md").read_text()
     assert f"| {grow['setting']} | 30% | {grow['acc'] - prune['acc']:+.3f} (" in report

@@ -2,11 +2,14 @@
 
 import json
 
+import pytest
+
 from benchmarks import layer_adaptive_ewc
 
 
+@pytest.mark.slow
 def test_quick_run_writes_every_variant_and_cost_ratios(tmp_path):
-    layer_adaptive_ewc.main(["--quick", "--workers", "1", "--out", str(tmp_path)])
+    layer_adaptive_ewc.main(["--quick", "--no-progress", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "results.json").read_text())
     methods = {key.split("/")[-1] for key in data["methods"]}
     assert methods == set(layer_adaptive_ewc.METHODS)
@@ -17,3 +20,6 @@ def test_quick_run_writes_every_variant_and_cost_ratios(tmp_path):
     # uniform is EWCPlugin by construction: identical final accuracy on the same seed
     assert data["methods"]["permuted/mlp/lae_uniform"] == data["methods"]["permuted/mlp/ewc"]
     assert (tmp_path / "accuracy.png").exists() and (tmp_path / "results.csv").exists()
+    assert {r["phase"] for r in data["runs"]} == {"tune", "test", "anchor"}
+    text = layer_adaptive_ewc.main(["--report", str(tmp_path / "results.json")])["report"]
+    assert "### permuted / mlp" in text and text + "\n" == (tmp_path / "report.md").read_text()

@@ -1,14 +1,14 @@
-"""Post-hoc analysis of plasticity_ranking results: pooled PRA and the noise ceiling."""
-
-import json
+"""The pooled analysis of plasticity_ranking (part of its ``--report``): pooled PRA and the noise
+ceiling."""
 
 import numpy as np
 import pytest
 
-from benchmarks.plasticity_analysis import METRICS, analyse, noise_ceiling
+from benchmarks.plasticity_ranking import METRICS, noise_ceiling, pooled_analysis
+from benchmarks.plasticity_ranking.ranking import pooled_table
 
 
-def fake_results(path, rng):
+def fake_runs(rng):
     runs = []
     for setting, offset in (("scr/a", 0.0), ("scr/b", 1.0)):
         cks = []
@@ -20,16 +20,17 @@ def fake_results(path, rng):
             record.update(gain_sgd_k1=gain, gain_sgd_k1_stderr=0.0)
             cks.append(record)
         runs.append({"setting": setting, "seed": 0, "checkpoints": cks})
-    path.write_text(json.dumps({"checkpoints": runs}))
+    return runs
 
 
-def test_pooled_and_per_run_pra_and_ceiling(tmp_path):
-    fake_results(tmp_path / "r.json", np.random.default_rng(0))
-    result = analyse([tmp_path / "r.json"])["scr"]["sgd_k1"]
+def test_pooled_and_per_run_pra_and_ceiling():
+    result = pooled_analysis(fake_runs(np.random.default_rng(0)))["scr"]["sgd_k1"]
     assert result["or"] == {"per_run": 1.0, "pooled": 1.0}
     assert result["strength"]["per_run"] == 1.0
     assert result["strength"]["pooled"] < 0.8  # pooling exposes the missing between-run scale
-    assert result["ceiling_pooled"] == 1.0 and result["n_checkpoints"] == 12
+    assert result["ceiling_pooled"] == 1.0 and result["n_checkpoints"] == 12 and result["n_runs"] == 2
+    table = pooled_table(pooled_analysis(fake_runs(np.random.default_rng(0))), "scr", ["sgd_k1"])
+    assert "| or | 1.000 | 1.000 |" in table and "| noise ceiling | 1.000 | 1.000 |" in table
 
 
 def test_noise_ceiling_matches_a_monte_carlo_estimate():

@@ -1,6 +1,6 @@
 """SCR generator, the tight online loop, regime classification and a tiny end-to-end run of
 ``benchmarks.plasticity_ranking`` (the full ``--quick`` run takes minutes, so the smoke test drives
-``run_benchmark`` with miniature settings)."""
+``run_benchmark`` with miniature settings) and its ``--report``."""
 
 import copy
 import json
@@ -10,14 +10,14 @@ import torch
 from torch import nn
 
 from benchmarks import plasticity_ranking as pr
-from benchmarks.models import MLP
+from benchmarks.common.models import MLP
 from benchmarks.scr import SlowlyChangingRegression, ltu_thresholds, scr_benchmark, scr_period
 
 
 @pytest.mark.parametrize("variant", ["bit_flip", "resample"])
 def test_scr_inputs_binary_and_flipping_bits_constant_within_period(variant):
     scr = SlowlyChangingRegression(variant=variant, examples_per_period=200, seed=3)
-    previous = None
+    previous, changes = None, []
     for t in range(6):
         x, y = scr.period(t)
         assert x.shape == (200, 20) and y.shape == (200, 1)
@@ -28,12 +28,12 @@ def test_scr_inputs_binary_and_flipping_bits_constant_within_period(variant):
         # the 5 random bits vary within the period (200 draws of 5 fair bits)
         assert len({tuple(r) for r in x[:, 15:].int().tolist()}) > 10
         if previous is not None:
-            changed = int((flipping[0] != previous).sum())
-            if variant == "bit_flip":
-                assert changed == 1
-            else:
-                assert changed >= 0  # resampled: may coincide by chance, checked over many periods below
+            changes.append(int((flipping[0] != previous).sum()))
         previous = flipping[0]
+    if variant == "bit_flip":
+        assert changes == [1] * 5  # exactly one flipping bit changes per period
+    else:  # all 15 bits are redrawn: some period changes several (P(≤ 1 change) = 16/2^15 per period)
+        assert max(changes) > 1
 
 
 def test_scr_resample_changes_many_bits_on_average():
@@ -112,17 +112,73 @@ def test_online_learner_matches_torch_optimizers(optimizer, loss):
             assert torch.allclose(restored.state[p]["exp_avg_sq"], opt.state[q]["exp_avg_sq"], atol=1e-7)
 
 
-def test_regime_classification_on_hand_made_dead_net():
+def test_online_learner_adam_is_the_library_functional_step():
+    from avalanche_plugins.core.optim import AdamState, functional_step
+
+    torch.manual_seed(1)
+    model = MLP((6,), hidden=(4,), n_classes=1)
+    params = {name: p.detach().double().clone() for name, p in model.named_parameters()}
+    state = AdamState(params)
+    x, y = torch.randn(15, 6), torch.randn(15, 1)
+    learner = pr.OnlineLearner(model, "adam", 0.01, "mse")
+    learner.train(x, y)
+    for i in range(15):
+        reference = MLP((6,), hidden=(4,), n_classes=1).double()
+        reference.load_state_dict(params)
+        grads = torch.autograd.grad(nn.MSELoss()(reference(x[i:i + 1].double()), y[i:i + 1].double()),
+                                    list(reference.parameters()))
+        functional_step(params, dict(zip(params, grads)), 0.01, optimizer="adam", state=state)
+    assert learner.steps == state.step == 15
+    for name, p in model.named_parameters():
+        assert torch.allclose(p.double(), params[name], atol=1e-5)
+
+
+def _dead_net():
+    """A 20-5-5-1 MLP whose last hidden layer is negative on every input (ReLU 0 everywhere)."""
+    torch.manual_seed(0)
     model = MLP((20,), hidden=(5, 5), n_classes=1)
-    probe = SlowlyChangingRegression(seed=0, examples_per_period=64).period(0)[0]
     with torch.no_grad():
         last = model.features[3]  # second Linear
         last.weight.zero_()
-        last.bias.fill_(-1.0)  # every unit of the last hidden layer is negative -> ReLU 0 on all inputs
-    assert pr.last_hidden_dead(model, probe)
+        last.bias.fill_(-1.0)
+    return model, last
+
+
+def test_regime_classification_on_hand_made_dead_net():
+    model, last = _dead_net()
+    probe = SlowlyChangingRegression(seed=0, examples_per_period=64).period(0)[0]
+    assert pr.regime(pr.last_hidden_features(model, probe)) == {"dead": True, "last_layer_active": 0.0}
+    with torch.no_grad():
+        last.bias[2] = 0.5  # one unit of five now fires on every input
+    assert pr.regime(pr.last_hidden_features(model, probe)) == {"dead": False, "last_layer_active": pytest.approx(0.2)}
+
+
+def _fresh_adam_state(model):
+    """A ``torch.optim.Adam`` state dict with zero moments and step count for every parameter."""
+    state = torch.optim.Adam(model.parameters(), lr=0.01).state_dict()
+    state["state"] = {i: {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+                      for i, p in enumerate(model.parameters())}
+    return state
+
+
+def test_score_checkpoint_records_the_regime_that_stratifies_the_tables():
+    setting = _tiny_settings()[0]
+    model, last = _dead_net()
+    data = SlowlyChangingRegression(seed=0, examples_per_period=150).period(1)
+    val = SlowlyChangingRegression(seed=0, examples_per_period=120).period(1, stream=1)
+    rec = pr.score_checkpoint(setting, model, nn.MSELoss(), (*data, *val), seed=0,
+                              optimizer_state=_fresh_adam_state(model))
+    assert rec["dead"] is True and rec["last_layer_active"] == 0.0
     with torch.no_grad():
         last.bias[2] = 0.5
-    assert not pr.last_hidden_dead(model, probe)
+    rec = pr.score_checkpoint(setting, model, nn.MSELoss(), (*data, *val), seed=0,
+                              optimizer_state=_fresh_adam_state(model))
+    assert rec["dead"] is False and rec["last_layer_active"] == pytest.approx(0.2)
+    # the strata of the PRA rows are exactly these flags
+    run = {"seed": 0, "checkpoints": [dict(rec, dead=d) for d in (True, True, False)]}
+    rows = pr.pra_rows(run, setting)
+    assert {r["n_checkpoints"] for r in rows if r["stratum"] == "dead"} == {2}
+    assert {r["n_checkpoints"] for r in rows if r["stratum"] == "live"} == {1}
 
 
 def _adam_state(model, x, y, steps):
@@ -141,10 +197,7 @@ def test_continuing_adam_gain_zero_state_equals_fresh_adam_and_matches_torch():
     torch.manual_seed(0)
     model = MLP((6,), hidden=(5,), n_classes=1)
     x, y = torch.randn(40, 6), torch.randn(40, 1)
-    fresh_state = torch.optim.Adam(model.parameters(), lr=0.01).state_dict()
-    fresh_state["state"] = {i: {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
-                                "exp_avg_sq": torch.zeros_like(p)} for i, p in enumerate(model.parameters())}
-    ours = pr.continuing_adam_gain(model, nn.MSELoss(), fresh_state, x, y, x, y, k=4, lr=0.01, batch_size=2,
+    ours = pr.continuing_adam_gain(model, nn.MSELoss(), _fresh_adam_state(model), x, y, x, y, k=4, lr=0.01, batch_size=2,
                                    n_runs=6, seed=3)
     ref = k_step_gain(model, nn.MSELoss(), x, y, x, y, k=4, lr=0.01, optimizer="adam", batch_size=2, n_runs=6, seed=3)
     assert ours["gain"] == pytest.approx(ref.gain, rel=1e-5, abs=1e-7)
@@ -181,10 +234,12 @@ def _tiny_settings():
     ]
 
 
+@pytest.mark.slow
 def test_end_to_end_tiny_run_writes_pra_and_cost_ratios(tmp_path, capsys):
-    pr.run_benchmark(_tiny_settings(), [0], tmp_path, progress=False)
+    result = pr.run_benchmark(_tiny_settings(), [0], tmp_path, progress=False)
     data = json.loads((tmp_path / "results.json").read_text())
-    for key in ("pra", "pra_by_stratum", "ablation", "cost_ratios", "headline", "regimes", "checkpoints", "summary"):
+    for key in ("pra", "pra_by_stratum", "ablation", "cost_ratios", "headline", "regimes", "checkpoints", "summary",
+                "noise_ceiling_and_pooled"):
         assert key in data
     gains = {"scr": ("adam_fresh", "adam_continue", "sgd"), "pmnist": ("adam_fresh", "sgd")}
     for bench in ("scr", "pmnist"):
@@ -197,13 +252,25 @@ def test_end_to_end_tiny_run_writes_pra_and_cost_ratios(tmp_path, capsys):
         assert set(data["pra_by_stratum"]) == set(pr.STRATA)
         costs = data["cost_ratios"][bench]
         assert costs["g5_over_or"] > 0 and costs["g10_over_or"] > 0 and costs["per_sample_over_sampled"] > 0
+        regimes = data["regimes"][next(s.name for s in _tiny_settings() if s.benchmark == bench)]
+        assert regimes["dead"] + regimes["live"] == 4  # every checkpoint is classified
     assert data["pra"]["scr"]["adam_fresh/k5"]["or"]["mean"] is not None
     assert set(data["ablation"]["pmnist"]["adam_fresh/k1"]) == {"or_val1", "or_val0.1", "or_val0.01"}
     assert (tmp_path / "or_vs_gain.png").exists() and (tmp_path / "results.csv").exists()
+    assert (tmp_path / "jobs.jsonl").exists()
     assert data["headline"]["scr"]["column"] == "adam_fresh/k5"
     assert data["headline"]["scr"]["best_baseline"] in pr.BASELINES
     printed = capsys.readouterr().out
-    assert "Pairwise ranking accuracy" in printed and "OR (sampled)" in printed
+    assert "Pairwise ranking accuracy" in printed and "OR (sampled)" in printed and "noise ceiling" in printed
+    # --report re-prints every table, pooled analysis included, from the saved run
+    again = pr.main(["--report", str(tmp_path / "results.json")])["report"]
+    assert again == result["report"] and again in printed
+    pooled = data["noise_ceiling_and_pooled"]["scr"]["adam_fresh_k5"]
+    assert pooled["n_checkpoints"] == 4 and 0.5 <= pooled["ceiling_per_run"] <= 1.0
+    # the run is resumable: a second call reuses every cached job
+    jobs = len((tmp_path / "jobs.jsonl").read_text().splitlines())
+    assert pr.run_benchmark(_tiny_settings(), [0], tmp_path, progress=False, echo=False)["report"] == result["report"]
+    assert len((tmp_path / "jobs.jsonl").read_text().splitlines()) == jobs == 2
 
 
 def test_default_settings_follow_the_protocol():
@@ -225,3 +292,5 @@ def test_main_rejects_an_empty_selection(tmp_path):
         pr.main(["--quick", "--only", "no/such/setting", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):
         pr.main(["--quick", "--seeds", "0", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        pr.main(["--quick", "--skip", "scr,pmnist", "--out", str(tmp_path)])

@@ -3,9 +3,12 @@
 import json
 import math
 
+import pytest
+
 from benchmarks import transport_keys
 
 
+@pytest.mark.slow
 def test_quick_run_writes_recovery_per_stage_family_control_and_time_ratio(tmp_path):
     transport_keys.main(["--quick", "--no-progress", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "results.json").read_text())
@@ -25,7 +28,9 @@ def test_quick_run_writes_recovery_per_stage_family_control_and_time_ratio(tmp_p
     assert math.isfinite(data["time_ratios"]["trained_over_gauss_newton"])
     assert (tmp_path / "recovery.png").exists() and (tmp_path / "jobs.jsonl").exists()
     # --report re-prints the docs tables from the saved run; a cell matches the rows
+    run_report = (tmp_path / "report.md").read_text()
     text = transport_keys.main(["--report", str(tmp_path / "results.json")])["report"]
+    assert text + "\n" == run_report
     stage = transport_keys.STAGES["cnn"][0]
     row = next(r for r in main if r["stage"] == stage and r["variant"] == "cross_channel+gauss_newton")
     line = next(t for t in text.splitlines() if f"| {stage} |" in t and "(" in t)

@@ -171,3 +171,42 @@ def test_transport_metric_validates_layouts():
         TransportKeyMetric(stages=["0"], layouts={"0": "nchw"})
     assert TransportKeyMetric(stages=["0", "2"], layouts="channels_first").layouts == {
         "0": "channels_first", "2": "channels_first"}
+
+
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+def test_batchnorm_after_the_activation_is_masked_after_the_norm(kind):
+    """Layer -> ReLU -> BatchNorm: masked units must output exactly 0 after the norm, and the norm's
+    affine parameters and running statistics of masked units must not train."""
+    from avalanche_plugins.core.layers import discover_layers
+    from avalanche_plugins.structural import UnitMasks
+
+    torch.manual_seed(0)
+    if kind == "linear":
+        model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(inplace=True), nn.BatchNorm1d(8), nn.Linear(8, 3))
+        x = torch.randn(32, 6)
+    else:
+        model = nn.Sequential(nn.Conv2d(2, 8, 3), nn.ReLU(), nn.BatchNorm2d(8), nn.Flatten(),
+                              nn.Linear(8 * 4 * 4, 3))
+        x = torch.randn(32, 2, 6, 6)
+    y = torch.randint(0, 3, (32,))
+    assert discover_layers(model, x[:2])[0].norm == "2"
+    masks = UnitMasks(model, x[:2])
+    units = [1, 4, 6]
+    mask = torch.ones(8, dtype=torch.bool)
+    mask[units] = False
+    masks.set_masks({"0": mask})
+    bn = model[2]
+    frozen = [t.detach().clone()[units] for t in (bn.weight, bn.bias, bn.running_mean, bn.running_var)]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=1e-1)
+    model.train()
+    for _ in range(20):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        masks.step(opt)
+    for before, now in zip(frozen, (bn.weight, bn.bias, bn.running_mean, bn.running_var)):
+        assert torch.equal(now.detach()[units], before)
+    for mode in (True, False):
+        model.train(mode)
+        hidden = model[:3](x)
+        assert torch.all(hidden[:, units] == 0)
+        assert hidden[:, [0, 2, 3, 5, 7]].abs().sum() > 0

@@ -15,8 +15,9 @@ Rules (documented once, used everywhere):
   parameters of never-called descendants of a layer belong to that layer).
 * A normalisation layer (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, LocalResponseNorm)
   is never a layer. It is reported as the ``norm`` of the layer whose output tensor it
-  receives directly (``Conv2d -> BatchNorm2d``); a pre-norm block's LayerNorm that reads a
-  residual sum follows no layer.
+  receives, directly (``Conv2d -> BatchNorm2d``) or through elementwise modules
+  (``Linear -> ReLU -> BatchNorm1d``; activations called as functions inside ``forward`` are
+  invisible to the trace); a pre-norm block's LayerNorm that reads a residual sum follows no layer.
 * Parameters that belong to no layer (a ViT's class token and positional embedding, norm
   layers' affine parameters, heads not run by the example batch such as other tasks' heads of
   a ``MultiHeadClassifier``) are listed in :attr:`LayerMap.unassigned`, each with the reason.
@@ -36,12 +37,21 @@ from torch import nn
 from avalanche_plugins.core.calls import eval_mode, first_tensor, is_multitask, model_forward
 
 __all__ = [
+    "ELEMENTWISE",
     "NORM_TYPES",
     "LayerInfo",
     "LayerMap",
     "discover_layers",
     "example_input",
 ]
+
+# Parameter-free modules that act on each unit separately: a norm reading a layer's output through
+# them still normalises that layer's units one by one.
+ELEMENTWISE: tuple[type[nn.Module], ...] = (
+    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish, nn.Tanh,
+    nn.Sigmoid, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Softplus, nn.Identity,
+    nn.modules.dropout._DropoutNd,
+)
 
 NORM_TYPES: tuple[type[nn.Module], ...] = (
     nn.modules.batchnorm._NormBase,
@@ -283,11 +293,25 @@ def discover_layers(model: nn.Module, example_input) -> LayerMap:
     layer_modules.sort(key=lambda m: order[m])
     io = {m: (inp, out) for m, inp, out in calls}
     norm_of: dict[nn.Module, str] = {}
-    for m, inp, _ in calls:
-        if is_norm(m) and inp is not None:
-            for layer in layer_modules:
-                if io[layer][1] is inp:
-                    norm_of[layer] = names[m]
+    for k, (m, inp, _) in enumerate(calls):
+        if not is_norm(m) or inp is None:
+            continue
+        # the latest earlier call that produced `inp`; walk back through elementwise modules
+        # (Linear -> ReLU -> BatchNorm1d is common; an in-place ReLU returns its input object)
+        tensor, j = inp, k
+        while True:
+            j = next((i for i in range(j - 1, -1, -1) if calls[i][2] is tensor), None)
+            if j is None:
+                break
+            source, source_in, _ = calls[j]
+            if source not in layer_modules and next(source.children(), None) is not None:
+                continue  # a container passes on a child's output: find that child
+            if isinstance(source, ELEMENTWISE) and source_in is not None:
+                tensor = source_in
+                continue
+            if source in layer_modules and source not in norm_of:
+                norm_of[source] = names[m]
+            break
 
     layer_set = set(layer_modules)
     owner: dict[str, nn.Module] = {}

@@ -1,8 +1,14 @@
-"""Benchmark models: MLP, small CNN (with/without BatchNorm), mini ResNet, tiny ViT.
+"""The benchmark model zoo: MLP, small CNN (with/without BatchNorm), mini ResNet, tiny ViT, and
+the two multi-head wrappers.
 
 All take image-shaped inputs ``(N, C, H, W)`` (28×28 MNIST or 8×8 digits) so one data pipeline
 serves every model; the MLP flattens. Each model's last layer is named ``head`` so a
-multi-head (task-incremental) variant can replace it with Avalanche's ``MultiHeadClassifier``.
+multi-head (task-incremental) variant can replace it:
+
+* :class:`MultiHeadNet` — Avalanche's ``MultiHeadClassifier`` (one head per task, grown by the
+  strategy as tasks arrive; ``build_model(..., multihead=True)``), for Avalanche strategies;
+* :class:`TaskHeadsNet` — a fixed number of linear heads created up front and selected by an
+  ``int`` task id, for hand-written loops that train and stitch the heads directly.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ import torch
 from avalanche.models import MultiHeadClassifier, MultiTaskModule
 from torch import nn
 
-__all__ = ["MLP", "SmallCNN", "MiniResNet", "TinyViT", "MultiHeadNet", "build_model", "MODEL_NAMES"]
+__all__ = ["MLP", "SmallCNN", "MiniResNet", "TinyViT", "MultiHeadNet", "TaskHeadsNet", "build_model",
+           "MODEL_NAMES"]
 
 
 class MLP(nn.Module):
@@ -201,6 +208,28 @@ class MultiHeadNet(MultiTaskModule):
 
     def forward_single_task(self, x, task_label):
         return self.head(self.trunk(x), task_label)
+
+
+class TaskHeadsNet(nn.Module):
+    """Shared trunk with ``n_tasks`` linear heads; ``forward(x, task)`` (Avalanche's multi-task call
+    signature, with an ``int`` task).
+
+    Example:
+        >>> net = TaskHeadsNet(nn.Flatten(), 64, 5)
+        >>> net(torch.randn(3, 1, 8, 8), 1).shape
+        torch.Size([3, 5])
+    """
+
+    def __init__(self, trunk: nn.Module, feature_dim: int, n_classes: int, n_tasks: int = 2):
+        super().__init__()
+        self.trunk = trunk
+        self.heads = nn.ModuleList([nn.Linear(feature_dim, n_classes) for _ in range(n_tasks)])
+
+    def forward_single_task(self, x, task: int):
+        return self.heads[task](self.trunk(x))
+
+    def forward(self, x, task_labels=0):
+        return self.forward_single_task(x, int(task_labels))
 
 
 MODEL_NAMES = ("mlp", "cnn", "cnn_nobn", "resnet", "vit")

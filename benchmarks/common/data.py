@@ -16,10 +16,15 @@ and builds the stream with Avalanche's ``nc_benchmark`` / ``tensors_benchmark`` 
 classic benchmarks use), with the same normalisation.
 
 Note: Avalanche's generators reseed torch's global RNG; build the stream before seeding a model.
+
+:func:`data_fingerprint` names the data a run used (dataset, and the SHA-256 of each MNIST file)
+for its ``results.json``.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +41,7 @@ __all__ = [
     "load_mnist_arrays",
     "make_stream",
     "check_mnist_root",
+    "data_fingerprint",
 ]
 
 DATASETS = ("digits", "mnist")
@@ -108,6 +114,39 @@ def check_mnist_root(data_root) -> Path:
             "(e.g. ../shared/data) or use the digits dataset."
         )
     return root
+
+
+@functools.lru_cache(maxsize=4)
+def _sha256(path: str, size: int, mtime: float) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def data_fingerprint(data_root=None) -> dict:
+    """What data a run saw: scikit-learn's digits (no ``data_root``), or MNIST from ``data_root``
+    with the SHA-256 of each of its four files (absent files are listed as missing).
+
+    Example:
+        >>> data_fingerprint()["name"]
+        'scikit-learn digits'
+    """
+    if data_root is None:
+        import sklearn
+
+        return {"name": "scikit-learn digits", "scikit-learn": sklearn.__version__}
+    raw = Path(data_root) / "MNIST" / "raw"
+    sha = {}
+    for name in MNIST_FILES:
+        path = raw / name
+        if path.is_file():
+            stat = path.stat()
+            sha[f"MNIST/raw/{name}"] = _sha256(str(path), stat.st_size, stat.st_mtime)
+        else:
+            sha[f"MNIST/raw/{name}"] = "missing"
+    return {"name": "MNIST", "root": str(data_root), "sha256": sha}
 
 
 def load_mnist_arrays(data_root):

@@ -1,0 +1,5 @@
+"""``python -m benchmarks.ads_zoo``."""
+
+from benchmarks.ads_zoo.main import main
+
+main()

@@ -1,0 +1,104 @@
+"""The one command-line contract of every benchmark.
+
+``python -m benchmarks.NAME [--data-root PATH] [--quick] [--seeds N] [--workers N] [--threads N]
+[--no-progress] [--out DIR] [--skip NAMES] [--report RESULTS_JSON]``
+
+* ``--seeds N`` runs seeds ``0 .. N-1``. Default: :data:`DEFAULT_SEEDS` (3), or
+  :data:`QUICK_SEEDS` (1) with ``--quick``; an explicit ``--seeds`` always wins.
+* ``--workers N`` runs the benchmark's jobs in ``N`` processes (default 1: in this process);
+  ``--threads N`` is torch's intra-op thread count in each of them (default 1).
+* ``--skip NAMES`` leaves out named parts (comma-separated). A name is a path such as
+  ``permuted/cnn``; skipping ``permuted`` also skips everything under it. Each benchmark lists its
+  names in its ``--help``.
+* ``--report RESULTS_JSON`` re-prints the tables of a saved run (its ``results.json``) without
+  running anything: the one way to re-analyse a saved run.
+
+Benchmarks add their own options to :func:`benchmark_parser` and read the result of
+:func:`parse_args`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Sequence
+
+__all__ = ["DEFAULT_SEEDS", "QUICK_SEEDS", "benchmark_parser", "parse_args", "is_skipped", "split_list"]
+
+DEFAULT_SEEDS = 3
+QUICK_SEEDS = 1
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def benchmark_parser(name: str, description: str, *, skip_help: str = "") -> argparse.ArgumentParser:
+    """Parser with the shared flags; benchmarks add their own options on top.
+
+    ``skip_help`` names what ``--skip`` can leave out in this benchmark.
+    """
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{name}", description=description)
+    parser.add_argument("--data-root", default=None,
+                        help="folder holding MNIST/raw/*-ubyte (e.g. ../shared/data); scikit-learn digits "
+                             "when absent")
+    parser.add_argument("--quick", action="store_true",
+                        help="small configuration (minutes on a 2-core CPU)")
+    parser.add_argument("--seeds", type=_positive_int, default=None, metavar="N",
+                        help=f"run seeds 0..N-1 (default {DEFAULT_SEEDS}; {QUICK_SEEDS} with --quick "
+                             "unless --seeds is given)")
+    parser.add_argument("--workers", type=_positive_int, default=1, metavar="N",
+                        help="processes running jobs in parallel (default 1: in this process)")
+    parser.add_argument("--threads", type=_positive_int, default=1, metavar="N",
+                        help="torch threads per worker (default 1)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--out", default=f"out/{name}",
+                        help="output folder: results.json/csv, plots and the resumable job cache "
+                             f"jobs.jsonl (default out/{name})")
+    parser.add_argument("--skip", default="", metavar="NAMES",
+                        help="comma-separated parts to leave out" + (f": {skip_help}" if skip_help else ""))
+    parser.add_argument("--report", default=None, metavar="RESULTS_JSON",
+                        help="re-print the tables of a saved results.json and exit (runs nothing)")
+    return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and resolve the shared flags: ``args.seeds`` becomes the seed count (see the module
+    docstring), ``args.skip`` a frozenset of names, ``args.command`` the command line with
+    relative paths (for ``results.json``).
+
+    Example:
+        >>> p = benchmark_parser("x", "demo")
+        >>> [parse_args(p, a).seeds for a in ([], ["--quick"], ["--quick", "--seeds", "3"], ["--seeds", "5"])]
+        [3, 1, 3, 5]
+        >>> sorted(parse_args(p, ["--skip", "permuted/cnn, anchor"]).skip)
+        ['anchor', 'permuted/cnn']
+    """
+    from benchmarks.common.results import command_line
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    args.command = command_line(parser.prog, argv)
+    if args.seeds is None:
+        args.seeds = QUICK_SEEDS if args.quick else DEFAULT_SEEDS
+    args.skip = frozenset(split_list(args.skip))
+    return args
+
+
+def split_list(text: str | None) -> list[str]:
+    """``"a, b,,c"`` → ``["a", "b", "c"]`` (``None`` → ``[]``)."""
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def is_skipped(skip: Iterable[str], *path: str) -> bool:
+    """True if ``--skip`` names ``path`` or one of its prefixes.
+
+    Example:
+        >>> is_skipped({"permuted"}, "permuted", "cnn"), is_skipped({"permuted/cnn"}, "permuted", "mlp")
+        (True, False)
+    """
+    skip = set(skip)
+    return any("/".join(path[:i]) in skip for i in range(1, len(path) + 1))

@@ -1,0 +1,219 @@
+"""One job protocol for every benchmark: jobs, cache keys, worker set-up, a resumable executor.
+
+* A **job** is a small frozen dataclass holding everything its function needs (settings, seed,
+  data root), so ``fn(job)`` gives the same row in any process.
+* Its **cache key** (:func:`job_key`) is a hash of the job's fields, its type name and the code
+  version (:func:`code_version`: the git commit of the checkout, else the package version): a
+  cached row is reused only for the same job run by the same code.
+* Every worker process first runs :func:`init_worker` (torch threads, warnings, seeds, an optional
+  warm-up); in-process runs (``workers=1``) do the same and restore the thread count afterwards.
+* :func:`run_jobs` runs the jobs through an executor (:class:`LocalExecutor`: in this process or
+  a ``spawn`` process pool; a distributed backend only has to yield ``(job, row)`` pairs), appends
+  every finished row to a JSON-lines cache and, run again, reuses the cached rows, so an
+  interrupted run resumes where it stopped. Rows come back in job order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
+import multiprocessing
+import random
+import subprocess
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+__all__ = [
+    "Timer",
+    "LocalExecutor",
+    "code_version",
+    "init_worker",
+    "jsonable",
+    "job_key",
+    "run_jobs",
+    "seed_everything",
+    "torch_threads",
+]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's legacy and torch's global generators."""
+    random.seed(seed)
+    np.random.seed(seed)  # noqa: NPY002 - seeds third-party code that uses the legacy global RNG
+    torch.manual_seed(seed)
+
+
+class Timer:
+    """``with Timer() as t: ...; t.seconds``"""
+
+    def __enter__(self):
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self._start
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None):
+    """Run the block with ``threads`` torch threads (``None``: unchanged), then restore."""
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """``git:<commit>`` of the checkout holding ``benchmarks``, else ``avalanche_plugins <version>``."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        if commit:
+            return f"git:{commit}"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    import avalanche_plugins
+
+    return f"avalanche_plugins {avalanche_plugins.__version__}"
+
+
+def jsonable(obj):
+    """``obj`` with dataclasses, tuples, NumPy and torch values turned into JSON types.
+
+    Example:
+        >>> jsonable({"a": (1, np.float32(0.5)), 2: torch.tensor([1.0])})
+        {'a': [1, 0.5], '2': [1.0]}
+    """
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, (set, frozenset)):
+        return sorted(jsonable(v) for v in obj)
+    if isinstance(obj, (np.floating, np.integer, np.bool_)):
+        return obj.item()
+    if isinstance(obj, (np.ndarray, torch.Tensor)):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def job_key(job, version: str | None = None) -> str:
+    """Hash of the job's type, fields and the code version (``version`` overrides it).
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> @dataclass(frozen=True)
+        ... class Job:
+        ...     method: str
+        ...     seed: int
+        >>> job_key(Job("ewc", 0), "v1") == job_key(Job("ewc", 0), "v1")
+        True
+        >>> len({job_key(Job("ewc", 0), "v1"), job_key(Job("ewc", 1), "v1"), job_key(Job("ewc", 0), "v2")})
+        3
+    """
+    payload = {"type": type(job).__qualname__, "job": jsonable(job),
+               "code": code_version() if version is None else version}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def init_worker(threads: int = 1, seed: int = 0, warmup: Callable[[], None] | None = None) -> None:
+    """What every worker runs before its first job: ``threads`` torch threads (oversubscribed
+    threads on a small machine make ``torch.func`` code tens of times slower), warnings off,
+    every global generator seeded with ``seed`` (each job still seeds itself), then ``warmup()``
+    (e.g. a first ``torch.func`` call, whose one-off cost would otherwise land in a job's timing)."""
+    torch.set_num_threads(threads)
+    warnings.filterwarnings("ignore")
+    seed_everything(seed)
+    if warmup is not None:
+        warmup()
+
+
+class LocalExecutor:
+    """``workers == 1``: in this process; otherwise a ``spawn`` process pool. Every worker runs
+    :func:`init_worker` first."""
+
+    def __init__(self, workers: int = 1, *, threads: int = 1, seed: int = 0,
+                 warmup: Callable[[], None] | None = None):
+        if not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+        if not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+        self.workers, self.initargs = workers, (threads, seed, warmup)
+
+    def map_unordered(self, fn: Callable, jobs: Sequence) -> Iterator[tuple[object, object]]:
+        if not jobs:
+            return
+        if self.workers == 1:
+            with torch_threads(None), warnings.catch_warnings():  # the caller gets its settings back
+                init_worker(*self.initargs)
+                for job in jobs:
+                    yield job, fn(job)
+            return
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(min(self.workers, len(jobs)), mp_context=ctx, initializer=init_worker,
+                                 initargs=self.initargs) as pool:
+            futures = {pool.submit(fn, job): job for job in jobs}
+            for future in as_completed(futures):
+                yield futures[future], future.result()
+
+
+def run_jobs(fn: Callable, jobs: Iterable, *, cache: str | Path | None = None, workers: int = 1,
+             threads: int = 1, warmup: Callable[[], None] | None = None, executor=None,
+             desc: str = "jobs", progress: bool = True) -> list:
+    """``[fn(job) for job in jobs]`` through an executor, resumable.
+
+    Finished rows are appended to ``cache`` (JSON lines ``{"key", "job", "row"}``, keyed by
+    :func:`job_key`) and reused when the same jobs are run again by the same code. ``executor``
+    defaults to ``LocalExecutor(workers, threads=threads, warmup=warmup)``. Returns the rows in
+    the order of ``jobs`` (a job listed twice runs once).
+    """
+    jobs = list(jobs)
+    keys = [job_key(job) for job in jobs]
+    done: dict = {}
+    cache = Path(cache) if cache is not None else None
+    if cache is not None and cache.exists():
+        for line in cache.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:  # blank, or the half-written line of a killed run
+                continue
+            done[entry["key"]] = entry["row"]
+    todo, queued = [], set()
+    for job, key in zip(jobs, keys):
+        if key not in done and key not in queued:
+            todo.append(job)
+            queued.add(key)
+    executor = executor or LocalExecutor(workers, threads=threads, warmup=warmup)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        text = cache.read_text() if cache.exists() else ""
+        if text and not text.endswith("\n"):  # end the half-written line of a killed run
+            with open(cache, "a") as f:
+                f.write("\n")
+    for job, row in tqdm(executor.map_unordered(fn, todo), total=len(todo), desc=desc, disable=not progress):
+        key = job_key(job)
+        row = json.loads(json.dumps(jsonable(row)))  # a fresh row and a cached one look the same
+        done[key] = row
+        if cache is not None:
+            with open(cache, "a") as f:
+                f.write(json.dumps({"key": key, "job": jsonable(job), "row": row}) + "\n")
+    return [done[key] for key in keys]

@@ -1,0 +1,5 @@
+"""``python -m benchmarks.plasticity_ranking``."""
+
+from benchmarks.plasticity_ranking.main import main
+
+main()

@@ -1,0 +1,138 @@
+"""Scoring one checkpoint: OR, its factors, the label-agnostic baselines, the ground truths
+``G^(k)``, the validation-size ablation, and the dead/live regime of the checkpoint."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from torch import nn
+
+from avalanche_plugins.readiness import (
+    active_unit_fraction,
+    effective_rank,
+    energy_rank,
+    entk_energy_rank,
+    hessian_energy_rank,
+    hidden_features,
+    k_step_gain,
+    optimization_readiness,
+)
+from benchmarks.plasticity_ranking.settings import DIVERGED, Setting
+
+
+def last_hidden_features(model: nn.Module, probe: torch.Tensor) -> torch.Tensor:
+    """The last hidden layer's features ``(n_probe, units)`` on ``probe`` (the representation the
+    head reads; the effective / energy ranks and the regime are computed on it)."""
+    feats = hidden_features(model, probe)
+    return list(feats.values())[-1].reshape(len(probe), -1)
+
+
+def regime(last: torch.Tensor) -> dict:
+    """The regime of a checkpoint from its last hidden layer's features ``(n_probe, units)``:
+    ``dead`` when no unit is non-zero on any probe input, and the fraction of units that are
+    (``last_layer_active``). The PRA tables are stratified by ``dead``.
+
+    Example:
+        >>> regime(torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]))
+        {'dead': False, 'last_layer_active': 0.3333333432674408}
+        >>> regime(torch.zeros(4, 3))["dead"]
+        True
+    """
+    active = last.abs().amax(dim=0) > 0
+    return {"dead": not bool(active.any()), "last_layer_active": float(active.float().mean())}
+
+
+def _finite_gain(value: float) -> float:
+    return value if math.isfinite(value) else DIVERGED
+
+
+def _safe_or(model, loss_fn, x, y, **kw):
+    try:
+        return optimization_readiness(model, loss_fn, x, y, **kw)
+    except ValueError:  # zero loss on a tiny subset: OR undefined
+        return None
+
+
+def continuing_adam_gain(model: nn.Module, loss_fn, optimizer_state: dict, train_inputs, train_targets,
+                         val_inputs, val_targets, *, k: int, lr: float, batch_size: int, n_runs: int = 128,
+                         seed: int = 0, chunk_size: int = 1024) -> dict:
+    """``G^(k)`` for Adam *continuing* from a checkpoint's optimizer state (moments and step count).
+
+    Same protocol as :func:`avalanche_plugins.readiness.k_step_gain` (``n_runs`` vectorised runs,
+    the same seeded minibatch draw, so with the same ``seed`` the runs use exactly the minibatches
+    of ``k_step_gain``'s), but every run starts from ``optimizer_state`` (a ``torch.optim.Adam``
+    ``state_dict``, parameters in ``model.parameters()`` order) instead of zero moments: step
+    ``t`` uses bias corrections ``1 − β^(t₀ + t)`` (``k_step_gain(..., adam_state=...)``).
+    Returns ``{"gain", "stderr", "indices"}``; a diverged run gives a non-finite gain.
+    """
+    result = k_step_gain(model, loss_fn, train_inputs, train_targets, val_inputs, val_targets, k=k, lr=lr,
+                         optimizer="adam", batch_size=batch_size, n_runs=n_runs, seed=seed,
+                         chunk_size=chunk_size, adam_state=optimizer_state)
+    return {"gain": result.gain, "stderr": result.stderr, "indices": result.indices,
+            "loss_before": result.loss_before}
+
+
+def score_checkpoint(setting: Setting, model: nn.Module, loss_fn, data, *, seed: int,
+                     time_costs: bool = False, optimizer_state: dict | None = None) -> dict:
+    """Every metric, ground truth and ablation value of ``model`` on one target task."""
+    x_tr, y_tr, x_val, y_val = data
+    s = setting
+    rec: dict = {}
+    timings: dict = {}
+    t0 = time.perf_counter()
+    res = optimization_readiness(model, loss_fn, x_val, y_val, batch_size=s.or_batch, n_batches=s.or_batches,
+                                 estimator="sampled", seed=seed)
+    timings["or_sampled_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    res_ps = optimization_readiness(model, loss_fn, x_val, y_val, batch_size=s.or_batch, estimator="per_sample")
+    timings["or_per_sample_s"] = time.perf_counter() - t0
+    rec.update(loss=res.loss, or_=res.readiness, strength=res.strength, reliability=res.reliability,
+               or_per_sample=res_ps.readiness)
+    rec["or"] = rec.pop("or_")
+    probe = x_val[: s.n_probe]
+    probe_j, probe_jy = x_val[: s.n_probe_jacobian], y_val[: s.n_probe_jacobian]
+    last = last_hidden_features(model, probe)
+    rec["effective_rank"] = effective_rank(last)
+    rec["energy_rank"] = float(energy_rank(last))
+    rec["active_units"] = active_unit_fraction(model, probe)
+    rec.update(regime(last))
+    t0 = time.perf_counter()
+    rec["entk_energy_rank"] = float(entk_energy_rank(model, probe_j))
+    timings["entk_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    rec["hessian_energy_rank"] = float(hessian_energy_rank(model, loss_fn, probe_j, probe_jy))
+    timings["hessian_s"] = time.perf_counter() - t0
+    for name, opt, lr in s.gain_optimizers:
+        for k in s.ks:
+            t0 = time.perf_counter()
+            if opt == "adam_continue":
+                if optimizer_state is None:
+                    raise ValueError("the adam_continue ground truth needs the checkpoint's optimizer_state")
+                g = continuing_adam_gain(model, loss_fn, optimizer_state, x_tr, y_tr, x_val, y_val, k=k, lr=lr,
+                                         batch_size=s.gain_batch, n_runs=s.n_runs, seed=seed)
+                gain, stderr = g["gain"], g["stderr"]
+            else:
+                g = k_step_gain(model, loss_fn, x_tr, y_tr, x_val, y_val, k=k, lr=lr, optimizer=opt,
+                                batch_size=s.gain_batch, n_runs=s.n_runs, seed=seed)
+                gain, stderr = g.gain, g.stderr
+            timings[f"gain_{name}_k{k}_s"] = time.perf_counter() - t0
+            rec[f"gain_{name}_k{k}"] = _finite_gain(gain)
+            rec[f"gain_{name}_k{k}_stderr"] = stderr
+    if time_costs:  # the cost ratio needs G^(k) timings also for k not ranked in this run
+        name, opt, lr = s.gain_optimizers[0]
+        for k in s.cost_k:
+            if f"gain_{name}_k{k}_s" not in timings:
+                t0 = time.perf_counter()
+                k_step_gain(model, loss_fn, x_tr, y_tr, x_val, y_val, k=k, lr=lr, optimizer=opt,
+                            batch_size=s.gain_batch, n_runs=s.n_runs, seed=seed)
+                timings[f"gain_{name}_k{k}_s"] = time.perf_counter() - t0
+    for frac in s.ablation_fractions:
+        n = max(2, int(round(frac * len(x_val))))
+        r = _safe_or(model, loss_fn, x_val[:n], y_val[:n], batch_size=min(s.ablation_batch, n),
+                     n_batches=s.ablation_batches, estimator="sampled", seed=seed)
+        rec[f"or_val{frac:g}"] = r.readiness if r is not None else float("nan")
+        rec[f"or_val{frac:g}_n"] = n
+    rec["timings"] = timings
+    return rec

@@ -1,0 +1,156 @@
+"""The shared benchmark contract: the parser, the job cache key, the resumable executor, the
+results files and ``--report`` re-printing a saved run."""
+
+import json
+import os
+from dataclasses import dataclass
+
+import pytest
+
+from benchmarks import baselines
+from benchmarks.common import jobs
+from benchmarks.common.cli import (
+    DEFAULT_SEEDS,
+    QUICK_SEEDS,
+    benchmark_parser,
+    is_skipped,
+    parse_args,
+)
+from benchmarks.common.jobs import job_key, run_jobs
+from benchmarks.common.results import command_line, load_results, write_results
+
+
+def _parse(argv):
+    return parse_args(benchmark_parser("example", "example benchmark"), argv)
+
+
+def test_seeds_default_is_stated_once_and_quick_uses_one_unless_given():
+    assert (DEFAULT_SEEDS, QUICK_SEEDS) == (3, 1)
+    assert _parse([]).seeds == DEFAULT_SEEDS
+    assert _parse(["--quick"]).seeds == QUICK_SEEDS
+    assert _parse(["--quick", "--seeds", "3"]).seeds == 3  # explicit wins, even when equal to the default
+    assert _parse(["--seeds", "2"]).seeds == 2
+    help_text = benchmark_parser("example", "example benchmark").format_help()
+    assert "default 3; 1 with --quick" in help_text
+
+
+def test_shared_flags_and_their_defaults():
+    args = _parse([])
+    assert (args.quick, args.workers, args.threads, args.no_progress, args.report, args.data_root) == \
+        (False, 1, 1, False, None, None)
+    assert args.out == "out/example" and args.skip == frozenset()
+    args = _parse(["--quick", "--workers", "2", "--threads", "3", "--no-progress", "--skip", "a/b, c",
+                   "--report", "r.json", "--data-root", "d"])
+    assert (args.quick, args.workers, args.threads, args.no_progress, args.report, args.data_root) == \
+        (True, 2, 3, True, "r.json", "d")
+    assert args.skip == {"a/b", "c"}
+    for bad in (["--seeds", "0"], ["--workers", "0"], ["--threads", "-1"]):
+        with pytest.raises(SystemExit):
+            _parse(bad)
+
+
+def test_skip_names_a_path_or_a_prefix():
+    assert is_skipped({"permuted"}, "permuted", "cnn")
+    assert is_skipped({"permuted/cnn"}, "permuted", "cnn")
+    assert not is_skipped({"permuted/cnn"}, "permuted", "mlp")
+    assert not is_skipped({"cnn"}, "permuted", "cnn")
+
+
+def test_command_is_recorded_with_relative_paths():
+    argv = ["--out", os.path.join(os.getcwd(), "out", "x"), f"--data-root={os.getcwd()}/data", "--quick"]
+    assert command_line("python -m benchmarks.example", argv) == \
+        "python -m benchmarks.example --out out/x --data-root=data --quick"
+    assert _parse(argv).command == "python -m benchmarks.example --out out/x --data-root=data --quick"
+
+
+@dataclass(frozen=True)
+class Job:
+    method: str
+    seed: int
+    lr: float = 0.1
+
+
+def test_cache_key_changes_with_job_fields_and_code_version(monkeypatch):
+    base = job_key(Job("ewc", 0), "v1")
+    assert base == job_key(Job("ewc", 0), "v1")
+    assert base != job_key(Job("ewc", 1), "v1")
+    assert base != job_key(Job("ewc", 0, lr=0.2), "v1")
+    assert base != job_key(Job("naive", 0), "v1")
+    assert base != job_key(Job("ewc", 0), "v2")
+    monkeypatch.setattr(jobs, "code_version", lambda: "v1")
+    assert job_key(Job("ewc", 0)) == base  # the default version is the checkout's code version
+    monkeypatch.setattr(jobs, "code_version", lambda: "v2")
+    assert job_key(Job("ewc", 0)) != base
+
+
+def test_code_version_names_a_commit_or_the_package():
+    version = jobs.code_version()
+    assert version.startswith("git:") or version.startswith("avalanche_plugins ")
+
+
+def test_run_jobs_resumes_from_the_cache_and_reruns_on_new_code(tmp_path, monkeypatch):
+    calls = []
+
+    def fn(job):
+        calls.append(job)
+        return {"method": job.method, "seed": job.seed, "value": job.seed * 0.5}
+
+    cache = tmp_path / "jobs.jsonl"
+    batch = [Job("a", 1), Job("a", 0), Job("a", 1)]  # a job listed twice runs once
+    monkeypatch.setattr(jobs, "code_version", lambda: "v1")
+    rows = run_jobs(fn, batch, cache=cache, progress=False)
+    assert [r["seed"] for r in rows] == [1, 0, 1] and len(calls) == 2  # rows in job order
+    assert len(cache.read_text().splitlines()) == 2
+    assert run_jobs(fn, batch + [Job("b", 2)], cache=cache, progress=False)[:3] == rows
+    assert len(calls) == 3  # only the new job ran
+    with open(cache, "a") as f:
+        f.write('{"key": "half-written')  # a run killed while writing
+    assert run_jobs(fn, batch, cache=cache, progress=False) == rows and len(calls) == 3
+    run_jobs(fn, [Job("c", 3)], cache=cache, progress=False)
+    assert json.loads(cache.read_text().splitlines()[-1])["row"]["method"] == "c"  # on a line of its own
+    monkeypatch.setattr(jobs, "code_version", lambda: "v2")
+    run_jobs(fn, batch, cache=cache, progress=False)
+    assert len(calls) == 6  # new code: the cached rows are not reused
+
+
+def test_results_files_record_code_version_data_and_no_absolute_path(tmp_path):
+    args = _parse(["--quick", "--out", str(tmp_path)])
+    out = write_results(tmp_path, args, config={"args": vars(args)}, rows=[{"m": "a", "acc": 0.5}],
+                        summary=[], wall_seconds=1.0)
+    text = (out / "results.json").read_text()
+    saved = load_results(out)
+    assert saved["code_version"] == jobs.code_version()
+    assert saved["data"]["name"] == "scikit-learn digits"
+    assert os.getcwd() not in text
+
+    def strings(obj):
+        if isinstance(obj, dict):
+            return [s for v in obj.values() for s in strings(v)]
+        if isinstance(obj, list):
+            return [s for v in obj for s in strings(v)]
+        return [obj] if isinstance(obj, str) else []
+
+    assert not [s for s in strings(saved) if os.path.isabs(s)]
+    assert saved["config"]["args"]["out"] == os.path.relpath(tmp_path)
+    assert (out / "results.csv").read_text().splitlines() == ["m,acc", "a,0.5"]
+
+
+def test_report_reprints_a_saved_run_without_running_it(tmp_path, capsys, monkeypatch):
+    argv = ["--quick", "--strategies", "naive", "--skip", "digits/split/task", "--no-progress", "--out", str(tmp_path)]
+    result = baselines.main(argv)
+    printed = capsys.readouterr().out
+    assert result["report"] in printed and "| split digits" in result["report"]
+    assert (tmp_path / "report.md").read_text() == result["report"] + "\n"
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["command"].startswith("python -m benchmarks.baselines --quick")
+    assert [r["strategy"] for r in saved["runs"]] == ["naive"]
+
+    def fail(job):
+        raise AssertionError("--report must not run jobs")
+
+    monkeypatch.setattr(baselines, "run_job", fail)
+    again = baselines.main(["--report", str(tmp_path / "results.json")])
+    assert again["report"] == result["report"]
+    assert capsys.readouterr().out.strip() == result["report"]
+    with pytest.raises(FileNotFoundError, match="--report"):
+        baselines.main(["--report", str(tmp_path / "missing.json")])
