@@ -41,6 +41,7 @@ _EXPORTS = {
     "retrain_ticket": "avalanche_plugins.structural.plugins",
     "fix_checkpoint_pickling": "avalanche_plugins._avalanche.compat",
     "fix_synaptic_intelligence_on_cpu": "avalanche_plugins._avalanche.compat",
+    "quiet_evaluator": "avalanche_plugins._avalanche.evaluation",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -210,3 +210,49 @@ def test_batchnorm_after_the_activation_is_masked_after_the_norm(kind):
         hidden = model[:3](x)
         assert torch.all(hidden[:, units] == 0)
         assert hidden[:, [0, 2, 3, 5, 7]].abs().sum() > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs that used to crash after an experience of training
+
+
+@pytest.mark.parametrize("fisher", ["empirical", "expected"])
+def test_layer_adaptive_ewc_per_sample_fisher_on_a_multi_head_model(fisher):
+    from avalanche.training.supervised import Naive
+
+    from avalanche_plugins import LayerAdaptiveEWCPlugin
+    from tests.fixtures import build_model, digits_stream, evaluator
+
+    stream = digits_stream(5, task_incremental=True)
+    torch.manual_seed(0)
+    model = build_model("mlp", multihead=True)
+    plugin = LayerAdaptiveEWCPlugin(ewc_lambda=10.0, schedule="geometric", fisher=fisher, fisher_samples=32)
+    strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                     criterion=nn.CrossEntropyLoss(), train_mb_size=32, train_epochs=1,
+                     plugins=[plugin], evaluator=evaluator())
+    for experience in stream.benchmark.train_stream[:3]:
+        strategy.train(experience, num_workers=0)
+    assert len(plugin.profiles) == 3
+    assert float(plugin.penalty(model)) > 0
+
+
+def test_per_sample_fisher_with_mixed_task_labels_matches_each_task_alone():
+    from avalanche.models.dynamic_modules import avalanche_model_adaptation
+
+    from avalanche_plugins.layer_adaptive import empirical_fisher, expected_fisher
+    from tests.fixtures import build_model, digits_stream
+
+    torch.manual_seed(0)
+    model = build_model("mlp", multihead=True)
+    for experience in digits_stream(5, task_incremental=True).benchmark.train_stream[:2]:
+        avalanche_model_adaptation(model, experience)
+    x, y = torch.randn(12, 1, 8, 8), torch.randint(0, 2, (12,))
+    t = torch.tensor([0, 1] * 6)
+    both = empirical_fisher(model, nn.CrossEntropyLoss(), x, y, task_labels=t)
+    parts = [empirical_fisher(model, nn.CrossEntropyLoss(), x[t == k], y[t == k], task_labels=t[t == k])
+             for k in (0, 1)]
+    for name in both:
+        assert torch.allclose(both[name], (parts[0][name] + parts[1][name]) / 2, atol=1e-7)
+    expected = expected_fisher(model, x, task_labels=t)
+    assert all(torch.isfinite(v).all() for v in expected.values())
+

@@ -27,6 +27,7 @@ from avalanche_plugins.core.calls import (
     model_forward,
     sample_loss,
     stateless_forward,
+    task_groups,
 )
 from avalanche_plugins.core.checks import check_choice, check_finite_loss, check_inputs, check_int
 
@@ -100,18 +101,18 @@ def empirical_fisher(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: t
     check_int("chunk_size", chunk_size)
     params, buffers = _per_sample_setup(model)
 
-    loss_of_sample = sample_loss(model, loss_fn, buffers)
-
     total = {k: torch.zeros_like(v) for k, v in params.items()}
     n = inputs.shape[0]
     with eval_mode(model):
-        for s in iterate_batches(n, chunk_size):
-            t = None if task_labels is None else task_labels[s]
-            in_dims = (None, 0, 0, None if t is None else 0)
-            grads = vmap(grad(loss_of_sample), in_dims=in_dims)(params, inputs[s], targets[s], t)
-            for k, g in grads.items():
-                check_finite_loss(g.sum(), "(gradient) while estimating the Fisher")
-                total[k] += g.pow(2).sum(0)
+        # one int task label per vmapped call (multi-head models: Avalanche's single-task fast path)
+        for label, index in task_groups(model, n, task_labels):
+            xs, ys = (inputs, targets) if index is None else (inputs[index], targets[index])
+            per_sample = vmap(grad(sample_loss(model, loss_fn, buffers, label)), in_dims=(None, 0, 0))
+            for s in iterate_batches(xs.shape[0], chunk_size):
+                grads = per_sample(params, xs[s], ys[s])
+                for k, g in grads.items():
+                    check_finite_loss(g.sum(), "(gradient) while estimating the Fisher")
+                    total[k] += g.pow(2).sum(0)
     return {k: v / n for k, v in total.items()}
 
 
@@ -133,29 +134,29 @@ def expected_fisher(model: nn.Module, inputs: torch.Tensor, *, task_labels: torc
     check_int("chunk_size", chunk_size)
     params, buffers = _per_sample_setup(model)
 
-    def log_probs(p, x, t):
-        out = stateless_forward(model, {**buffers, **p}, x.unsqueeze(0), None if t is None else t.unsqueeze(0))
-        return torch.log_softmax(out, dim=-1)[0]
-
-    def class_log_prob(p, x, t, one_hot):
-        return (log_probs(p, x, t) * one_hot).sum()  # indexing by a vmapped class is not supported
-
     total = {k: torch.zeros_like(v) for k, v in params.items()}
     n = inputs.shape[0]
     with eval_mode(model):
-        with torch.no_grad():
-            n_classes = model_forward(model, inputs[:1], None if task_labels is None else task_labels[:1]).shape[-1]
-        classes = torch.eye(n_classes, dtype=inputs.dtype, device=inputs.device)
-        for s in iterate_batches(n, chunk_size):
-            x = inputs[s]
-            t = None if task_labels is None else task_labels[s]
-            t_dim = None if t is None else 0
-            probs = vmap(log_probs, in_dims=(None, 0, t_dim))(params, x, t).exp().detach()  # (B, C)
-            per_class = vmap(grad(class_log_prob), in_dims=(None, None, None, 0))
-            grads = vmap(per_class, in_dims=(None, 0, t_dim, None))(params, x, t, classes)  # (B, C, *shape)
-            for k, g in grads.items():
-                weights = probs.view(*probs.shape, *[1] * (g.dim() - 2))
-                total[k] += (weights * g.pow(2)).sum((0, 1))
+        for label, index in task_groups(model, n, task_labels):
+            xs = inputs if index is None else inputs[index]
+
+            def log_probs(p, x, label=label):
+                return torch.log_softmax(stateless_forward(model, {**buffers, **p}, x.unsqueeze(0), label), dim=-1)[0]
+
+            def class_log_prob(p, x, one_hot, log_probs=log_probs):
+                return (log_probs(p, x) * one_hot).sum()  # indexing by a vmapped class is not supported
+
+            with torch.no_grad():  # heads of different tasks may differ in width
+                n_classes = model_forward(model, xs[:1], label).shape[-1]
+            classes = torch.eye(n_classes, dtype=inputs.dtype, device=inputs.device)
+            per_class = vmap(grad(class_log_prob), in_dims=(None, None, 0))
+            for s in iterate_batches(xs.shape[0], chunk_size):
+                x = xs[s]
+                probs = vmap(log_probs, in_dims=(None, 0))(params, x).exp().detach()  # (B, C)
+                grads = vmap(per_class, in_dims=(None, 0, None))(params, x, classes)  # (B, C, *shape)
+                for k, g in grads.items():
+                    weights = probs.view(*probs.shape, *[1] * (g.dim() - 2))
+                    total[k] += (weights * g.pow(2)).sum((0, 1))
     return {k: v / n for k, v in total.items()}
 
 

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from avalanche_plugins import quiet_evaluator
 from benchmarks.common.data import make_stream
 from benchmarks.common.jobs import Timer, seed_everything
 from benchmarks.common.models import build_model
@@ -67,15 +68,6 @@ def quiet_deprecations():
         yield
     finally:
         warnings.showwarning = original
-
-
-def quiet_evaluator(*metrics, loggers=()):
-    """An ``EvaluationPlugin`` with ``metrics`` that does not warn about missing loggers."""
-    from avalanche.training.plugins import EvaluationPlugin
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="No loggers specified")
-        return EvaluationPlugin(*metrics, loggers=list(loggers), collect_all=False)
 
 
 def accuracy_evaluator(*extra_metrics, loggers=()):
