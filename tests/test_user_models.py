@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -256,3 +257,33 @@ def test_per_sample_fisher_with_mixed_task_labels_matches_each_task_alone():
     expected = expected_fisher(model, x, task_labels=t)
     assert all(torch.isfinite(v).all() for v in expected.values())
 
+
+
+def _two_width_heads(seed=0):
+    from avalanche.models import MultiTaskModule
+
+    class TwoWidthHeads(MultiTaskModule):
+        def __init__(self):
+            super().__init__()
+            self.trunk = nn.Linear(4, 8)
+            self.heads = nn.ModuleDict({"0": nn.Linear(8, 2), "1": nn.Linear(8, 3)})
+
+        def forward_single_task(self, x, task_label):
+            return self.heads[str(task_label)](torch.relu(self.trunk(x)))
+
+    torch.manual_seed(seed)
+    return TwoWidthHeads()
+
+
+def test_logit_shift_and_ads_with_task_heads_of_different_widths():
+    from avalanche_plugins.ads import architecture_driven_shift, logit_shift
+
+    before, after = _two_width_heads(0), _two_width_heads(1)
+    x, t = torch.randn(10, 4), torch.tensor([0, 1] * 5)
+    shift = logit_shift(before, after, x, task_labels=t)
+    per_task = [logit_shift(before, after, x[t == k], task_labels=t[t == k]) for k in (0, 1)]
+    assert shift == pytest.approx(sum(per_task) / 2)  # 5 samples each
+    new_x, new_y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    res = architecture_driven_shift(before, nn.CrossEntropyLoss(), x, new_x, new_y, lr=0.1, steps=2,
+                                    old_task_labels=t, new_task_labels=torch.ones(8, dtype=torch.long))
+    assert res.ads > 0 and math.isfinite(res.first_order_shift)

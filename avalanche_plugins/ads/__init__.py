@@ -9,7 +9,7 @@ and a small calibration set, how far old-task logits move when the model learns 
 Derivation: ``docs/ads.md``.
 """
 
-from avalanche_plugins.ads.ground_truth import logit_shift, model_outputs
+from avalanche_plugins.ads.ground_truth import logit_shift, model_outputs, output_shift
 from avalanche_plugins.ads.layer_terms import (
     UNASSIGNED,
     LayerGroup,
@@ -27,5 +27,5 @@ from avalanche_plugins.ads.shift import (
 )
 
 __all__ = ["ADS_OPTIMIZERS", "ADS_PATHS", "UNASSIGNED", "ADSResult", "LayerGroup", "architecture_driven_shift", "distance_path",
-           "layer_groups", "layer_logit_changes", "logit_shift", "model_outputs", "topology_only_shift",
+           "layer_groups", "layer_logit_changes", "logit_shift", "model_outputs", "output_shift", "topology_only_shift",
            "update_direction"]

@@ -101,6 +101,7 @@ def layer_logit_changes(model: nn.Module, old_inputs: torch.Tensor, direction: M
     would hold.
 
     Returns ``{group name: (N, *output_shape) tensor}``; their sum over groups is ``J(x_a) u``.
+    Multi-task inputs whose heads differ in width are zero-padded to the widest head.
     """
     check_inputs(old_inputs, name="old_inputs")
     params, consts = split_params(model)
@@ -122,13 +123,16 @@ def layer_logit_changes(model: nn.Module, old_inputs: torch.Tensor, direction: M
         if len(parts) == 1:
             out[name] = parts[0][2]
             continue
-        full = torch.empty((old_inputs.shape[0], *parts[0][2].shape[1:]), dtype=parts[0][2].dtype,
-                           device=old_inputs.device)
+        shapes = {tuple(values.shape[1:]) for _, _, values in parts}
+        if len(shapes) > 1 and any(len(shape) != 1 for shape in shapes):
+            raise ValueError(f"task heads give outputs of different shapes {sorted(shapes)}; only (N, C) "
+                             "logits of different widths can be combined")
+        width = max(shapes)
+        # task heads of different widths: zero-pad the narrower ones (no change in absent classes)
+        full = torch.zeros((old_inputs.shape[0], *width), dtype=parts[0][2].dtype, device=old_inputs.device)
         for idx, s, values in parts:
-            if idx is None:
-                full[s] = values
-            else:
-                full[idx[s]] = values
+            rows = s if idx is None else idx[s]
+            full[(rows, *[slice(0, n) for n in values.shape[1:]])] = values
         out[name] = full
     return out
 

@@ -50,9 +50,10 @@ from avalanche_plugins.ads import (
     ADS_PATHS,
     architecture_driven_shift,
     model_outputs,
+    output_shift,
 )
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
-from avalanche_plugins.core.stats import expected_calibration_error, mean_row_norm
+from avalanche_plugins.core.stats import expected_calibration_error
 
 __all__ = ["ArchitectureDrivenShiftMetric"]
 
@@ -185,6 +186,9 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
         """ECE for classifiers (2-D logits, integer targets); None otherwise."""
         if logits.dim() != 2 or targets.dtype.is_floating_point:
             return None
+        # NaN columns pad narrower task heads (model_outputs): classes the sample's head lacks, so
+        # they get probability 0
+        logits = logits.nan_to_num(nan=torch.finfo(logits.dtype).min)
         return expected_calibration_error(logits, targets, self.n_bins)
 
     def after_training_exp(self, strategy) -> list[MetricValue] | None:
@@ -195,7 +199,7 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
                 record, before = self._pending["record"], self._pending["logits"]
                 cal = self.calibration
                 after = model_outputs(strategy.model, cal["old_inputs"], cal["old_task_labels"], 1024)
-                record["realised_shift"] = mean_row_norm(after - before)
+                record["realised_shift"] = output_shift(before, after)
                 record["ece_after"] = self._ece(after, cal["old_targets"])
                 record["seconds"]["after"] = time.perf_counter() - start
                 self.history.append(record)

@@ -358,7 +358,7 @@ def discover_layers(model: nn.Module, example_input) -> LayerMap:
 
 def example_input(model: nn.Module, inputs: torch.Tensor, task_labels=None, n: int = 2):
     """The example batch :func:`discover_layers` traces: the first ``n`` samples, paired with their
-    task labels for Avalanche multi-task models (so the right head runs).
+    task labels for Avalanche multi-task models (up to ``n`` samples of the first sample's task).
 
     Example:
         >>> example_input(nn.Linear(3, 2), torch.zeros(5, 3)).shape
@@ -366,4 +366,8 @@ def example_input(model: nn.Module, inputs: torch.Tensor, task_labels=None, n: i
     """
     if task_labels is None or not is_multitask(model):
         return inputs[:n]
-    return inputs[:n], torch.as_tensor(task_labels).reshape(-1)[:n].to(inputs.device)
+    # samples of the first sample's task only: one int label, Avalanche's single-task path (its
+    # mixed-task path needs ``max_class_label`` set, which user modules often lack)
+    labels = torch.as_tensor(task_labels).reshape(-1).to(inputs.device)
+    index = (labels == labels[0]).nonzero().reshape(-1)[:n]
+    return inputs[index], int(labels[0])
