@@ -287,3 +287,15 @@ def test_logit_shift_and_ads_with_task_heads_of_different_widths():
     res = architecture_driven_shift(before, nn.CrossEntropyLoss(), x, new_x, new_y, lr=0.1, steps=2,
                                     old_task_labels=t, new_task_labels=torch.ones(8, dtype=torch.long))
     assert res.ads > 0 and math.isfinite(res.first_order_shift)
+
+
+def test_layer_spectrum_with_mse_loss_matches_the_dense_blocks():
+    from tests.helpers import dense_block_eigenvalues
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
+    x, y = torch.randn(24, 4), torch.randn(24, 2)
+    spec = layer_top_eigenvalues(net, nn.MSELoss(), x, y, tol=1e-8, max_iter=3000)
+    dense = dense_block_eigenvalues(net, nn.MSELoss(), x, y)
+    for top, eigenvalues in zip(spec.top, dense):
+        assert float(top) == pytest.approx(float(eigenvalues.max()), rel=1e-4)

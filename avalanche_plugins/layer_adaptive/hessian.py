@@ -8,8 +8,8 @@ regularisation strength.
 
 Method (PyHessian-style power iteration, all layers at once): one random unit tangent per layer,
 each non-zero only inside its block, stacked and pushed through one ``torch.vmap``-ed
-forward-over-reverse Hessian-vector product (``torch.func.jvp`` of ``torch.func.grad``) per
-iteration and minibatch, so all layers share each pass over the data. Keeping only each tangent's
+reverse-over-reverse Hessian-vector product (``torch.func.vjp`` of ``torch.func.grad``; the
+Hessian is symmetric) per iteration and minibatch, so all layers share each pass over the data. Keeping only each tangent's
 own block of ``Hv`` gives ``H_ℓℓ v_ℓ`` exactly. Iteration stops per layer when the Rayleigh quotient
 ``ρ = vᵀHv`` changes by less than ``tol`` (relative) *and* the eigen-residual
 ``‖H_ℓℓ v − ρ v‖ / |ρ|`` is at most ``√tol``; a steady ρ alone is not convergence (with eigenvalues
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
-from torch.func import grad, jvp, vmap
+from torch.func import grad, vjp, vmap
 
 from avalanche_plugins.core.calls import batch_loss, eval_mode, iterate_batches
 from avalanche_plugins.core.checks import check_finite_loss, check_inputs, check_int, check_positive
@@ -198,10 +198,10 @@ def _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map, ma
         """(H_ℓℓ - shift_ℓ I) v_ℓ for each stacked tangent."""
         total = {k: torch.zeros_like(v) for k, v in tangents.items()}
         for x, y, t, weight in batches:
-            def hvp(tangent, x=x, y=y, t=t):
-                return jvp(lambda p: grad(loss_of)(p, x, y, t), (primal,), (tangent,))[1]
-
-            out = vmap(hvp)(tangents)
+            # reverse-over-reverse: H is symmetric, so the VJP of the gradient is Hv. (Forward-over-
+            # reverse fails inside MSELoss's backward with "ZeroTensors are immutable".)
+            _, hvp = vjp(lambda p, x=x, y=y, t=t: grad(loss_of)(p, x, y, t), primal)
+            out = vmap(lambda tangent, hvp=hvp: hvp(tangent)[0])(tangents)
             for k in total:
                 total[k] += weight * out[k]
         mask = block_mask(layer_ids)
