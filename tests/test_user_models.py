@@ -299,3 +299,32 @@ def test_layer_spectrum_with_mse_loss_matches_the_dense_blocks():
     dense = dense_block_eigenvalues(net, nn.MSELoss(), x, y)
     for top, eigenvalues in zip(spec.top, dense):
         assert float(top) == pytest.approx(float(eigenvalues.max()), rel=1e-4)
+
+
+def test_layer_adaptive_ewc_with_a_frozen_layer():
+    from avalanche.training.supervised import Naive
+
+    from avalanche_plugins import LayerAdaptiveEWCPlugin
+    from tests.fixtures import build_model, digits_stream, evaluator
+
+    torch.manual_seed(0)
+    model = build_model("mlp")
+    frozen_name, frozen = next(iter(model.named_parameters()))
+    frozen.requires_grad_(False)
+    before = frozen.detach().clone()
+    plugin = LayerAdaptiveEWCPlugin(ewc_lambda=10.0, schedule="geometric", fisher="batched")
+    strategy = Naive(model=model, optimizer=torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05),
+                     criterion=nn.CrossEntropyLoss(), train_mb_size=32, train_epochs=1, plugins=[plugin],
+                     evaluator=evaluator())
+    for experience in digits_stream(5).benchmark.train_stream[:2]:
+        strategy.train(experience, num_workers=0)
+    assert torch.equal(frozen, before)
+    assert float(plugin.penalty(model)) > 0
+
+
+def test_batched_fisher_names_an_empty_minibatch():
+    from avalanche_plugins.layer_adaptive import batched_fisher
+
+    net = _mlp()
+    with pytest.raises(ValueError, match="empty minibatch"):
+        batched_fisher(net, nn.CrossEntropyLoss(), [(torch.zeros(0, 4), torch.zeros(0, dtype=torch.long))])

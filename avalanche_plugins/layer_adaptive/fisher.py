@@ -48,7 +48,8 @@ def batched_fisher(model: nn.Module, loss_fn, batches) -> dict[str, torch.Tensor
             element is used as task labels for multi-task models, as in Avalanche.
 
     Returns:
-        ``{name: tensor}`` for every parameter (zeros for parameters that get no gradient).
+        ``{name: tensor}`` for every parameter (zeros for frozen parameters and for those that get
+        no gradient).
 
     Example:
         >>> net = nn.Linear(2, 2)
@@ -57,13 +58,19 @@ def batched_fisher(model: nn.Module, loss_fn, batches) -> dict[str, torch.Tensor
         >>> sorted(imp), imp["weight"].shape
         (['bias', 'weight'], torch.Size([2, 2]))
     """
-    names = [n for n, p in model.named_parameters()]
-    params = [p for _, p in model.named_parameters()]
-    importances = {n: torch.zeros_like(p) for n, p in zip(names, params)}
+    importances = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    # frozen parameters (requires_grad=False) get no gradient: zero importance, as in EWCPlugin
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in model.named_parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(f"model {type(model).__name__} has no trainable parameters (requires_grad=True)")
     count = 0
     with eval_mode(model):
         for batch in batches:
             x, y = batch[0], batch[1]
+            if x.shape[0] == 0:
+                raise ValueError(f"batches holds an empty minibatch (batch {count}): every minibatch "
+                                 "needs at least one sample")
             loss = loss_fn(model_forward(model, x, batch[-1] if len(batch) > 2 else None), y)
             check_finite_loss(loss, "while estimating the Fisher")
             grads = torch.autograd.grad(loss, params, allow_unused=True)
