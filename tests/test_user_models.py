@@ -328,3 +328,44 @@ def test_batched_fisher_names_an_empty_minibatch():
     net = _mlp()
     with pytest.raises(ValueError, match="empty minibatch"):
         batched_fisher(net, nn.CrossEntropyLoss(), [(torch.zeros(0, 4), torch.zeros(0, dtype=torch.long))])
+
+
+@pytest.mark.parametrize("schedule, spectrum", [("smoothed", [2.0, 0.0, -1.0]), ("measured", [0.0, -1.0, -2.0])])
+def test_curvature_schedules_fall_back_to_uniform_without_enough_positive_curvature(schedule, spectrum):
+    from avalanche_plugins.layer_adaptive import layer_weights
+
+    with pytest.warns(RuntimeWarning, match="uniform weights"):
+        weights = layer_weights(schedule, 3, spectrum=spectrum)
+    assert weights.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_transport_metric_on_a_stream_without_task_labels():
+    from avalanche.benchmarks.scenarios.dataset_scenario import benchmark_from_datasets
+    from avalanche.benchmarks.utils import AvalancheDataset
+    from avalanche.training.supervised import Naive
+    from torch.utils.data import TensorDataset
+
+    from avalanche_plugins import TransportKeyMetric
+    from tests.fixtures import evaluator
+
+    torch.manual_seed(0)
+
+    def dataset(n, flip):
+        x = torch.randn(n, 4)
+        y = ((x[:, 0] > 0) ^ flip).long()
+        data = TensorDataset(x, y)
+        data.targets = y
+        return AvalancheDataset([data])
+
+    benchmark = benchmark_from_datasets(train=[dataset(64, False), dataset(64, True)],
+                                        test=[dataset(32, False), dataset(32, True)])
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    metric = TransportKeyMetric(stages=["1"], n_anchors=10, controls=False)
+    strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                     criterion=nn.CrossEntropyLoss(), train_mb_size=16, train_epochs=3, evaluator=evaluator(metric))
+    for experience in benchmark.train_stream:
+        strategy.train(experience, num_workers=0)
+        strategy.eval(benchmark.test_stream, num_workers=0)
+    record = metric.history[-1]
+    assert (record["experience"], record["after"]) == (0, 1)
+    assert set(record["acc"]) == {f"stage=1/family={f}" for f in ("identity", "channel", "cross_channel")}

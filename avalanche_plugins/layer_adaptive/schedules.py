@@ -9,6 +9,10 @@
 * ``smoothed``: the least-squares geometric fit of the measured profile
   (:func:`avalanche_plugins.layer_adaptive.hessian.geometric_fit`), same normalisation. The paper found the literal
   ``measured`` schedule noisy and the one-parameter fit robust.
+
+Fallback: when ``measured`` has no positive ``s_ℓ``, or ``smoothed`` fewer than two (dead ReLU
+layers, a model far from a minimum), the weights are uniform for that experience, with a
+``RuntimeWarning``; the run goes on.
 """
 
 from __future__ import annotations
@@ -57,9 +61,14 @@ def layer_weights(schedule: str, n_layers: int, *, alpha: float | None = None, s
         raise ValueError(f"spectrum must have {n_layers} values, got shape {s.shape}")
     if not np.isfinite(s).all():
         raise ValueError(f"spectrum has non-finite values: {s.tolist()}")
+    n_positive = int((s > 0).sum())
+    if n_positive < (1 if schedule == "measured" else 2):
+        # e.g. dead ReLU layers: nothing to scale or fit; fall back to uniform rather than end the run
+        warnings.warn(f"the {schedule} schedule needs {'a positive' if schedule == 'measured' else 'two positive'} "
+                      f"layer curvature value(s), got {s.tolist()}: using uniform weights for this experience",
+                      RuntimeWarning, stacklevel=2)
+        return np.ones(n_layers)
     if schedule == "measured":
-        if s.max() <= 0:
-            raise ValueError(f"spectrum has no positive value: {s.tolist()}")
         floor = 1e-6 * s.max()
         if (s < floor).any():
             warnings.warn(f"clipping non-positive layer curvature {s.tolist()} to {floor:.3g}", RuntimeWarning,

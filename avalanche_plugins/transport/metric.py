@@ -137,7 +137,10 @@ class TransportKeyMetric(RecordingMetric[dict]):
         data = data.eval() if hasattr(data, "eval") else data
         with self.measuring(strategy):  # loading anchors must not move the training RNG stream
             x, y = class_balanced_anchors(data, self.n_anchors, seed=self.seed + exp_id)
-        task = int(strategy.experience.task_label) if hasattr(strategy.experience, "task_label") else 0
+        try:
+            task = int(strategy.experience.task_label)
+        except (AttributeError, AssertionError, ValueError):  # no (or several) task labels: task 0
+            task = 0
         snapshot = copy.deepcopy(strategy.model).eval()
         for p in snapshot.parameters():
             p.requires_grad_(False)
@@ -187,7 +190,9 @@ class TransportKeyMetric(RecordingMetric[dict]):
         active = self._active
         if active is None:
             return None
-        x, y, t = strategy.mb_x, strategy.mb_y, strategy.mb_task_id
+        x, y = strategy.mb_x, strategy.mb_y
+        # streams built from plain (x, y) datasets carry no task labels: every sample is task 0
+        t = strategy.mbatch[2] if len(strategy.mbatch) >= 3 else torch.zeros_like(y)
         snapshot = self.snapshots[active["experience"]]["model"]
         active["n"] += int(y.shape[0])
         active["correct_updated"] += int((strategy.mb_output.argmax(-1) == y).sum())
