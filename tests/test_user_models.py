@@ -369,3 +369,36 @@ def test_transport_metric_on_a_stream_without_task_labels():
     record = metric.history[-1]
     assert (record["experience"], record["after"]) == (0, 1)
     assert set(record["acc"]) == {f"stage=1/family={f}" for f in ("identity", "channel", "cross_channel")}
+
+
+class _Recurrent(nn.Module):
+    def __init__(self, cell):
+        super().__init__()
+        self.rnn = cell(3, 5, batch_first=True)
+        self.fc = nn.Linear(5, 2)
+
+    def forward(self, x):
+        return self.fc(self.rnn(x)[0][:, -1])
+
+
+@pytest.mark.parametrize("cell", [nn.LSTM, nn.GRU])
+def test_recurrent_layers_are_refused_up_front_where_torch_func_cannot_run_them(cell):
+    from avalanche_plugins.ads import architecture_driven_shift
+    from avalanche_plugins.layer_adaptive import batched_fisher, empirical_fisher, expected_fisher
+    from avalanche_plugins.readiness import entk_energy_rank, k_step_gain, optimization_readiness
+
+    torch.manual_seed(0)
+    model, ce = _Recurrent(cell), nn.CrossEntropyLoss()
+    x, y = torch.randn(8, 4, 3), torch.randint(0, 2, (8,))
+    refusals = [lambda: empirical_fisher(model, ce, x, y), lambda: expected_fisher(model, x),
+                lambda: optimization_readiness(model, ce, x, y, batch_size=2, n_batches=4),
+                lambda: k_step_gain(model, ce, x, y, x, y, k=1, lr=0.1, batch_size=2, n_runs=2),
+                lambda: architecture_driven_shift(model, ce, x, x, y, lr=0.1, steps=1),
+                lambda: entk_energy_rank(model, x)]
+    for call in refusals:
+        with pytest.raises(TypeError, match=f"'rnn' is a {cell.__name__}"):
+            call()
+    # the per-layer spectrum (reverse-mode HVPs) and Avalanche's batched Fisher do run them
+    spectrum = layer_top_eigenvalues(model, ce, x, y, max_iter=20)
+    assert len(spectrum.top) == 2 and all(math.isfinite(v) for v in spectrum.top)
+    assert all(torch.isfinite(v).all() for v in batched_fisher(model, ce, [(x, y)]).values())

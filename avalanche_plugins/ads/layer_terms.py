@@ -19,7 +19,7 @@ from avalanche_plugins.core.calls import (
     stateless_forward,
     task_groups,
 )
-from avalanche_plugins.core.checks import check_inputs
+from avalanche_plugins.core.checks import check_inputs, check_no_recurrent
 from avalanche_plugins.core.layers import LayerMap
 
 __all__ = ["UNASSIGNED", "LayerGroup", "layer_groups", "layer_logit_changes"]
@@ -103,6 +103,7 @@ def layer_logit_changes(model: nn.Module, old_inputs: torch.Tensor, direction: M
     Returns ``{group name: (N, *output_shape) tensor}``; their sum over groups is ``J(x_a) u``.
     Multi-task inputs whose heads differ in width are zero-padded to the widest head.
     """
+    check_no_recurrent(model, "layer_logit_changes")
     check_inputs(old_inputs, name="old_inputs")
     params, consts = split_params(model)
     tasks = task_groups(model, old_inputs.shape[0], task_labels)

@@ -52,7 +52,12 @@ from avalanche_plugins.ads import (
     model_outputs,
     output_shift,
 )
-from avalanche_plugins.core.checks import check_choice, check_int, check_positive
+from avalanche_plugins.core.checks import (
+    check_choice,
+    check_int,
+    check_no_recurrent,
+    check_positive,
+)
 from avalanche_plugins.core.stats import expected_calibration_error
 
 __all__ = ["ArchitectureDrivenShiftMetric"]
@@ -143,6 +148,9 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
             idx = torch.randperm(x.shape[0], generator=g)[: self.calibration_size].sort().values.to(x.device)
             x, y, t = x[idx], y[idx], t[idx]
         return x, y, t
+
+    def before_training(self, strategy) -> None:
+        check_no_recurrent(strategy.model, "ArchitectureDrivenShiftMetric")  # before any training
 
     def before_training_exp(self, strategy) -> list[MetricValue] | None:
         self._pending = None

@@ -54,7 +54,13 @@ from avalanche_plugins.core.calls import (
     stateless_forward,
     task_groups,
 )
-from avalanche_plugins.core.checks import check_choice, check_inputs, check_int, check_positive
+from avalanche_plugins.core.checks import (
+    check_choice,
+    check_inputs,
+    check_int,
+    check_no_recurrent,
+    check_positive,
+)
 from avalanche_plugins.core.layers import discover_layers, example_input
 from avalanche_plugins.core.optim import AdamState, functional_step
 from avalanche_plugins.core.stats import mean_row_norm
@@ -296,6 +302,7 @@ def architecture_driven_shift(model: nn.Module, loss_fn, old_inputs: torch.Tenso
         >>> abs(res.ads - sum(n * d for n, d in zip(res.architecture_terms, res.data_terms))) < 1e-9
         True
     """
+    check_no_recurrent(model, "architecture_driven_shift")
     start = time.perf_counter()
     check_inputs(old_inputs, name="old_inputs")
     check_inputs(new_inputs, new_targets, name="new_inputs")

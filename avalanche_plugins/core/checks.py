@@ -69,3 +69,15 @@ def check_finite_loss(loss: torch.Tensor, where: str) -> None:
     if not torch.isfinite(loss).all():
         raise ValueError(f"loss is {loss.item() if loss.numel() == 1 else loss} {where}; "
                          "the model or data produce non-finite values")
+
+
+def check_no_recurrent(model: torch.nn.Module, where: str) -> None:
+    """``TypeError`` naming the first recurrent layer (``nn.RNN``/``LSTM``/``GRU``) of ``model``:
+    ``where`` vmaps per-sample gradients or uses forward-mode AD, which torch's recurrent kernels
+    do not support (GRU under ``vmap``, LSTM under ``jvp``), so it refuses up front instead of
+    failing inside torch."""
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.RNNBase):
+            raise TypeError(f"{where} does not support recurrent layers: {name or 'the model'!r} is a "
+                            f"{type(module).__name__} (torch.func's vmap / forward-mode AD cannot run "
+                            "it); layer_top_eigenvalues and batched_fisher do support it")

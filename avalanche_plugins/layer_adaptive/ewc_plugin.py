@@ -33,7 +33,12 @@ from avalanche_plugins._avalanche.data import (
     experience_layer_map,
     experience_tensors,
 )
-from avalanche_plugins.core.checks import check_choice, check_int, check_positive
+from avalanche_plugins.core.checks import (
+    check_choice,
+    check_int,
+    check_no_recurrent,
+    check_positive,
+)
 from avalanche_plugins.layer_adaptive.fisher import (
     FISHER_KINDS,
     batched_fisher,
@@ -150,6 +155,10 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         return (curvature * (theta - anchor).pow(2)).sum() + self._const
 
     # ------------------------------------------------------------------ callbacks
+    def before_training(self, strategy, **kwargs):
+        if self.fisher in ("empirical", "expected"):  # per-sample gradients: refuse before training
+            check_no_recurrent(strategy.model, f"LayerAdaptiveEWCPlugin(fisher={self.fisher!r})")
+
     def before_backward(self, strategy, **kwargs):
         if self._curvature and self.ewc_lambda > 0:
             strategy.loss += self.penalty(strategy.model)

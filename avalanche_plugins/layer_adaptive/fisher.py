@@ -29,7 +29,13 @@ from avalanche_plugins.core.calls import (
     stateless_forward,
     task_groups,
 )
-from avalanche_plugins.core.checks import check_choice, check_finite_loss, check_inputs, check_int
+from avalanche_plugins.core.checks import (
+    check_choice,
+    check_finite_loss,
+    check_inputs,
+    check_int,
+    check_no_recurrent,
+)
 
 __all__ = ["FISHER_KINDS", "batched_fisher", "empirical_fisher", "expected_fisher", "fisher_diagonal"]
 
@@ -104,6 +110,7 @@ def empirical_fisher(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: t
         >>> bool((imp["weight"] >= 0).all())
         True
     """
+    check_no_recurrent(model, "empirical_fisher")
     check_inputs(inputs, targets)
     check_int("chunk_size", chunk_size)
     params, buffers = _per_sample_setup(model)
@@ -137,6 +144,7 @@ def expected_fisher(model: nn.Module, inputs: torch.Tensor, *, task_labels: torc
         >>> imp["bias"].shape
         torch.Size([2])
     """
+    check_no_recurrent(model, "expected_fisher")
     check_inputs(inputs)
     check_int("chunk_size", chunk_size)
     params, buffers = _per_sample_setup(model)

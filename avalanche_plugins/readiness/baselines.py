@@ -23,6 +23,7 @@ from avalanche_plugins.core.checks import (
     check_finite_loss,
     check_inputs,
     check_int,
+    check_no_recurrent,
     check_positive,
 )
 from avalanche_plugins.core.layers import discover_layers, example_input
@@ -308,6 +309,7 @@ def entk_energy_rank(model: nn.Module, inputs: torch.Tensor, energy: float = 0.9
         >>> entk_energy_rank(net, torch.randn(10, 3), energy=1.0)  # 2 outputs × (3 inputs + bias)
         8
     """
+    check_no_recurrent(model, "entk_energy_rank")
     check_inputs(inputs)
     _check_energy(energy)
     check_int("chunk_size", chunk_size)
@@ -344,6 +346,7 @@ def hessian_energy_rank(model: nn.Module, loss_fn, inputs: torch.Tensor, targets
         >>> hessian_energy_rank(net, nn.MSELoss(), x, y, energy=1.0)  # (2/N) X̃ᵀX̃ has rank 4
         4
     """
+    check_no_recurrent(model, "hessian_energy_rank")
     check_inputs(inputs, targets)
     _check_energy(energy)
     check_int("max_params", max_params)

@@ -22,6 +22,7 @@ from avalanche_plugins.core.checks import (
     check_finite_loss,
     check_inputs,
     check_int,
+    check_no_recurrent,
     check_positive,
 )
 from avalanche_plugins.core.optim import OPTIMIZERS, AdamState, functional_step
@@ -111,6 +112,7 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
         >>> res.gain > 0, res.indices.shape
         (True, torch.Size([16, 5, 4]))
     """
+    check_no_recurrent(model, "k_step_gain")
     check_inputs(train_inputs, train_targets, name="train_inputs")
     check_inputs(val_inputs, val_targets, name="val_inputs")
     check_int("k", k)

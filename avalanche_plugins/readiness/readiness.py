@@ -23,6 +23,7 @@ from avalanche_plugins.core.checks import (
     check_finite_loss,
     check_inputs,
     check_int,
+    check_no_recurrent,
 )
 from avalanche_plugins.readiness._common import (
     _draw_batches,
@@ -186,6 +187,7 @@ def optimization_readiness(model: nn.Module, loss_fn, inputs: torch.Tensor, targ
         >>> 0 < res.reliability <= 1, abs(res.readiness - res.strength * res.reliability) < 1e-12
         (True, True)
     """
+    check_no_recurrent(model, "optimization_readiness")
     check_inputs(inputs, targets)
     check_choice("estimator", estimator, ESTIMATORS)
     n = inputs.shape[0]
