@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 
@@ -402,3 +403,43 @@ def test_recurrent_layers_are_refused_up_front_where_torch_func_cannot_run_them(
     spectrum = layer_top_eigenvalues(model, ce, x, y, max_iter=20)
     assert len(spectrum.top) == 2 and all(math.isfinite(v) for v in spectrum.top)
     assert all(torch.isfinite(v).all() for v in batched_fisher(model, ce, [(x, y)]).values())
+
+
+@pytest.mark.parametrize("name, base, bad", [
+    ("LayerAdaptiveEWCPlugin", {"ewc_lambda": 1.0}, {"spectrum_chunk_size": 0}),
+    ("LayerAdaptiveEWCPlugin", {"ewc_lambda": 1.0}, {"spectrum_max_iter": 0}),
+    ("LayerAdaptiveEWCPlugin", {"ewc_lambda": 1.0}, {"spectrum_tol": -1.0}),
+    ("LayerAdaptiveEWCPlugin", {"ewc_lambda": 1.0}, {"seed": -1}),
+    ("LayerAdaptiveEWCPlugin", {"ewc_lambda": 1.0}, {"seed": "0"}),
+    ("LayerAdaptiveLRPlugin", {}, {"seed": -1}),
+    ("LayerSensitivityMetric", {}, {"chunk_size": 0}),
+    ("LayerSensitivityMetric", {}, {"seed": "0"}),
+    ("OptimizationReadinessMetric", {}, {"batch_size": 0}),
+    ("ArchitectureDrivenShiftMetric", {}, {"seed": -1}),
+    ("TransportKeyMetric", {"stages": ["0"]}, {"experiences": [-1]}),
+    ("GrowPlugin", {"target_compactness": 0.5, "seed_compactness": 0.2}, {"threshold": math.inf}),
+    ("PrunePlugin", {"target_compactness": 0.5}, {"threshold": math.inf}),
+])
+def test_bad_constructor_values_fail_at_construction_naming_the_argument(name, base, bad):
+    import avalanche_plugins
+
+    argument = next(iter(bad))
+    with pytest.raises((ValueError, TypeError), match=argument):
+        getattr(avalanche_plugins, name)(**base, **bad)
+
+
+def test_unknown_transport_stages_fail_before_any_training():
+    from avalanche.training.supervised import Naive
+
+    from avalanche_plugins import TransportKeyMetric
+    from tests.fixtures import digits_stream, evaluator
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+    before = copy.deepcopy(model.state_dict())
+    strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                     criterion=nn.CrossEntropyLoss(), train_mb_size=32,
+                     evaluator=evaluator(TransportKeyMetric(stages=["features.0"])))
+    with pytest.raises(ValueError, match=r"stages \['features.0'\] name no submodule"):
+        strategy.train(digits_stream(5).benchmark.train_stream[0], num_workers=0)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

@@ -118,6 +118,9 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         check_positive("spectrum_tol", spectrum_tol)
         if fisher_samples is not None:
             check_int("fisher_samples", fisher_samples)
+        if spectrum_chunk_size is not None:
+            check_int("spectrum_chunk_size", spectrum_chunk_size)
+        check_int("seed", seed, minimum=0)
         self.ewc_lambda = float(ewc_lambda)
         self.schedule = schedule
         self.alpha = alpha

@@ -50,6 +50,7 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
         if base_lr is not None:
             check_positive("base_lr", base_lr)
         check_int("spectrum_samples", spectrum_samples)
+        check_int("seed", seed, minimum=0)
         self.schedule, self.alpha, self.base_lr = schedule, alpha, base_lr
         self.spectrum_samples, self.spectrum_max_iter, self.spectrum_tol = spectrum_samples, spectrum_max_iter, spectrum_tol
         self.seed = seed

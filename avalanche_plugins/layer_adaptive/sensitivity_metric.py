@@ -47,6 +47,9 @@ class LayerSensitivityMetric(RecordingMetric[dict]):
         check_int("n_samples", n_samples)
         check_int("max_iter", max_iter)
         check_positive("tol", tol)
+        if chunk_size is not None:
+            check_int("chunk_size", chunk_size)
+        check_int("seed", seed, minimum=0)
         self.n_samples, self.chunk_size, self.max_iter, self.tol, self.seed = n_samples, chunk_size, max_iter, tol, seed
 
     def result_of(self, record: LayerProfile) -> dict:

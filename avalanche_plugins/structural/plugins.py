@@ -41,6 +41,7 @@ tensors, so Avalanche checkpoints (dill) restore the run exactly; call
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -121,8 +122,8 @@ class _EditingPlugin(_MaskedTraining):
         check_compactness("target_compactness", target_compactness)
         check_int("epochs_per_cycle", epochs_per_cycle)
         check_choice("score", score, scores)
-        if not isinstance(threshold, (int, float)) or threshold != threshold:
-            raise ValueError(f"threshold must be a number, got {threshold!r}")
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+            raise ValueError(f"threshold must be a finite number, got {threshold!r}")
         check_choice("cycle_scope", cycle_scope, CYCLE_SCOPES)
         check_int("score_samples", score_samples)
         check_int("seed", seed, minimum=0)

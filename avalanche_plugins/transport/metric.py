@@ -100,7 +100,9 @@ class TransportKeyMetric(RecordingMetric[dict]):
         if not isinstance(controls, bool):
             raise ValueError(f"controls must be a bool, got {controls!r}")
         if experiences is not None:
-            experiences = [int(e) for e in experiences]
+            experiences = list(experiences)
+            for e in experiences:
+                check_int("experiences", e, minimum=0)
         check_positive("ridge", ridge, allow_zero=True)
         check_int("seed", seed, minimum=0)
         check_int("gauss_newton_iterations", gauss_newton_iterations, minimum=0)
@@ -127,6 +129,15 @@ class TransportKeyMetric(RecordingMetric[dict]):
         return "TransportKey"
 
     # --- training side -------------------------------------------------------------------------
+
+    def before_training(self, strategy):
+        modules = dict(strategy.model.named_modules())
+        unknown = [stage for stage in self.stages if stage not in modules]
+        if unknown:  # before any training, not at the first evaluation
+            names = [name for name in modules if name]
+            raise ValueError(f"stages {unknown} name no submodule of {type(strategy.model).__name__}; "
+                             f"submodules are {names[:25]}{' ...' if len(names) > 25 else ''}")
+        return None
 
     def after_training_exp(self, strategy):
         exp_id = int(strategy.experience.current_experience)
