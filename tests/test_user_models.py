@@ -443,3 +443,22 @@ def test_unknown_transport_stages_fail_before_any_training():
     with pytest.raises(ValueError, match=r"stages \['features.0'\] name no submodule"):
         strategy.train(digits_stream(5).benchmark.train_stream[0], num_workers=0)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_layer_adaptive_lr_never_exceeds_the_base_rate_and_a_diverging_run_says_why():
+    from avalanche.training.supervised import Naive
+
+    from avalanche_plugins import LayerAdaptiveLRPlugin
+    from tests.fixtures import digits_stream, evaluator
+
+    plugin = LayerAdaptiveLRPlugin(schedule="geometric", alpha=0.5, base_lr=0.01)
+    rates = plugin.layer_rates(21)  # a ResNet-18's depth
+    assert rates.max() == pytest.approx(0.01) and rates.min() == pytest.approx(0.01 * 2.0 ** -20)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    diverging = LayerAdaptiveLRPlugin(schedule="geometric", alpha=2.0, base_lr=1e30)
+    strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                     criterion=nn.CrossEntropyLoss(), train_mb_size=32, plugins=[diverging], evaluator=evaluator())
+    with pytest.raises(FloatingPointError, match="lower base_lr"):
+        strategy.train(digits_stream(5).benchmark.train_stream[0], num_workers=0)

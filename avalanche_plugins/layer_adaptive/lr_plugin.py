@@ -3,7 +3,8 @@
 The "depth-weighted SLCA" idea of "Layers Matter" (Moser et al., 2026): instead of SLCA's two
 groups (backbone at lr × 0.01, head at lr), every layer ℓ gets its own rate
 
-* ``geometric``: ``lr_ℓ = base_lr · α^{-(ℓ-1)}`` (α < 1: deeper layers learn faster, as in SLCA);
+* ``geometric``: ``lr_ℓ = base_lr · α^{-(ℓ-1)} / max_k α^{-(k-1)}`` (α < 1: deeper layers learn
+  faster, as in SLCA, and the last layer gets ``base_lr``; α > 1: the first layer gets it);
 * ``smoothed``: ``lr_ℓ = base_lr · v_ℓ / max v`` with ``v_ℓ = 1 / ŝ_ℓ`` the inverse of the geometric
   fit of the per-layer curvature measured at the end of the previous experience (sensitive layers
   move less; the least sensitive layer gets ``base_lr``). This inverse rule is this package's
@@ -15,11 +16,16 @@ parameters added by model adaptation (new heads) are grouped with their layer. G
 in place on the same optimizer: its per-parameter state (momentum, Adam moments) is kept, and
 Avalanche's name-based bookkeeping (``update_optimizer``) finds parameters in any group.
 Parameters outside every layer form a last group at ``base_lr``.
+
+No layer ever gets more than ``base_lr``: on a 21-layer ResNet an unnormalised ``α = 0.5`` would
+give the head ``2^20 · base_lr``. A non-finite training loss stops the run with a
+``FloatingPointError`` that names the rates in use.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 from avalanche.core import SupervisedPlugin
 
 from avalanche_plugins._avalanche.curvature import measure_profile
@@ -35,8 +41,9 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
 
     :param schedule: ``geometric`` or ``smoothed``.
     :param alpha: ratio of the geometric schedule (> 0).
-    :param base_lr: rate of the first layer (geometric) / least sensitive layer (smoothed);
-        default: the optimizer's first-group lr when the plugin first runs.
+    :param base_lr: the largest per-layer rate (the fastest layer: the last one for ``alpha < 1``,
+        the first for ``alpha > 1``, the least sensitive one for smoothed); default: the optimizer's
+        first-group lr when the plugin first runs.
     :param spectrum_samples, spectrum_max_iter, spectrum_tol: measurement budget (smoothed).
     :param seed: seeds the measurement.
     """
@@ -59,7 +66,8 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
 
     def layer_rates(self, n_layers: int) -> np.ndarray:
         if self.schedule == "geometric":
-            return self.base_lr * layer_weights("geometric", n_layers, alpha=self.alpha)
+            weights = layer_weights("geometric", n_layers, alpha=self.alpha)
+            return self.base_lr * weights / weights.max()
         if self.last_spectrum is None or len(self.last_spectrum) != n_layers:
             return np.full(n_layers, self.base_lr)
         inverse = 1.0 / layer_weights("smoothed", n_layers, spectrum=self.last_spectrum)
@@ -84,6 +92,15 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
                 optimizer.add_param_group({**template, "params": params, "lr": float(lr)})
         self.history.append({"experience": strategy.clock.train_exp_counter, "layers": layer_map.names,
                              "lr": [float(r) for r in rates], "spectrum": self.last_spectrum})
+
+    def after_training_iteration(self, strategy, **kwargs):
+        loss = strategy.loss
+        if isinstance(loss, torch.Tensor) and not bool(torch.isfinite(loss).all()):
+            rates = self.history[-1]["lr"] if self.history else []
+            raise FloatingPointError(
+                f"the training loss became {float(loss)} at iteration {strategy.clock.train_iterations} with "
+                f"per-layer rates from {min(rates, default=float('nan')):.3g} to {max(rates, default=float('nan')):.3g} "
+                f"(schedule={self.schedule!r}, alpha={self.alpha}, base_lr={self.base_lr}): lower base_lr")
 
     def after_training_exp(self, strategy, **kwargs):
         if self.schedule == "smoothed":
