@@ -462,3 +462,39 @@ def test_layer_adaptive_lr_never_exceeds_the_base_rate_and_a_diverging_run_says_
                      criterion=nn.CrossEntropyLoss(), train_mb_size=32, plugins=[diverging], evaluator=evaluator())
     with pytest.raises(FloatingPointError, match="lower base_lr"):
         strategy.train(digits_stream(5).benchmark.train_stream[0], num_workers=0)
+
+
+def _components():
+    import avalanche_plugins as ap
+
+    return {
+        "LayerAdaptiveEWCPlugin": lambda stream: ([ap.LayerAdaptiveEWCPlugin(ewc_lambda=1.0)], []),
+        "GrowPlugin": lambda stream: ([ap.GrowPlugin(0.5, seed_compactness=0.2)], []),
+        "CycleAccuracyMetric": lambda stream: ([], [ap.CycleAccuracyMetric(stream.test_stream)]),
+        "TransportKeyMetric": lambda stream: ([], [ap.TransportKeyMetric(stages=["1"])]),
+        "OptimizationReadinessMetric": lambda stream: ([], [ap.OptimizationReadinessMetric(n_samples=32)]),
+    }
+
+
+@pytest.mark.parametrize("component", sorted(_components()))
+@pytest.mark.parametrize("run", ["online", "joint"])
+def test_experience_indexed_components_refuse_online_streams_and_joint_training(component, run):
+    from avalanche.benchmarks.scenarios.online import split_online_stream
+    from avalanche.training.supervised import JointTraining, Naive
+
+    from tests.fixtures import digits_stream, evaluator
+
+    benchmark = digits_stream(5).benchmark
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+    plugins, metrics = _components()[component](benchmark)
+    kwargs = dict(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                  criterion=nn.CrossEntropyLoss(), train_mb_size=16, plugins=plugins, evaluator=evaluator(*metrics))
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=f"{component} works per experience"):
+        if run == "joint":
+            JointTraining(**kwargs).train(benchmark.train_stream[:2], num_workers=0)
+        else:
+            online = split_online_stream(benchmark.train_stream[:1], 50)
+            Naive(**kwargs).train(next(iter(online)), num_workers=0)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

@@ -43,7 +43,7 @@ import time
 import torch
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche.data import experience_tensors
+from avalanche_plugins._avalanche.data import check_experience_granularity, experience_tensors
 from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.ads import (
     ADS_OPTIMIZERS,
@@ -153,6 +153,7 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
         check_no_recurrent(strategy.model, "ArchitectureDrivenShiftMetric")  # before any training
 
     def before_training_exp(self, strategy) -> list[MetricValue] | None:
+        check_experience_granularity(strategy, "ArchitectureDrivenShiftMetric")
         self._pending = None
         if not self._buffer:
             return None

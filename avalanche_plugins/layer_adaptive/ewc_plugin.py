@@ -29,6 +29,7 @@ from avalanche.core import SupervisedPlugin
 
 from avalanche_plugins._avalanche.curvature import measure_profile, sensitivity_values
 from avalanche_plugins._avalanche.data import (
+    check_experience_granularity,
     experience_batches,
     experience_layer_map,
     experience_tensors,
@@ -158,6 +159,9 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         return (curvature * (theta - anchor).pow(2)).sum() + self._const
 
     # ------------------------------------------------------------------ callbacks
+    def before_training_exp(self, strategy, **kwargs):
+        check_experience_granularity(strategy, "LayerAdaptiveEWCPlugin")
+
     def before_training(self, strategy, **kwargs):
         if self.fisher in ("empirical", "expected"):  # per-sample gradients: refuse before training
             check_no_recurrent(strategy.model, f"LayerAdaptiveEWCPlugin(fisher={self.fisher!r})")

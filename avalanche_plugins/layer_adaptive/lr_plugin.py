@@ -29,7 +29,7 @@ import torch
 from avalanche.core import SupervisedPlugin
 
 from avalanche_plugins._avalanche.curvature import measure_profile
-from avalanche_plugins._avalanche.data import experience_layer_map
+from avalanche_plugins._avalanche.data import check_experience_granularity, experience_layer_map
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
 from avalanche_plugins.layer_adaptive.schedules import layer_weights
 
@@ -74,6 +74,7 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
         return self.base_lr * inverse / inverse.max()
 
     def before_training_exp(self, strategy, **kwargs):
+        check_experience_granularity(strategy, "LayerAdaptiveLRPlugin")
         optimizer = strategy.optimizer
         if self.base_lr is None:
             self.base_lr = float(optimizer.param_groups[0]["lr"])

@@ -20,6 +20,7 @@ import time
 from avalanche.evaluation.metric_results import MetricValue
 
 from avalanche_plugins._avalanche.curvature import measure_profile, sensitivity_values
+from avalanche_plugins._avalanche.data import check_experience_granularity
 from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.core.checks import check_int, check_positive
 from avalanche_plugins.layer_adaptive.profile import LayerProfile, layer_profile
@@ -55,6 +56,9 @@ class LayerSensitivityMetric(RecordingMetric[dict]):
     def result_of(self, record: LayerProfile) -> dict:
         """``{layer name: s_ℓ}`` of the last experience (``history`` holds :class:`LayerProfile` records)."""
         return dict(zip(record.layer_names, record.spectrum))
+
+    def before_training_exp(self, strategy) -> None:
+        check_experience_granularity(strategy, "LayerSensitivityMetric")
 
     def after_training_exp(self, strategy) -> list[MetricValue]:
         exp_id = strategy.clock.train_exp_counter

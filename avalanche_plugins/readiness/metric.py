@@ -71,7 +71,7 @@ import time
 import torch
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche.data import experience_tensors
+from avalanche_plugins._avalanche.data import check_experience_granularity, experience_tensors
 from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.core.calls import eval_mode, is_multitask
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
@@ -170,6 +170,7 @@ class OptimizationReadinessMetric(RecordingMetric[float]):
     # ----------------------------------------------------------------------------------------
 
     def before_training_exp(self, strategy) -> list[MetricValue]:
+        check_experience_granularity(strategy, "OptimizationReadinessMetric")
         with self.measuring(strategy):
             record = self.measure(strategy)
         self.history.append(record)

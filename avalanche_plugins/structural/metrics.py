@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 
+from avalanche_plugins._avalanche.data import check_experience_granularity
 from avalanche_plugins._avalanche.evaluation import stream_accuracy
 from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.core.checks import check_int
@@ -65,6 +66,7 @@ class CycleAccuracyMetric(RecordingMetric[float]):
         return "CycleAccuracy"
 
     def before_training_exp(self, strategy):
+        check_experience_granularity(strategy, "CycleAccuracyMetric")
         self.clock.start_experience()
 
     def after_training_epoch(self, strategy):

@@ -51,6 +51,7 @@ from avalanche.core import SupervisedPlugin
 from avalanche.training.supervised import Naive
 
 from avalanche_plugins._avalanche.data import (
+    check_experience_granularity,
     experience_example,
     experience_tensors,
 )
@@ -82,6 +83,7 @@ class _MaskedTraining(SupervisedPlugin):
         pass
 
     def before_training_exp(self, strategy, **kwargs):
+        check_experience_granularity(strategy, type(self).__name__)
         if self.masks is None:
             self.masks = UnitMasks(strategy.model, experience_example(strategy), activation=self.activation)
             self._masks_created(strategy)

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 import torch
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche.data import metric_name
+from avalanche_plugins._avalanche.data import check_experience_granularity, metric_name
 from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.core.calls import eval_mode, model_forward
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
@@ -137,6 +137,10 @@ class TransportKeyMetric(RecordingMetric[dict]):
             names = [name for name in modules if name]
             raise ValueError(f"stages {unknown} name no submodule of {type(strategy.model).__name__}; "
                              f"submodules are {names[:25]}{' ...' if len(names) > 25 else ''}")
+        return None
+
+    def before_training_exp(self, strategy):
+        check_experience_granularity(strategy, "TransportKeyMetric")
         return None
 
     def after_training_exp(self, strategy):
