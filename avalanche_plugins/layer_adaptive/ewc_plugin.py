@@ -8,8 +8,11 @@ Hessian block, and shows the optimal per-layer strength is ``λ_ℓ ∝ s_ℓ``;
 .. math:: Ω(θ) = \\sum_{e<t} \\sum_ℓ λ\\, w_ℓ^{(e)} \\sum_{i \\in ℓ} F_{e,i} (θ_i - θ^*_{e,i})^2
 
 with ``w_ℓ`` from :func:`avalanche_plugins.layer_adaptive.schedules.layer_weights` and ``F`` from
-:mod:`avalanche_plugins.layer_adaptive.fisher`. With ``schedule="uniform", fisher="batched"`` it is exactly
-Avalanche's ``EWCPlugin`` (same penalty, same trained weights).
+:mod:`avalanche_plugins.layer_adaptive.fisher`. With ``schedule="uniform", fisher="batched"`` it is
+Avalanche's ``EWCPlugin`` mathematically (same importances, same penalty value and gradient); the
+folded quadratic below sums in a different order, so trained weights agree to float32 rounding
+(measured 1.5e-8 to 1.2e-7 apart after a few experiences; bit-identical only in some
+configurations), not bit for bit.
 
 Implementation: the sum of quadratics over past experiences is folded, once per experience,
 into one quadratic per parameter, ``A (θ - m)² + c`` (exact: ``A = Σ_e λ w F_e``,
@@ -208,7 +211,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
     def _importances(self, strategy, num_workers: int) -> dict[str, torch.Tensor]:
         model, criterion = strategy.model, strategy._criterion
         if self.fisher == "batched":
-            # one RNG draw, like EWCPlugin, so uniform+batched reproduces EWCPlugin's run exactly
+            # one RNG draw, like EWCPlugin, so uniform+batched follows EWCPlugin's random stream
             batches = experience_batches(strategy, num_workers=num_workers, preserve_rng=False)
             return batched_fisher(model, criterion, batches)
         # Per-sample estimators read the same (train-transform) data as Avalanche's EWC.
