@@ -498,3 +498,18 @@ def test_experience_indexed_components_refuse_online_streams_and_joint_training(
             online = split_online_stream(benchmark.train_stream[:1], 50)
             Naive(**kwargs).train(next(iter(online)), num_workers=0)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_unit_masks_on_a_dict_input_model_says_what_it_needs():
+    from avalanche_plugins.structural import UnitMasks
+
+    class DictInput(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 6), nn.Linear(6, 2)
+
+        def forward(self, batch):
+            return self.b(torch.relu(self.a(batch["x"])))
+
+    with pytest.raises(TypeError, match="example_input must be a tensor"):
+        UnitMasks(DictInput(), {"x": torch.randn(2, 4)})

@@ -157,7 +157,12 @@ class _Layer:
 
 
 def _example_tensor(example_input):
-    return example_input[0] if isinstance(example_input, (tuple, list)) else example_input
+    x = example_input[0] if isinstance(example_input, (tuple, list)) else example_input
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"example_input must be a tensor (or a (tensor, task_labels) pair): UnitMasks "
+                        f"probes units by batching copies of one input tensor, got {type(x).__name__} "
+                        "(models taking dicts or several inputs are not supported)")
+    return x
 
 
 def _forward(model, example_input, x=None):
