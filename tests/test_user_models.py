@@ -513,3 +513,52 @@ def test_unit_masks_on_a_dict_input_model_says_what_it_needs():
 
     with pytest.raises(TypeError, match="example_input must be a tensor"):
         UnitMasks(DictInput(), {"x": torch.randn(2, 4)})
+
+
+@pytest.mark.parametrize("score", ["activation", "gradient"])
+def test_grow_with_an_incremental_classifier_keeps_masked_outgoing_weights_in_the_live_head(score):
+    from avalanche.core import SupervisedPlugin
+    from avalanche.models import IncrementalClassifier
+    from avalanche.training.supervised import Naive
+
+    from avalanche_plugins import GrowPlugin
+    from tests.fixtures import digits_stream, evaluator
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.trunk = nn.Sequential(nn.Flatten(), nn.Linear(64, 24), nn.ReLU())
+            self.head = IncrementalClassifier(24, initial_out_features=2)
+
+        def forward(self, x):
+            return self.head(self.trunk(x))
+
+    class Probe(SupervisedPlugin):
+        """After adaptation (and the grow plugin's sync), and after training: the live head's columns."""
+
+        def __init__(self, grow):
+            super().__init__()
+            self.grow, self.checked = grow, 0
+
+        def before_training_exp(self, strategy, **kwargs):
+            self.off = (~self.grow.masks.masks["trunk.1"]).nonzero().reshape(-1)
+            self.weight = strategy.model.head.classifier.weight.detach().clone()
+
+        def after_training_exp(self, strategy, **kwargs):
+            still_off = [u for u in self.off.tolist() if not self.grow.masks.masks["trunk.1"][u]]
+            live = strategy.model.head.classifier.weight.detach()
+            assert live.shape == self.weight.shape
+            assert torch.equal(live[:, still_off], self.weight[:, still_off])
+            self.checked += len(still_off) > 0
+
+    torch.manual_seed(0)
+    model = Net()
+    grow = GrowPlugin(0.6, seed_compactness=0.2, grow_fraction_per_cycle=0.1, epochs_per_cycle=1,
+                      score=score, outgoing="zero")
+    probe = Probe(grow)
+    strategy = Naive(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1),
+                     criterion=nn.CrossEntropyLoss(), train_mb_size=32, train_epochs=2, plugins=[grow, probe],
+                     evaluator=evaluator())
+    for experience in digits_stream(5).benchmark.train_stream[:3]:
+        strategy.train(experience, num_workers=0)
+    assert model.head.classifier.out_features >= 6 and probe.checked >= 2

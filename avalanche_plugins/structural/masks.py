@@ -124,10 +124,14 @@ class _Slot:
     attr: str  # parameter or buffer name on ``owner``
     dim: int  # unit dimension in the tensor
     columns: torch.Tensor | None = None  # (units, k) indices along ``dim``; None: index = unit
+    # resolve the owner by path on every access: Avalanche replaces a growing head's Linear
+    root: nn.Module | None = None
+    path: str | None = None
 
     @property
     def tensor(self) -> torch.Tensor:
-        return getattr(self.owner, self.attr)
+        owner = self.owner if self.root is None else self.root.get_submodule(self.path)
+        return getattr(owner, self.attr)
 
     def indices(self, units: torch.Tensor) -> torch.Tensor:
         if self.columns is None:
@@ -301,7 +305,7 @@ class UnitMasks:
                 if info.kind in ("linear", "conv") and groups == 1 and bool((counts == counts[0]).all()) \
                         and int(counts[0]) > 0 and bool((touched.sum(0) <= 1).all()):
                     columns = touched.nonzero()[:, 1].reshape(n, int(counts[0]))
-                    layer.outgoing = _Slot(info.module, "weight", 1, columns)
+                    layer.outgoing = _Slot(info.module, "weight", 1, columns, root=self.model, path=info.name)
                     layer.consumer = info.name
                 break
 
@@ -365,8 +369,30 @@ class UnitMasks:
                 self._frozen[(name, i)] = (idx, slot.tensor.detach().index_select(slot.dim, idx).clone())
 
     @torch.no_grad()
+    def sync(self) -> None:
+        """Follow tensors that grew since the snapshot (Avalanche's ``IncrementalClassifier`` replaces its
+        ``Linear`` by a larger one, old rows copied): masked entries keep their frozen values, the new
+        rows' entries are frozen at their current (initial) values. Call it after model adaptation,
+        before the first optimizer step (the plugins do, in ``before_training_exp``)."""
+        for key, (idx, values) in list(self._frozen.items()):
+            name, i = key
+            layer = self.layers[name]
+            slot = (layer.param_slots + layer.norm_buffers)[i]
+            live = slot.tensor.detach().index_select(slot.dim, idx)
+            if live.shape == values.shape:
+                continue
+            if live.dim() != values.dim() or any(n < o for n, o in zip(live.shape, values.shape)):
+                raise ValueError(f"the tensor behind masked entries of layer {name!r} shrank or changed rank: "
+                                 f"{tuple(values.shape)} -> {tuple(live.shape)}")
+            grown = live.clone()
+            grown[tuple(slice(0, n) for n in values.shape)] = values
+            slot.tensor.data.index_copy_(slot.dim, idx, grown)
+            self._frozen[key] = (idx, grown)
+
+    @torch.no_grad()
     def restore(self) -> None:
         """Copy the masked entries back to their frozen values (exact)."""
+        self.sync()
         for (name, i), (idx, values) in self._frozen.items():
             layer = self.layers[name]
             slot = (layer.param_slots + layer.norm_buffers)[i]

@@ -87,6 +87,8 @@ class _MaskedTraining(SupervisedPlugin):
         if self.masks is None:
             self.masks = UnitMasks(strategy.model, experience_example(strategy), activation=self.activation)
             self._masks_created(strategy)
+        else:
+            self.masks.sync()  # after Avalanche's model adaptation (a grown head), before any step
 
     def before_update(self, strategy, **kwargs):
         self.masks.before_step()
