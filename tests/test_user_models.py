@@ -562,3 +562,67 @@ def test_grow_with_an_incremental_classifier_keeps_masked_outgoing_weights_in_th
     for experience in digits_stream(5).benchmark.train_stream[:3]:
         strategy.train(experience, num_workers=0)
     assert model.head.classifier.out_features >= 6 and probe.checked >= 2
+
+
+@pytest.mark.parametrize("score", ["activation", "gradient"])
+def test_grow_with_a_multi_head_classifier_freezes_and_zeroes_every_task_head(score):
+    """Task-incremental: each new task adds a head. Masked units' outgoing weights must stay fixed in
+    every head, and ``outgoing="zero"`` growth must leave every task's outputs unchanged."""
+    from avalanche.core import SupervisedPlugin
+    from avalanche.training.supervised import Naive
+
+    from avalanche_plugins import GrowPlugin
+    from tests.fixtures import build_model, digits_stream, evaluator
+
+    x_fixed = torch.randn(6, 1, 8, 8)
+
+    def heads(model):
+        return {t: c.classifier.weight for t, c in model.head.classifiers.items()}
+
+    def outputs(model):
+        with torch.no_grad():
+            was = model.training
+            model.eval()
+            out = {t: model(x_fixed, int(t)).clone() for t in model.head.classifiers}
+            model.train(was)
+        return out
+
+    class Before(SupervisedPlugin):
+        def before_training_epoch(self, strategy, **kwargs):
+            self.outputs = outputs(strategy.model)
+
+    class After(SupervisedPlugin):
+        def __init__(self, grow, before):
+            super().__init__()
+            self.grow, self.before, self.edits, self.checked = grow, before, 0, 0
+
+        def before_training_epoch(self, strategy, **kwargs):  # runs after the grow edit
+            now = outputs(strategy.model)
+            for t, out in self.before.outputs.items():
+                assert torch.allclose(now[t], out, atol=1e-6), t
+            self.edits += 1
+
+        def before_training_exp(self, strategy, **kwargs):
+            name = self.grow.masks.names[-1]
+            self.off = (~self.grow.masks.masks[name]).nonzero().reshape(-1).tolist()
+            self.frozen = {t: w.detach().clone() for t, w in heads(strategy.model).items()}
+
+        def after_training_exp(self, strategy, **kwargs):
+            name = self.grow.masks.names[-1]
+            still = [u for u in self.off if not self.grow.masks.masks[name][u]]
+            for t, w in heads(strategy.model).items():
+                assert torch.equal(w.detach()[:, still], self.frozen[t][:, still]), t
+            self.checked += len(self.frozen)
+
+    torch.manual_seed(0)
+    model = build_model("mlp", multihead=True)
+    grow = GrowPlugin(0.7, seed_compactness=0.2, grow_fraction_per_cycle=0.1, epochs_per_cycle=1, outgoing="zero",
+                      score=score)
+    before = Before()
+    after = After(grow, before)
+    strategy = Naive(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1),
+                     criterion=nn.CrossEntropyLoss(), train_mb_size=32, train_epochs=2,
+                     plugins=[before, grow, after], evaluator=evaluator())
+    for experience in digits_stream(5, task_incremental=True).benchmark.train_stream[:3]:
+        strategy.train(experience, num_workers=0)
+    assert len(model.head.classifiers) == 3 and after.checked >= 1 + 2 + 3 and after.edits >= 6

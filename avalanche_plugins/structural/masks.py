@@ -42,7 +42,7 @@ holds one class, :class:`UnitMasks`, whose hooks, snapshots and edits maintain o
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -148,8 +148,13 @@ class _Layer:
     hook: _MaskHook
     incoming: list[_Slot]  # weight rows, bias, BN affine (parameters)
     norm_buffers: list[_Slot]  # BN running statistics
-    outgoing: _Slot | None  # consumer weight columns
+    outgoing: _Slot | None  # consumer weight columns (the consumer of the latest probed task)
     consumer: str | None
+    other_outgoing: list[_Slot] = field(default_factory=list)  # other task heads' columns
+
+    @property
+    def outgoing_slots(self) -> list[_Slot]:
+        return ([self.outgoing] if self.outgoing is not None else []) + self.other_outgoing
 
     @property
     def size(self) -> int:
@@ -157,7 +162,7 @@ class _Layer:
 
     @property
     def param_slots(self) -> list[_Slot]:
-        return self.incoming + ([self.outgoing] if self.outgoing is not None else [])
+        return self.incoming + self.outgoing_slots
 
 
 def _example_tensor(example_input):
@@ -237,7 +242,8 @@ class UnitMasks:
                 f"layer before the head, followed by no norm or a BatchNorm); layers: "
                 f"{layer_map.names}" + (f", skipped: {skipped}" if skipped else ""))
         self.skipped = skipped
-        self._find_consumers(layer_map, example_input)
+        for name, slot in self._find_consumers(layer_map, example_input).items():
+            self.layers[name].outgoing, self.layers[name].consumer = slot, slot.path
         self.steps = 0  # optimizer steps seen by after_step (unit ages are counted in these)
         self.interventions = Interventions()
         self.born: dict[str, torch.Tensor] = {
@@ -265,8 +271,10 @@ class UnitMasks:
         return _Layer(info.name, module, info.kind, norm, hook, incoming, buffers, None, None)
 
     @torch.no_grad()
-    def _find_consumers(self, layer_map: LayerMap, example_input) -> None:
-        """Probe which later layer's input columns each unit feeds (module docstring)."""
+    def _find_consumers(self, layer_map: LayerMap, example_input) -> dict[str, _Slot]:
+        """Probe which later layer's input columns each unit feeds (module docstring); returns the
+        outgoing slot per layer that has a consumer."""
+        found: dict[str, _Slot] = {}
         order = layer_map.names
         x = _example_tensor(example_input)[:1]
         for name, layer in self.layers.items():
@@ -305,9 +313,9 @@ class UnitMasks:
                 if info.kind in ("linear", "conv") and groups == 1 and bool((counts == counts[0]).all()) \
                         and int(counts[0]) > 0 and bool((touched.sum(0) <= 1).all()):
                     columns = touched.nonzero()[:, 1].reshape(n, int(counts[0]))
-                    layer.outgoing = _Slot(info.module, "weight", 1, columns, root=self.model, path=info.name)
-                    layer.consumer = info.name
+                    found[name] = _Slot(info.module, "weight", 1, columns, root=self.model, path=info.name)
                 break
+        return found
 
     # ------------------------------------------------------------------------------- hooks
 
@@ -369,11 +377,14 @@ class UnitMasks:
                 self._frozen[(name, i)] = (idx, slot.tensor.detach().index_select(slot.dim, idx).clone())
 
     @torch.no_grad()
-    def sync(self) -> None:
+    def sync(self, example_input=None) -> None:
         """Follow tensors that grew since the snapshot (Avalanche's ``IncrementalClassifier`` replaces its
         ``Linear`` by a larger one, old rows copied): masked entries keep their frozen values, the new
-        rows' entries are frozen at their current (initial) values. Call it after model adaptation,
-        before the first optimizer step (the plugins do, in ``before_training_exp``)."""
+        rows' entries are frozen at their current (initial) values. With ``example_input`` (a batch of
+        the task about to be trained) it also finds the consumer of each layer for that task: a task
+        head that ``MultiHeadClassifier`` added is frozen and edited like the first one, and becomes
+        the head the gradient score reads. Call it after model adaptation, before the first
+        optimizer step (the plugins do, in ``before_training_exp``)."""
         for key, (idx, values) in list(self._frozen.items()):
             name, i = key
             layer = self.layers[name]
@@ -388,6 +399,24 @@ class UnitMasks:
             grown[tuple(slice(0, n) for n in values.shape)] = values
             slot.tensor.data.index_copy_(slot.dim, idx, grown)
             self._frozen[key] = (idx, grown)
+        if example_input is None:
+            return
+        changed = False
+        for name, slot in self._find_consumers(discover_layers(self.model, example_input), example_input).items():
+            layer = self.layers[name]
+            if slot.path == layer.consumer:
+                continue
+            known = {s.path: s for s in layer.other_outgoing}
+            current = known.pop(slot.path, slot)  # a head seen before keeps its slot
+            layer.other_outgoing = [s for s in layer.other_outgoing if s.path != slot.path]
+            if layer.outgoing is not None:
+                layer.other_outgoing.append(layer.outgoing)
+            layer.outgoing, layer.consumer = current, current.path
+            changed = True
+        if changed:
+            # masked entries of known heads equal their frozen values here (restored after every
+            # step); a new head's columns are frozen at their initial values
+            self._refreeze()
 
     @torch.no_grad()
     def restore(self) -> None:
@@ -555,7 +584,8 @@ class UnitMasks:
                 reinit_rows(layer, units)
             layer.hook.multiplier[units] = 1
             if iv.outgoing == "zero":
-                layer.outgoing.tensor.data.index_fill_(1, layer.outgoing.indices(units), 0.0)
+                for slot in layer.outgoing_slots:  # every task head reading this layer
+                    slot.tensor.data.index_fill_(1, slot.indices(units), 0.0)
             if iv.optimizer_state != "keep":
                 zero_optimizer_entries(optimizer, layer.param_slots, units)
             self.born[name][units] = self.steps

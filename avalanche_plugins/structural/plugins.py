@@ -56,6 +56,7 @@ from avalanche_plugins._avalanche.data import (
     experience_tensors,
 )
 from avalanche_plugins._avalanche.evaluation import quiet_evaluator, stream_accuracy
+from avalanche_plugins.core.calls import is_multitask
 from avalanche_plugins.core.checks import check_choice, check_int
 from avalanche_plugins.structural import (
     Interventions,
@@ -88,7 +89,8 @@ class _MaskedTraining(SupervisedPlugin):
             self.masks = UnitMasks(strategy.model, experience_example(strategy), activation=self.activation)
             self._masks_created(strategy)
         else:
-            self.masks.sync()  # after Avalanche's model adaptation (a grown head), before any step
+            # after Avalanche's model adaptation (a grown or added head), before any step
+            self.masks.sync(experience_example(strategy) if is_multitask(strategy.model) else None)
 
     def before_update(self, strategy, **kwargs):
         self.masks.before_step()
