@@ -626,3 +626,15 @@ def test_grow_with_a_multi_head_classifier_freezes_and_zeroes_every_task_head(sc
     for experience in digits_stream(5, task_incremental=True).benchmark.train_stream[:3]:
         strategy.train(experience, num_workers=0)
     assert len(model.head.classifiers) == 3 and after.checked >= 1 + 2 + 3 and after.edits >= 6
+
+
+def test_logged_figures_are_compact_png_images_not_live_figures():
+    from PIL import Image
+
+    from avalanche_plugins._avalanche.figures import figure_image, profile_figure
+
+    fig = profile_figure([f"layer{i}" for i in range(21)], [float(i + 1) for i in range(21)], "s_l")
+    image = figure_image(fig)
+    assert isinstance(image, Image.Image) and image.format == "PNG"
+    assert len(image.fp.getvalue()) < 100_000  # a few tens of kB kept per logged figure
+    assert image.size[0] > 100 and image.convert("RGB").getpixel((5, 5)) == (255, 255, 255)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche.data import experience_tensors, metric_name, profile_figure
+from avalanche_plugins._avalanche.data import experience_tensors, metric_name
+from avalanche_plugins._avalanche.figures import figure_image, profile_figure
 from avalanche_plugins.layer_adaptive.hessian import LayerSpectrum, layer_top_eigenvalues
 from avalanche_plugins.layer_adaptive.profile import LayerProfile
 
@@ -33,5 +34,5 @@ def sensitivity_values(origin, strategy, profile: LayerProfile, x: int) -> list[
         values.append(MetricValue(origin, metric_name("LayerSensitivityAlphaHat", strategy), float(profile.alpha_hat), x))
     fig = profile_figure(profile.layer_names, profile.spectrum,
                          f"s_l after experience {profile.experience} (kappa={profile.kappa:.3g})")
-    values.append(MetricValue(origin, metric_name("LayerSensitivityProfile", strategy), fig, x))
+    values.append(MetricValue(origin, metric_name("LayerSensitivityProfile", strategy), figure_image(fig), x))
     return values

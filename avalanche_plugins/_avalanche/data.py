@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 from avalanche_plugins.core.layers import discover_layers, example_input
 
 __all__ = ["check_experience_granularity", "experience_tensors", "experience_batches", "experience_example", "experience_layer_map",
-           "metric_name", "profile_figure", "preserved_rng"]
+           "metric_name", "preserved_rng"]
 
 
 def experience_batches(strategy, *, dataset=None, batch_size=None, num_workers: int = 0,
@@ -79,21 +79,6 @@ def metric_name(name: str, strategy, *, add_experience: bool = True, add_task: b
         return get_metric_name(name, strategy, add_experience=add_experience, add_task=add_task)
     finally:
         strategy.experience = experience
-
-
-def profile_figure(names, values, title: str):
-    """A bar chart of a per-layer profile (a ``matplotlib.figure.Figure``, not tracked by pyplot)."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(max(3.0, 0.45 * len(names) + 1.5), 3.0))
-    ax = fig.subplots()
-    ax.bar(range(len(values)), values)
-    ax.set_yscale("log" if min(values) > 0 else "linear")
-    ax.set_xticks(range(len(names)))
-    ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    return fig
 
 
 def preserved_rng(device):

@@ -35,6 +35,7 @@ import torch
 from avalanche.evaluation.metric_results import MetricValue
 
 from avalanche_plugins._avalanche.data import check_experience_granularity, metric_name
+from avalanche_plugins._avalanche.figures import figure_image
 from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.core.calls import eval_mode, model_forward
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
@@ -241,7 +242,7 @@ class TransportKeyMetric(RecordingMetric[dict]):
             values.append(MetricValue(self, f"{acc_base}/{name}", acc[name], x_plot))
             values.append(MetricValue(self, f"{rec_base}/{name}", rec[name], x_plot))
         values.append(MetricValue(self, metric_name("TransportKeyProfile", strategy),
-                                  self._figure(record), x_plot))
+                                  figure_image(self._figure(record)), x_plot))
         return values
 
     def _figure(self, record):
