@@ -638,3 +638,31 @@ def test_logged_figures_are_compact_png_images_not_live_figures():
     assert isinstance(image, Image.Image) and image.format == "PNG"
     assert len(image.fp.getvalue()) < 100_000  # a few tens of kB kept per logged figure
     assert image.size[0] > 100 and image.convert("RGB").getpixel((5, 5)) == (255, 255, 255)
+
+
+def test_log_profile_next_to_the_sensitivity_metric_measures_and_logs_once(monkeypatch):
+    from avalanche.training.plugins import EvaluationPlugin
+    from avalanche.training.supervised import Naive
+
+    import avalanche_plugins._avalanche.curvature as curvature
+    from avalanche_plugins import LayerAdaptiveEWCPlugin, LayerSensitivityMetric
+    from tests.fixtures import digits_stream
+
+    calls = []
+    real = curvature.layer_top_eigenvalues
+    monkeypatch.setattr(curvature, "layer_top_eigenvalues", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+    plugin = LayerAdaptiveEWCPlugin(ewc_lambda=1.0, schedule="geometric", log_profile=True, spectrum_samples=64)
+    metric = LayerSensitivityMetric(n_samples=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        evaluator = EvaluationPlugin(metric, loggers=[])
+    strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                     criterion=nn.CrossEntropyLoss(), train_mb_size=32, plugins=[plugin], evaluator=evaluator)
+    for experience in digits_stream(5).benchmark.train_stream[:2]:
+        strategy.train(experience, num_workers=0)
+    assert len(calls) == 2  # one measurement per experience, shared
+    assert [p.spectrum for p in plugin.profiles] == [p.spectrum for p in metric.history]
+    kappa = [name for name in evaluator.get_all_metrics() if name.startswith("LayerSensitivityKappa/")]
+    assert len(kappa) == 2 and all(len(evaluator.get_all_metrics()[name][1]) == 1 for name in kappa)

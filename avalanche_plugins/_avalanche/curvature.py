@@ -13,15 +13,36 @@ from avalanche_plugins._avalanche.figures import figure_image, profile_figure
 from avalanche_plugins.layer_adaptive.hessian import LayerSpectrum, layer_top_eigenvalues
 from avalanche_plugins.layer_adaptive.profile import LayerProfile
 
-__all__ = ["measure_profile", "sensitivity_values"]
+__all__ = ["logs_sensitivity", "measure_profile", "sensitivity_values"]
+
+
+_CACHE = "_avalanche_plugins_layer_spectrum"
 
 
 def measure_profile(strategy, *, n_samples: int, chunk_size: int | None, max_iter: int, tol: float,
                     seed: int) -> LayerSpectrum:
-    """s_ℓ of ``strategy.model`` on up to ``n_samples`` samples of the current experience."""
+    """s_ℓ of ``strategy.model`` on up to ``n_samples`` samples of the current experience.
+
+    The result is cached on the strategy for the current training experience: a second adapter
+    asking with the same settings (``LayerAdaptiveEWCPlugin(log_profile=True)`` next to
+    ``LayerSensitivityMetric``) reuses it instead of measuring again.
+    """
+    key = (strategy.clock.train_exp_counter, strategy.clock.train_iterations, id(strategy.model),
+           n_samples, chunk_size, max_iter, tol, seed)
+    cached = getattr(strategy, _CACHE, None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
     x, y, t = experience_tensors(strategy, n_samples=n_samples, seed=seed)
-    return layer_top_eigenvalues(strategy.model, strategy._criterion, x, y, task_labels=t,
-                                 max_iter=max_iter, tol=tol, chunk_size=chunk_size, seed=seed)
+    spectrum = layer_top_eigenvalues(strategy.model, strategy._criterion, x, y, task_labels=t,
+                                     max_iter=max_iter, tol=tol, chunk_size=chunk_size, seed=seed)
+    setattr(strategy, _CACHE, (key, spectrum))
+    return spectrum
+
+
+def logs_sensitivity(strategy) -> bool:
+    """Whether the strategy's evaluator already has a metric that logs the sensitivity profile."""
+    evaluator = getattr(strategy, "evaluator", None)
+    return any(getattr(metric, "logs_layer_sensitivity", False) for metric in getattr(evaluator, "metrics", ()))
 
 
 def sensitivity_values(origin, strategy, profile: LayerProfile, x: int) -> list[MetricValue]:

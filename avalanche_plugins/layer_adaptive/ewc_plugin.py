@@ -30,7 +30,11 @@ from dataclasses import dataclass, field
 import torch
 from avalanche.core import SupervisedPlugin
 
-from avalanche_plugins._avalanche.curvature import measure_profile, sensitivity_values
+from avalanche_plugins._avalanche.curvature import (
+    logs_sensitivity,
+    measure_profile,
+    sensitivity_values,
+)
 from avalanche_plugins._avalanche.data import (
     check_experience_granularity,
     experience_batches,
@@ -204,8 +208,8 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         else:
             profile = EWCProfile(**vars(layer_profile(exp_id, spectrum, seconds=timings)), lambdas=lambdas)
         self.profiles.append(profile)
-        if self.log_profile and spectrum is not None:
-            self._publish(strategy, profile)
+        if self.log_profile and spectrum is not None and not logs_sensitivity(strategy):
+            self._publish(strategy, profile)  # a LayerSensitivityMetric would log the same points
 
     # ------------------------------------------------------------------ internals
     def _importances(self, strategy, num_workers: int) -> dict[str, torch.Tensor]:

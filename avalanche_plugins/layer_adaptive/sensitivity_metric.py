@@ -53,6 +53,8 @@ class LayerSensitivityMetric(RecordingMetric[dict]):
         check_int("seed", seed, minimum=0)
         self.n_samples, self.chunk_size, self.max_iter, self.tol, self.seed = n_samples, chunk_size, max_iter, tol, seed
 
+    logs_layer_sensitivity = True  # LayerAdaptiveEWCPlugin(log_profile=True) leaves the logging to it
+
     def result_of(self, record: LayerProfile) -> dict:
         """``{layer name: s_ℓ}`` of the last experience (``history`` holds :class:`LayerProfile` records)."""
         return dict(zip(record.layer_names, record.spectrum))
