@@ -666,3 +666,20 @@ def test_log_profile_next_to_the_sensitivity_metric_measures_and_logs_once(monke
     assert [p.spectrum for p in plugin.profiles] == [p.spectrum for p in metric.history]
     kappa = [name for name in evaluator.get_all_metrics() if name.startswith("LayerSensitivityKappa/")]
     assert len(kappa) == 2 and all(len(evaluator.get_all_metrics()[name][1]) == 1 for name in kappa)
+
+
+def test_prune_refuses_a_rewind_point_beyond_the_first_prune_before_training():
+    from avalanche.training.supervised import Naive
+
+    from avalanche_plugins import PrunePlugin
+    from tests.fixtures import digits_stream, evaluator
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+    before = copy.deepcopy(model.state_dict())
+    strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                     criterion=nn.CrossEntropyLoss(), train_mb_size=32, train_epochs=2,
+                     plugins=[PrunePlugin(0.5, rewind_to=10_000)], evaluator=evaluator())
+    with pytest.raises(ValueError, match="rewind_to=10000 iterations, but the first prune comes after"):
+        strategy.train(digits_stream(5).benchmark.train_stream[0], num_workers=0)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

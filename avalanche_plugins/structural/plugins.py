@@ -227,6 +227,17 @@ class PrunePlugin(_EditingPlugin):
         if self.rewind_to == 0:
             self._snapshot(strategy)
 
+    def before_training_exp(self, strategy, **kwargs):
+        super().before_training_exp(strategy, **kwargs)
+        if self._iterations == 0 and self.rewind_to and self.clock.epochs_per_cycle <= strategy.train_epochs:
+            # the first prune ends the first cycle: refuse a rewind point the run cannot reach first
+            per_epoch = math.ceil(len(strategy.adapted_dataset) / strategy.train_mb_size)
+            first_prune = self.clock.epochs_per_cycle * per_epoch
+            if self.rewind_to > first_prune:
+                raise ValueError(f"rewind_to={self.rewind_to} iterations, but the first prune comes after "
+                                 f"{first_prune} ({self.clock.epochs_per_cycle} epoch(s) of {per_epoch} "
+                                 "minibatches): choose rewind_to <= that, or 'init'")
+
     def after_training_iteration(self, strategy, **kwargs):
         self._iterations += 1
         if self.rewind_to is not None and self.rewind_state is None and self._iterations >= self.rewind_to:
