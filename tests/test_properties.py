@@ -9,7 +9,13 @@ the activation, after it, or not at all, and checks the properties every user mo
   contradicts (checked on the smallest draws);
 * transport keys undo a known per-channel drift in every activation layout;
 * models the package does not support (tied weights, recurrent layers) are refused with a
-  ``ValueError`` / ``TypeError``, never another exception.
+  ``ValueError`` / ``TypeError``, never another exception;
+* on residual, attention and partly frozen models every estimator gives finite numbers and leaves
+  the model unchanged;
+* the metrics leave Avalanche runs bit-identical (weights and RNG) on varied models with a random
+  training transform.
+
+Multi-head and growing (``IncrementalClassifier``) heads are covered by ``test_user_models.py``.
 """
 
 from __future__ import annotations
@@ -201,3 +207,100 @@ def test_unsupported_models_are_refused_with_a_clear_error_or_give_finite_number
                 call()
         else:  # the model-level estimators are exact on tied weights
             assert math.isfinite(call())
+
+
+class _Residual(nn.Module):
+    def __init__(self, width, activation):
+        super().__init__()
+        self.inner = nn.Linear(width, width)
+        self.act = ACTIVATIONS[activation]()
+
+    def forward(self, x):
+        return x + self.act(self.inner(x))
+
+
+class _Attention(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(width, 1, batch_first=True)
+
+    def forward(self, x):
+        return x + self.attn(x, x, x, need_weights=False)[0]
+
+
+@st.composite
+def estimator_models(draw):
+    """MLPs with residual blocks, an attention block over tokens, or a frozen first layer."""
+    width = draw(st.integers(4, 8))
+    kind = draw(st.sampled_from(["residual", "attention", "frozen"]))
+    activation = draw(st.sampled_from(sorted(ACTIVATIONS)))
+    torch.manual_seed(draw(st.integers(0, 2**16)))
+    if kind == "attention":
+        model = nn.Sequential(nn.Linear(3, width), _Attention(width), nn.Flatten(), nn.Linear(width * 4, 4))
+        x = torch.randn(12, 4, 3)
+    else:
+        blocks = [nn.Linear(3, width), ACTIVATIONS[activation]()]
+        blocks += [_Residual(width, activation) for _ in range(draw(st.integers(1, 2)))]
+        model = nn.Sequential(*blocks, nn.Linear(width, 4))
+        x = torch.randn(12, 3)
+        if kind == "frozen":
+            model[0].weight.requires_grad_(False)
+            model[0].bias.requires_grad_(False)
+    return model, x
+
+
+@settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(estimator_models())
+def test_estimators_give_finite_numbers_on_residual_attention_and_frozen_models(drawn):
+    import math
+
+    from avalanche_plugins.ads import architecture_driven_shift
+    from avalanche_plugins.readiness import k_step_gain, optimization_readiness
+
+    model, x = drawn
+    y = torch.randint(0, 4, (x.shape[0],))
+    ce = nn.CrossEntropyLoss()
+    frozen = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    spectrum = layer_top_eigenvalues(model, ce, x, y, max_iter=20)
+    assert all(math.isfinite(v) for v in spectrum.top)
+    assert math.isfinite(optimization_readiness(model, ce, x, y, batch_size=2, n_batches=8).readiness)
+    assert math.isfinite(architecture_driven_shift(model, ce, x, x, y, lr=0.05, steps=3).ads)
+    assert math.isfinite(k_step_gain(model, ce, x, y, x, y, k=2, lr=0.05, batch_size=4, n_runs=4).gain)
+    # estimators never change the model
+    assert all(torch.equal(v, frozen[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("width, norm, activation", [(8, "none", "gelu"), (16, "pre", "relu"), (12, "post", "tanh")])
+def test_metrics_leave_runs_bit_identical_on_varied_models(width, norm, activation):
+    from avalanche.training.supervised import Naive
+
+    from avalanche_plugins import (
+        ArchitectureDrivenShiftMetric,
+        OptimizationReadinessMetric,
+        TransportKeyMetric,
+    )
+    from tests.fixtures import digits_stream, evaluator
+
+    def run(with_metrics):
+        torch.manual_seed(0)
+        layers = [nn.Flatten(), nn.Linear(64, width)]
+        block = [ACTIVATIONS[activation]()]
+        if norm == "pre":
+            block.insert(0, nn.BatchNorm1d(width))
+        elif norm == "post":
+            block.append(nn.BatchNorm1d(width))
+        model = nn.Sequential(*layers, *block, nn.Linear(width, 10))
+        metrics = [OptimizationReadinessMetric(n_samples=32, batch_size=4, n_batches=8),
+                   ArchitectureDrivenShiftMetric(calibration_size=32),
+                   TransportKeyMetric(stages=["1"], n_anchors=10, controls=False)] if with_metrics else []
+        strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                         criterion=nn.CrossEntropyLoss(), train_mb_size=32, evaluator=evaluator(*metrics))
+        stream = digits_stream(5, noise=0.1).benchmark
+        for experience in stream.train_stream[:2]:
+            strategy.train(experience, num_workers=0)
+            strategy.eval(stream.test_stream[:2], num_workers=0)
+        return model.state_dict(), torch.get_rng_state()
+
+    (plain, rng_plain), (measured, rng_measured) = run(False), run(True)
+    assert all(torch.equal(plain[k], measured[k]) for k in plain)
+    assert torch.equal(rng_plain, rng_measured)

@@ -4,7 +4,6 @@ Jacobian-vector products ``J_ℓ(x) u_ℓ`` of every group, stacked in one vmapp
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -15,6 +14,7 @@ from torch.func import jvp, vmap
 from avalanche_plugins.core.calls import (
     eval_mode,
     iterate_batches,
+    math_attention,
     split_params,
     stateless_forward,
     task_groups,
@@ -27,16 +27,6 @@ __all__ = ["UNASSIGNED", "LayerGroup", "layer_groups", "layer_logit_changes"]
 
 UNASSIGNED = "(unassigned)"
 
-
-
-def _forward_ad_attention():
-    """Scaled-dot-product attention's fused CPU kernels have no forward-mode derivative; the
-    math backend (plain matmul/softmax) has one, so JVPs run under it."""
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError:  # torch < 2.3: no fused-kernel selection to work around
-        return contextlib.nullcontext()
-    return sdpa_kernel(SDPBackend.MATH)
 
 
 
@@ -109,7 +99,7 @@ def layer_logit_changes(model: nn.Module, old_inputs: torch.Tensor, direction: M
     tasks = task_groups(model, old_inputs.shape[0], task_labels)
     groups = list(groups)
     pieces: dict[str, list] = {g.name: [] for g in groups}
-    with eval_mode(model), _forward_ad_attention():
+    with eval_mode(model), math_attention():
         for label, idx in tasks:
             xs = old_inputs if idx is None else old_inputs[idx]
             for s in iterate_batches(xs.shape[0], chunk_size):

@@ -12,7 +12,7 @@ from avalanche_plugins.core.checks import check_output_targets
 
 __all__ = ["is_multitask", "model_forward", "stateless_forward", "iterate_batches", "eval_mode",
            "split_params", "task_groups", "check_task_labels", "first_tensor", "batch_loss",
-           "sample_loss", "grouped_loss"]
+           "sample_loss", "grouped_loss", "math_attention"]
 
 
 def is_multitask(model: nn.Module) -> bool:
@@ -160,3 +160,16 @@ def grouped_loss(model: nn.Module, loss_fn, consts: dict, x: torch.Tensor, y: to
         return total
 
     return f
+
+
+def math_attention():
+    """Context running scaled-dot-product attention on its math backend (plain matmul/softmax).
+
+    The fused CPU kernels have neither a forward-mode derivative (ADS's JVPs) nor a second
+    derivative (the Hessian-vector products of the layer spectrum); the math backend has both.
+    """
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # torch < 2.3: no fused-kernel selection to work around
+        return contextlib.nullcontext()
+    return sdpa_kernel(SDPBackend.MATH)

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.func import grad, vjp, vmap
 
-from avalanche_plugins.core.calls import batch_loss, eval_mode, iterate_batches
+from avalanche_plugins.core.calls import batch_loss, eval_mode, iterate_batches, math_attention
 from avalanche_plugins.core.checks import check_finite_loss, check_inputs, check_int, check_positive
 from avalanche_plugins.core.layers import LayerMap, discover_layers, example_input
 
@@ -161,7 +161,7 @@ def layer_top_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targe
     if layer_map is None:
         layer_map = discover_layers(model, example_input(model, inputs, task_labels))
 
-    with eval_mode(model):
+    with eval_mode(model), math_attention():  # second derivatives through attention
         return _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map,
                                 max_iter, tol, chunk_size, seed)
 
