@@ -683,3 +683,20 @@ def test_prune_refuses_a_rewind_point_beyond_the_first_prune_before_training():
     with pytest.raises(ValueError, match="rewind_to=10000 iterations, but the first prune comes after"):
         strategy.train(digits_stream(5).benchmark.train_stream[0], num_workers=0)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_unit_masks_refuse_a_batchnorm_behind_a_functional_activation():
+    from avalanche_plugins.structural import UnitMasks
+
+    class Functional(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.bn, self.head = nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 2)
+
+        def forward(self, x):
+            return self.head(self.bn(torch.relu(self.fc(x))))
+
+    with pytest.raises(ValueError, match="activation called as a function"):
+        UnitMasks(Functional(), torch.randn(2, 4))
+    # the module form is supported and exact (see the BatchNorm-after-activation test above)
+    UnitMasks(nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.BatchNorm1d(6), nn.Linear(6, 2)), torch.randn(2, 4))

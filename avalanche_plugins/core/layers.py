@@ -102,6 +102,8 @@ class LayerMap(Sequence):
     layers: list[LayerInfo]
     unassigned: dict[str, str] = field(default_factory=dict)
     norms: dict[str, nn.Module] = field(default_factory=dict)
+    # layer name -> a BatchNorm that follows it through an untraced (functional) operation
+    untraced_norms: dict[str, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -353,7 +355,18 @@ def discover_layers(model: nn.Module, example_input) -> LayerMap:
             )
         )
     norms = {names[m]: m for m in executed if is_norm(m)}
-    return LayerMap(layers=layers, unassigned=unassigned, norms=norms)
+    # A BatchNorm that no layer claims but that runs right after a layer of matching width reads that
+    # layer's output through an operation the hooks cannot see (an activation called as a function).
+    attached = set(norm_of.values())
+    untraced_norm: dict[str, str] = {}
+    for k, (m, _input, _) in enumerate(calls):
+        if not isinstance(m, nn.modules.batchnorm._BatchNorm) or names[m] in attached:
+            continue
+        before = [c for c, _, _ in calls[:k] if c in layer_modules]
+        if before and before[-1] not in norm_of and io[before[-1]][1] is not None \
+                and io[before[-1]][1].dim() >= 2 and io[before[-1]][1].shape[1] == m.num_features:
+            untraced_norm.setdefault(names[before[-1]], names[m])
+    return LayerMap(layers=layers, unassigned=unassigned, norms=norms, untraced_norms=untraced_norm)
 
 
 def example_input(model: nn.Module, inputs: torch.Tensor, task_labels=None, n: int = 2):

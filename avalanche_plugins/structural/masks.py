@@ -231,6 +231,12 @@ class UnitMasks:
             if info.kind not in ("linear", "conv"):
                 skipped[info.name] = f"{info.kind} layer"
                 continue
+            if info.name in layer_map.untraced_norms:
+                raise ValueError(
+                    f"layer {info.name!r} feeds BatchNorm {layer_map.untraced_norms[info.name]!r} through an "
+                    "operation the trace cannot see (an activation called as a function in forward): a "
+                    "mask before that norm would not zero the unit after it. Use an activation module "
+                    "(nn.ReLU(), ...) between them, or put the BatchNorm right after the layer")
             norm = layer_map.norms.get(info.norm) if info.norm is not None else None
             if norm is not None and not isinstance(norm, nn.modules.batchnorm._BatchNorm):
                 skipped[info.name] = f"followed by {type(norm).__name__}, which mixes units"
