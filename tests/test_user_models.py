@@ -288,6 +288,10 @@ def test_logit_shift_and_ads_with_task_heads_of_different_widths():
     res = architecture_driven_shift(before, nn.CrossEntropyLoss(), x, new_x, new_y, lr=0.1, steps=2,
                                     old_task_labels=t, new_task_labels=torch.ones(8, dtype=torch.long))
     assert res.ads > 0 and math.isfinite(res.first_order_shift)
+    # mixed task labels are a multi-task batch, not "weight sharing"
+    y_old = torch.randint(0, 2, (10,))
+    spectrum = layer_top_eigenvalues(before, nn.CrossEntropyLoss(), x, y_old, task_labels=t, max_iter=20)
+    assert all(math.isfinite(v) for v in spectrum.top)
 
 
 def test_layer_spectrum_with_mse_loss_matches_the_dense_blocks():

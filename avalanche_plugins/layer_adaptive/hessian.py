@@ -33,7 +33,13 @@ import torch
 from torch import nn
 from torch.func import grad, vjp, vmap
 
-from avalanche_plugins.core.calls import batch_loss, eval_mode, iterate_batches, math_attention
+from avalanche_plugins.core.calls import (
+    batch_loss,
+    eval_mode,
+    iterate_batches,
+    math_attention,
+    task_groups,
+)
 from avalanche_plugins.core.checks import check_finite_loss, check_inputs, check_int, check_positive
 from avalanche_plugins.core.layers import LayerMap, discover_layers, example_input
 
@@ -176,10 +182,12 @@ def _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map, ma
     primal = {k: state[k] for k in block_names}
     frozen = {k: v for k, v in state.items() if k not in primal}
     n = inputs.shape[0]
-    batches = [
-        (inputs[s], targets[s], None if task_labels is None else task_labels[s], (s.stop - s.start) / n)
-        for s in iterate_batches(n, chunk_size)
-    ]
+    # minibatches of one task each (an int label: Avalanche's single-task path), weighted by their
+    # share of the samples, so that the weighted sum of their HVPs is the full-data block HVP
+    batches = []
+    for label, index in task_groups(model, n, task_labels):
+        xs, ys = (inputs, targets) if index is None else (inputs[index], targets[index])
+        batches += [(xs[s], ys[s], label, (s.stop - s.start) / n) for s in iterate_batches(xs.shape[0], chunk_size)]
 
     loss_of = batch_loss(model, loss_fn, frozen)
 
