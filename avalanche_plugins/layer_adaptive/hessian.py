@@ -180,6 +180,7 @@ def _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map, ma
     state = {k: v.detach() for k, v in model.named_parameters()}
     state.update({k: v.detach() for k, v in model.named_buffers()})
     primal = {k: state[k] for k in block_names}
+    device = next(iter(primal.values())).device  # bookkeeping stays on the CPU, tensors on the model's device
     frozen = {k: v for k, v in state.items() if k not in primal}
     n = inputs.shape[0]
     # minibatches of one task each (an int label: Avalanche's single-task path), weighted by their
@@ -198,7 +199,7 @@ def _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map, ma
     def block_mask(layer_ids: torch.Tensor) -> dict:
         """mask[name][k] = 1 if parameter `name` belongs to the layer of tangent k."""
         return {
-            name: (owner[i] == layer_ids).to(primal[name].dtype).view(-1, *[1] * primal[name].dim())
+            name: (owner[i] == layer_ids).to(device=device, dtype=primal[name].dtype).view(-1, *[1] * primal[name].dim())
             for i, name in enumerate(block_names)
         }
 
@@ -213,13 +214,15 @@ def _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map, ma
             for k in total:
                 total[k] += weight * out[k]
         mask = block_mask(layer_ids)
+        shift = shift.to(device)
         return {k: mask[k] * total[k] - shift.view(-1, *[1] * (total[k].dim() - 1)) * tangents[k] for k in total}
 
     def run(layer_ids: torch.Tensor, shift: torch.Tensor, generator):
         k = len(layer_ids)
         mask = block_mask(layer_ids)
+        # start vectors from a CPU generator (the same on every device), then moved
         v = {name: mask[name] * torch.randn((k, *primal[name].shape), generator=generator,
-                                             dtype=primal[name].dtype) for name in block_names}
+                                             dtype=primal[name].dtype).to(device) for name in block_names}
         norm = _dot(v, v).sqrt()
         v = {name: t / norm.view(-1, *[1] * (t.dim() - 1)) for name, t in v.items()}
         estimate = torch.zeros(k, dtype=torch.float64)
@@ -229,9 +232,11 @@ def _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map, ma
         active = torch.ones(k, dtype=torch.bool)
         for step in range(1, max_iter + 1):
             idx = active.nonzero().flatten()
-            sub = {name: t[idx] for name, t in v.items()}
+            idx_on_device = idx.to(device)
+            sub = {name: t[idx_on_device] for name, t in v.items()}
             hv = block_hvp(sub, layer_ids[idx], shift[idx])
-            rayleigh = _dot(sub, hv).double()
+            rayleigh_on_device = _dot(sub, hv)
+            rayleigh = rayleigh_on_device.double().cpu()
             prev = estimate[idx]
             if step > 1:
                 change[idx] = (rayleigh - prev).abs() / (prev.abs() + 1e-12)
@@ -239,12 +244,12 @@ def _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map, ma
             iterations[idx] = step
             # eigen-residual ‖Hv − ρv‖/|ρ|: a steady Rayleigh quotient alone is not convergence
             # (with eigenvalues ±λ the vector oscillates and ρ stays put anywhere in (−λ, λ))
-            resid = {name: hv[name] - rayleigh.to(hv[name].dtype).view(-1, *[1] * (hv[name].dim() - 1)) * sub[name]
-                     for name in block_names}
-            residual[idx] = _dot(resid, resid).sqrt().double() / rayleigh.abs().clamp_min(1e-30)
+            resid = {name: hv[name] - rayleigh_on_device.to(hv[name].dtype).view(-1, *[1] * (hv[name].dim() - 1))
+                     * sub[name] for name in block_names}
+            residual[idx] = _dot(resid, resid).sqrt().double().cpu() / rayleigh.abs().clamp_min(1e-30)
             hv_norm = _dot(hv, hv).sqrt().clamp_min(1e-30)
             for name in block_names:
-                v[name][idx] = hv[name] / hv_norm.view(-1, *[1] * (hv[name].dim() - 1))
+                v[name][idx_on_device] = hv[name] / hv_norm.view(-1, *[1] * (hv[name].dim() - 1))
             done = (change[idx] < tol) & (residual[idx] <= math.sqrt(tol))
             # an exactly zero block (e.g. dead layer) has nothing to iterate on
             done |= rayleigh.abs() < 1e-30

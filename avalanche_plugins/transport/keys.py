@@ -268,7 +268,7 @@ def fit_transport_key(u: torch.Tensor, v: torch.Tensor, family: str = "channel",
         elif family == "cross_channel":
             gram = Uc.T @ Uc
             if lam > 0:
-                gram = gram + lam * torch.eye(c_in, dtype=gram.dtype)
+                gram = gram + lam * torch.eye(c_in, dtype=gram.dtype, device=gram.device)
                 weight = torch.linalg.solve(gram, Uc.T @ Vc).T
             else:
                 weight = (torch.linalg.pinv(gram) @ (Uc.T @ Vc)).T

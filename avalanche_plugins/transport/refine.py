@@ -111,7 +111,7 @@ def gauss_newton_key(key: TransportKey, stitched: StitchedModel, anchors: torch.
             z, pullback = torch.func.vjp(lambda h: stitched.forward_from_stage(h, anchors, task_labels),
                                          key_at(params, u))
             n_logits = z.shape[-1]
-            cotangents = torch.eye(n_logits, dtype=z.dtype)[:, None, :].expand(n_logits, *z.shape)
+            cotangents = torch.eye(n_logits, dtype=z.dtype, device=z.device)[:, None, :].expand(n_logits, *z.shape)
             (dz_dh,) = torch.func.vmap(pullback)(cotangents)            # (K, N, *h.shape[1:])
             rows = torch.func.vmap(torch.func.vmap(row_gradient, in_dims=(None, None, 0)),
                                    in_dims=(None, 0, 1))(params, u, dz_dh)
@@ -119,7 +119,7 @@ def gauss_newton_key(key: TransportKey, stitched: StitchedModel, anchors: torch.
             res = (target - z.detach()).flatten().double()
             dual = jac.shape[0] < jac.shape[1]
             gram = jac @ jac.T if dual else jac.T @ jac
-            eye = torch.eye(gram.shape[0], dtype=gram.dtype)
+            eye = torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
             base = float(gram.diagonal().mean())
             if base == 0:
                 break  # the logits do not depend on the key here: nothing to fit
