@@ -42,6 +42,7 @@ _EXPORTS = {
     "fix_checkpoint_pickling": "avalanche_plugins._avalanche.compat",
     "fix_synaptic_intelligence_on_cpu": "avalanche_plugins._avalanche.compat",
     "quiet_evaluator": "avalanche_plugins._avalanche.evaluation",
+    "stream_accuracy": "avalanche_plugins._avalanche.evaluation",
 }
 
 __all__ = sorted(_EXPORTS)

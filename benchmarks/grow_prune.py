@@ -47,13 +47,14 @@ from avalanche_plugins import (
     NewbornGradientMetric,
     PrunePlugin,
     retrain_ticket,
+    stream_accuracy,
 )
 from benchmarks.common.cli import benchmark_parser, is_skipped, parse_args, split_list
 from benchmarks.common.data import make_stream
 from benchmarks.common.jobs import Timer, run_jobs, seed_everything
 from benchmarks.common.models import build_model
 from benchmarks.common.results import format_table, print_report, summarize, write_results
-from benchmarks.common.training import quiet_deprecations, quiet_evaluator, stream_accuracy
+from benchmarks.common.training import quiet_deprecations, quiet_evaluator
 
 GROW_VARIANTS = {  # method -> GrowPlugin interventions
     "grow": {},
@@ -142,7 +143,7 @@ def run_one(setting: Setting, stream, method: str, c: float, seed: int, *, ticke
         for experience in stream.benchmark.train_stream:
             strategy.train(experience, num_workers=0)
     row = {"setting": setting.name, "method": method, "compactness": c if plugin else 1.0, "seed": seed,
-           "acc": stream_accuracy(strategy.model, list(stream.benchmark.test_stream), batch_size=512),
+           "acc": stream_accuracy(strategy, list(stream.benchmark.test_stream), batch_size=512),
            "taa": cycles.taa, "trajectory": list(cycles.history), "wall_s": timer.seconds,
            "ticket_acc": None, "ticket_taa": None, "newborn_grad_ratio": None}
     if plugin is not None:

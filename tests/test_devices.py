@@ -17,8 +17,8 @@ from avalanche_plugins.transport import (
     stitch,
 )
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                 reason="no CUDA device"))]
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))
+DEVICES = ["cpu", CUDA]
 
 
 def _net(device):
@@ -26,7 +26,7 @@ def _net(device):
     return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).to(device)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", [CUDA])  # on the CPU it would compare a computation with itself
 def test_layer_spectrum_on_the_models_device_matches_the_cpu(device):
     x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
     reference = layer_top_eigenvalues(_net("cpu"), nn.CrossEntropyLoss(), x, y, tol=1e-6, max_iter=500)

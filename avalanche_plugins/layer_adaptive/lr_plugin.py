@@ -18,8 +18,8 @@ Avalanche's name-based bookkeeping (``update_optimizer``) finds parameters in an
 Parameters outside every layer form a last group at ``base_lr``.
 
 No layer ever gets more than ``base_lr``: on a 21-layer ResNet an unnormalised ``α = 0.5`` would
-give the head ``2^20 · base_lr``. A non-finite training loss stops the run with a
-``FloatingPointError`` that names the rates in use.
+give the head ``2^20 · base_lr``. A training loss that is non-finite at the end of an
+epoch stops the run with a ``FloatingPointError`` that names the rates in use.
 """
 
 from __future__ import annotations
@@ -94,12 +94,14 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
         self.history.append({"experience": strategy.clock.train_exp_counter, "layers": layer_map.names,
                              "lr": [float(r) for r in rates], "spectrum": self.last_spectrum})
 
-    def after_training_iteration(self, strategy, **kwargs):
+    def after_training_epoch(self, strategy, **kwargs):
+        # once per epoch, not per iteration (no device sync on the hot path): a diverged loss stays
+        # non-finite, so the epoch's last loss shows it
         loss = strategy.loss
         if isinstance(loss, torch.Tensor) and not bool(torch.isfinite(loss).all()):
             rates = self.history[-1]["lr"] if self.history else []
             raise FloatingPointError(
-                f"the training loss became {float(loss)} at iteration {strategy.clock.train_iterations} with "
+                f"the training loss is {float(loss)} after iteration {strategy.clock.train_iterations} with "
                 f"per-layer rates from {min(rates, default=float('nan')):.3g} to {max(rates, default=float('nan')):.3g} "
                 f"(schedule={self.schedule!r}, alpha={self.alpha}, base_lr={self.base_lr}): lower base_lr")
 

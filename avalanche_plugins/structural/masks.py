@@ -391,20 +391,7 @@ class UnitMasks:
         head that ``MultiHeadClassifier`` added is frozen and edited like the first one, and becomes
         the head the gradient score reads. Call it after model adaptation, before the first
         optimizer step (the plugins do, in ``before_training_exp``)."""
-        for key, (idx, values) in list(self._frozen.items()):
-            name, i = key
-            layer = self.layers[name]
-            slot = (layer.param_slots + layer.norm_buffers)[i]
-            live = slot.tensor.detach().index_select(slot.dim, idx)
-            if live.shape == values.shape:
-                continue
-            if live.dim() != values.dim() or any(n < o for n, o in zip(live.shape, values.shape)):
-                raise ValueError(f"the tensor behind masked entries of layer {name!r} shrank or changed rank: "
-                                 f"{tuple(values.shape)} -> {tuple(live.shape)}")
-            grown = live.clone()
-            grown[tuple(slice(0, n) for n in values.shape)] = values
-            slot.tensor.data.index_copy_(slot.dim, idx, grown)
-            self._frozen[key] = (idx, grown)
+        self._follow_grown_tensors()
         if example_input is None:
             return
         changed = False
@@ -412,22 +399,37 @@ class UnitMasks:
             layer = self.layers[name]
             if slot.path == layer.consumer:
                 continue
-            known = {s.path: s for s in layer.other_outgoing}
-            current = known.pop(slot.path, slot)  # a head seen before keeps its slot
-            layer.other_outgoing = [s for s in layer.other_outgoing if s.path != slot.path]
-            if layer.outgoing is not None:
-                layer.other_outgoing.append(layer.outgoing)
-            layer.outgoing, layer.consumer = current, current.path
+            by_path = {known.path: known for known in layer.outgoing_slots}
+            current = by_path.pop(slot.path, slot)  # a head seen before keeps its slot
+            layer.outgoing, layer.consumer, layer.other_outgoing = current, current.path, list(by_path.values())
             changed = True
         if changed:
             # masked entries of known heads equal their frozen values here (restored after every
             # step); a new head's columns are frozen at their initial values
             self._refreeze()
 
+    def _follow_grown_tensors(self) -> None:
+        """Extend frozen snapshots whose tensor grew (checked on shapes alone: this runs every step)."""
+        for key, (idx, values) in list(self._frozen.items()):
+            name, i = key
+            layer = self.layers[name]
+            slot = (layer.param_slots + layer.norm_buffers)[i]
+            shape = list(slot.tensor.shape)
+            shape[slot.dim] = idx.numel()
+            if tuple(shape) == tuple(values.shape):
+                continue
+            if len(shape) != values.dim() or any(n < o for n, o in zip(shape, values.shape)):
+                raise ValueError(f"the tensor behind masked entries of layer {name!r} shrank or changed rank: "
+                                 f"{tuple(values.shape)} -> {tuple(shape)}")
+            grown = slot.tensor.detach().index_select(slot.dim, idx).clone()
+            grown[tuple(slice(0, n) for n in values.shape)] = values
+            slot.tensor.data.index_copy_(slot.dim, idx, grown)
+            self._frozen[key] = (idx, grown)
+
     @torch.no_grad()
     def restore(self) -> None:
         """Copy the masked entries back to their frozen values (exact)."""
-        self.sync()
+        self._follow_grown_tensors()
         for (name, i), (idx, values) in self._frozen.items():
             layer = self.layers[name]
             slot = (layer.param_slots + layer.norm_buffers)[i]

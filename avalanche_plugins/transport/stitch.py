@@ -80,11 +80,13 @@ def stage_layout(model: nn.Module, stage: str, x: torch.Tensor, task_labels=None
         'channels_first'
     """
     executed: list[nn.Module] = []
+    captured: list = []
     target = _module(model, stage)
 
     def record(module, inputs, output):
         executed.append(module)
         if module is target:
+            captured.append(output)
             raise _StopForward
 
     handles = [m.register_forward_hook(record) for m in model.modules() if m is not model]
@@ -96,9 +98,11 @@ def stage_layout(model: nn.Module, stage: str, x: torch.Tensor, task_labels=None
     finally:
         for h in handles:
             h.remove()
-    if target not in executed:
+    if not captured:
         raise ValueError(f"stage={stage!r} was not run by the forward pass")
-    out = stage_activations(model, stage, x[:2], None if task_labels is None else task_labels[:2])
+    out = captured[0]
+    if not isinstance(out, torch.Tensor):
+        raise ValueError(f"stage={stage!r} outputs {type(out).__name__}, not a tensor")
     if out.dim() != 3:
         return {2: "flat", 4: "channels_first"}.get(out.dim(), "flat")
     for module in reversed(executed):

@@ -10,7 +10,7 @@ from avalanche_plugins.core.stats import direction_consistency, kendall_tau, spe
 from benchmarks.ads_zoo.zoo import Arch, one_edit_pairs
 
 PREDICTORS = ("ads_logit", "ads_logit_calibrated", "ads_loss", "ads", "ads_probe", "ads_topology",
-              "first_order_logit", "first_order_loss", "first_step", "n_params")
+              "first_order_logit", "first_order_loss", "first_step", "first_step_logit", "new_loss", "n_params")
 
 
 def add_topology_only(rows: list[dict]) -> None:
@@ -26,6 +26,15 @@ def add_topology_only(rows: list[dict]) -> None:
             ok = len(r["data_terms"]) == len(ref["data_terms"])
             r["ads_topology"] = (ref["path_factor"] * sum(n * d for n, d in zip(r["architecture_terms"], ref["data_terms"]))
                                  if ok else None)
+
+
+def add_first_step_logit(rows: list[dict]) -> None:
+    """``first_step_logit``: one real SGD step's measured old-logit change times the logit path
+    factor (the cheap baseline beside ADS; the docs divide it by the scenario's lr, a constant that
+    leaves every rank statistic unchanged). ``new_loss`` is stored by every job already."""
+    for r in rows:
+        ok = r.get("first_step") is not None and r.get("logit_path_factor") is not None
+        r["first_step_logit"] = r["first_step"] * r["logit_path_factor"] if ok else None
 
 
 def add_family_calibrated(rows: list[dict]) -> None:
@@ -83,6 +92,7 @@ def statistics(rows: list[dict], archs: list[Arch]) -> dict:
 
 def analyse(rows: list[dict], archs: list[Arch], scenarios: list[str], seeds: list[int]) -> dict:
     add_topology_only(rows)
+    add_first_step_logit(rows)
     add_family_calibrated(rows)
     per_scenario = {}
     for scenario in scenarios:

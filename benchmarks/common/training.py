@@ -6,8 +6,8 @@
   :func:`quiet_deprecations`.
 * Hand-written loops on tensors: :func:`train_minibatches` (shuffled minibatch epochs with Adam
   or SGD and a seeded generator).
-* Accuracy: :func:`accuracy` (logits), :func:`batched_accuracy` (a forward over chunks),
-  :func:`stream_accuracy` (a model on the union of experiences).
+* Accuracy: :func:`accuracy` (logits), :func:`batched_accuracy` (a forward over chunks); over a
+  union of experiences, the library's ``avalanche_plugins.stream_accuracy``.
 
 ``R[i, j]`` is the test accuracy on experience ``j`` after training on experiences ``0..i``
 (read from Avalanche's ``Top1_Acc_Exp`` metric). From it: final average accuracy
@@ -45,7 +45,6 @@ __all__ = [
     "quiet_evaluator",
     "run_strategy",
     "run_stream",
-    "stream_accuracy",
     "train_minibatches",
 ]
 
@@ -245,37 +244,3 @@ def batched_accuracy(forward: Callable[..., torch.Tensor], *inputs: torch.Tensor
         out = forward(*(t[s:s + batch_size] for t in inputs))
         correct += int((out.argmax(-1) == targets[s:s + batch_size]).sum())
     return correct / len(targets)
-
-
-@torch.no_grad()
-def stream_accuracy(model: nn.Module, experiences, *, batch_size: int = 256) -> float:
-    """Top-1 accuracy of ``model`` over the union of ``experiences``' datasets (eval transforms,
-    sample-weighted, in order), in eval mode; every submodule's train/eval flag and torch's global
-    RNG are restored afterwards."""
-    from torch.utils.data import DataLoader
-
-    modes = [(module, module.training) for module in model.modules()]
-    state = torch.get_rng_state()  # a DataLoader iterator draws from it even without shuffling
-    model.eval()
-    correct = total = 0
-    try:
-        for experience in experiences:
-            data = experience.dataset
-            data = data.eval() if hasattr(data, "eval") else data
-            loader = DataLoader(data, batch_size=batch_size, collate_fn=getattr(data, "collate_fn", None))
-            for batch in loader:
-                x, y, t = batch[0], batch[1], batch[-1]
-                out = model(x, torch.as_tensor(t)) if _is_multitask(model) else model(x)
-                correct += int((out.argmax(1) == y).sum())
-                total += int(y.numel())
-    finally:
-        for module, training in modes:
-            module.training = training
-        torch.set_rng_state(state)
-    if total == 0:
-        raise ValueError("no test samples to evaluate")
-    return correct / total
-
-
-def _is_multitask(model: nn.Module) -> bool:
-    return hasattr(model, "forward_single_task")

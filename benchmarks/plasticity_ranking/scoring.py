@@ -88,8 +88,8 @@ def score_checkpoint(setting: Setting, model: nn.Module, loss_fn, data, *, seed:
     t0 = time.perf_counter()
     res_ps = optimization_readiness(model, loss_fn, x_val, y_val, batch_size=s.or_batch, estimator="per_sample")
     timings["or_per_sample_s"] = time.perf_counter() - t0
-    rec.update(loss=res.loss, or_=res.readiness, strength=res.strength, reliability=res.reliability,
-               or_per_sample=res_ps.readiness)
+    rec.update(loss=res.loss, grad_norm_sq=res.grad_norm_sq, or_=res.readiness, strength=res.strength,
+               reliability=res.reliability, or_per_sample=res_ps.readiness)
     rec["or"] = rec.pop("or_")
     probe = x_val[: s.n_probe]
     probe_j, probe_jy = x_val[: s.n_probe_jacobian], y_val[: s.n_probe_jacobian]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-METRICS = ("or", "or_per_sample", "strength", "reliability", "effective_rank", "energy_rank",
+METRICS = ("or", "or_per_sample", "strength", "reliability", "loss", "grad_norm_sq", "effective_rank", "energy_rank",
            "entk_energy_rank", "hessian_energy_rank", "active_units")
 METRIC_LABELS = {"or": "OR (sampled)", "or_per_sample": "OR (per-sample)", "strength": "S",
+                 "loss": "L (cheap baseline)", "grad_norm_sq": "‖g‖² (cheap baseline)",
                  "reliability": "R", "effective_rank": "effective rank", "energy_rank": "energy rank (99%)",
                  "entk_energy_rank": "eNTK energy rank", "hessian_energy_rank": "Hessian energy rank",
                  "active_units": "active units"}
