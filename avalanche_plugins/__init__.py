@@ -37,10 +37,13 @@ _EXPORTS = {
     "NewbornGradientMetric": "avalanche_plugins.structural.metrics",
     "OptimizationReadinessMetric": "avalanche_plugins.readiness.metric",
     "PrunePlugin": "avalanche_plugins.structural.plugins",
+    "TidyCSVLogger": "avalanche_plugins._avalanche.tidy_logger",
     "TransportKeyMetric": "avalanche_plugins.transport.metric",
     "retrain_ticket": "avalanche_plugins.structural.plugins",
     "fix_checkpoint_pickling": "avalanche_plugins._avalanche.compat",
     "fix_synaptic_intelligence_on_cpu": "avalanche_plugins._avalanche.compat",
+    "fix_text_loggers": "avalanche_plugins._avalanche.compat",
+    "fix_wandb_logger": "avalanche_plugins._avalanche.compat",
     "quiet_evaluator": "avalanche_plugins._avalanche.evaluation",
     "stream_accuracy": "avalanche_plugins._avalanche.evaluation",
 }

@@ -12,15 +12,35 @@ replaces the static method on the class with one that stores copies.
 ``sys.modules`` but not an attribute), so dill cannot find ``torch.optim.sgd.SGD`` by reference,
 falls back to pickling the class by value and fails (``Can't pickle sentinel``). Re-exposing the
 loaded submodules as attributes restores pickling by reference; nothing else changes.
+
+``fix_wandb_logger``: Avalanche 0.6's ``WandBLogger`` calls ``wandb.util.generate_id`` (gone in
+wandb 0.31) when it starts a run and builds its type checks from ``wandb.viz.CustomChart`` (gone:
+it is ``wandb.plot.CustomChart``) for every value, so it fails at construction and, once shimmed, at
+the first value. It then hands ``matplotlib`` figures to ``wandb.log``, which converts them with
+plotly (an error without plotly, aborting training), and ``after_training_exp`` logs every value a
+second time. The fix replaces those three methods: ids from ``wandb.sdk.lib.runid``, figures and
+``TensorImage`` values sent as ``wandb.Image`` PNGs, each value logged once.
+
+``fix_text_loggers``: ``TextLogger`` buffers every value it receives and prints the buffer only at
+``after_training_epoch``, ``after_eval_exp`` and ``after_eval``. Values emitted at
+``after_training_exp`` (most of this package's metrics, which measure a trained experience) are
+therefore printed under the *next* experience's first epoch, or in the next eval block; after the
+last experience of a train-only loop they are never printed. ``InteractiveLogger`` overrides
+``after_training_exp`` for online streams only. The fix prints the buffer at the end of each
+training experience (under "> Training on experience N ... ended.") and at the end of training.
 """
 
 from __future__ import annotations
 
+import numbers
+import os
 import sys
+import uuid
 
 import torch
 
-__all__ = ["fix_synaptic_intelligence_on_cpu", "fix_checkpoint_pickling"]
+__all__ = ["fix_synaptic_intelligence_on_cpu", "fix_checkpoint_pickling", "fix_text_loggers",
+           "fix_wandb_logger"]
 
 
 @torch.no_grad()
@@ -49,3 +69,155 @@ def fix_checkpoint_pickling() -> None:
         parts = name.split(".")
         if len(parts) == 3 and name.startswith("torch.optim.") and not hasattr(torch.optim, parts[2]):
             setattr(torch.optim, parts[2], module)
+
+
+# --------------------------------------------------------------------------------------------
+# W&B
+
+
+def _generate_run_id(wandb) -> str:
+    generate = getattr(wandb.util, "generate_id", None)  # wandb < 0.19
+    if generate is None:
+        try:
+            from wandb.sdk.lib.runid import generate_id as generate
+        except ImportError:  # a later move: any short unique id will do
+            return uuid.uuid4().hex[:8]
+    return generate()
+
+
+def _wandb_before_run(self):
+    if self.wandb is None:
+        self.import_wandb()
+    if self.init_kwargs is None:
+        self.init_kwargs = {}
+    run_id = self.init_kwargs.get("id") or os.environ.get("WANDB_RUN_ID") or _generate_run_id(self.wandb)
+    self.init_kwargs["id"] = run_id
+    self.wandb.init(**self.init_kwargs)
+    label = getattr(self.wandb.run, "_label", None)
+    if label is not None:
+        label(repo="Avalanche")
+
+
+def _wandb_payload(wandb, value):
+    """What ``wandb.log`` gets for a metric value, or None for types the logger skips."""
+    from avalanche.evaluation.metric_results import AlternativeValues, TensorImage
+    from matplotlib.figure import Figure
+    from PIL.Image import Image
+
+    from avalanche_plugins._avalanche.figures import as_image
+
+    chart = getattr(getattr(wandb, "plot", None), "CustomChart", None)
+    if isinstance(value, AlternativeValues):
+        value = value.best_supported_value(Image, torch.Tensor, TensorImage, Figure, numbers.Real,
+                                           *(() if chart is None else (chart,)))
+    if chart is not None and isinstance(value, chart):
+        return value
+    if isinstance(value, numbers.Real):  # numpy scalars too
+        return value.item() if hasattr(value, "item") else value
+    if isinstance(value, torch.Tensor):
+        import numpy as np
+
+        return wandb.Histogram(np_histogram=np.histogram(value.detach().cpu().flatten().numpy()))
+    image = as_image(value)  # figures as PNG images: no plotly
+    return None if image is None else wandb.Image(image)
+
+
+def _wandb_log_single_metric(self, name, value, x_plot):
+    self.step = x_plot
+    if name.startswith("WeightCheckpoint"):
+        if self.log_artifacts:
+            self._log_checkpoint(name, value, x_plot)
+        return
+    payload = _wandb_payload(self.wandb, value)
+    if payload is not None:
+        self.wandb.log({name: payload}, step=self.step)
+
+
+def _wandb_after_training_exp(self, strategy, metric_values, **kwargs):
+    # EvaluationPlugin has already passed metric_values to log_metrics; log only the counter.
+    self.wandb.log({"TrainingExperience": self.exp_count}, step=self.step)
+    self.exp_count += 1
+
+
+def fix_wandb_logger() -> None:
+    """Make Avalanche 0.6's ``WandBLogger`` work with wandb >= 0.19 (idempotent, process-wide;
+    module docstring). Call before creating the logger; offline runs need ``WANDB_MODE=offline``
+    (or ``params={"mode": "offline"}``), and ``wandb.finish()`` ends the run.
+
+    Example::
+
+        import os
+        from avalanche.logging import WandBLogger
+        from avalanche_plugins import fix_wandb_logger
+
+        os.environ.setdefault("WANDB_MODE", "offline")
+        fix_wandb_logger()
+        evaluator = EvaluationPlugin(..., loggers=[WandBLogger(project_name="study", dir="runs")])
+    """
+    from avalanche.logging import WandBLogger
+
+    WandBLogger.before_run = _wandb_before_run
+    WandBLogger.log_single_metric = _wandb_log_single_metric
+    WandBLogger.after_training_exp = _wandb_after_training_exp
+
+
+# --------------------------------------------------------------------------------------------
+# Text / Interactive
+
+
+def _print_training_values(self, strategy, header: str) -> None:
+    """Print and clear the values buffered since the last printout (nothing when none are)."""
+    if not self.metric_vals:
+        return
+    print(header, file=self.file)
+    self.print_current_metrics()
+    self.metric_vals = {}
+
+
+def _training_exp_header(strategy) -> str:
+    from avalanche.evaluation.metric_utils import phase_and_task, stream_type
+
+    task = phase_and_task(strategy)[1]
+    task = "" if task is None else f" (Task {task})"
+    return (f"> Training on experience {strategy.experience.current_experience}{task} "
+            f"from {stream_type(strategy.experience)} stream ended.")
+
+
+def _text_after_training_exp(self, strategy, metric_values, **kwargs):
+    _print_training_values(self, strategy, _training_exp_header(strategy))
+
+
+def _text_after_training(self, strategy, metric_values, **kwargs):
+    _text_after_training.original(self, strategy, metric_values, **kwargs)
+    _print_training_values(self, strategy, "> Values emitted at the end of training:")
+
+
+def _interactive_after_training_exp(self, strategy, metric_values, **kwargs):
+    from avalanche.benchmarks.scenarios import OnlineCLExperience
+
+    if isinstance(strategy.experience, OnlineCLExperience):  # the original prints at the last sub-experience
+        _interactive_after_training_exp.original(self, strategy, metric_values, **kwargs)
+    else:
+        _text_after_training_exp(self, strategy, metric_values, **kwargs)
+
+
+def fix_text_loggers() -> None:
+    """Make ``TextLogger`` and ``InteractiveLogger`` print each training experience's values under
+    that experience, the last one included (idempotent, process-wide; module docstring).
+
+    Example::
+
+        from avalanche_plugins import fix_text_loggers
+
+        fix_text_loggers()
+        evaluator = EvaluationPlugin(..., loggers=[InteractiveLogger(), TextLogger(open("log.txt", "w"))])
+    """
+    from avalanche.logging import InteractiveLogger, TextLogger
+
+    if TextLogger.after_training is not _text_after_training:
+        _text_after_training.original = TextLogger.after_training
+        TextLogger.after_training = _text_after_training
+    TextLogger.after_training_exp = _text_after_training_exp
+    if InteractiveLogger.after_training_exp is not _interactive_after_training_exp:
+        _interactive_after_training_exp.original = InteractiveLogger.after_training_exp
+        InteractiveLogger.after_training_exp = _interactive_after_training_exp

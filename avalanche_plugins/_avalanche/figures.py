@@ -3,14 +3,16 @@
 A metric value stays in Avalanche's ``EvaluationPlugin`` for the whole run (``collect_all=True``),
 and a live ``matplotlib`` figure holds megabytes. :func:`figure_image` renders it once to a PNG
 and returns a lazily decoded ``PIL`` image of a few tens of kB that every image-aware logger
-(TensorBoard, W&B) accepts; the figure itself is dropped.
+(TensorBoard, W&B) accepts; the figure itself is dropped. :func:`as_image` turns any image-like
+metric value (a ``PIL`` image, a ``Figure``, Avalanche's ``TensorImage``) into a ``PIL`` image for
+the loggers that store files (the tidy CSV logger, the W&B fix).
 """
 
 from __future__ import annotations
 
 import io
 
-__all__ = ["figure_image", "profile_figure"]
+__all__ = ["as_image", "figure_image", "profile_figure"]
 
 
 def figure_image(fig, dpi: int = 80):
@@ -23,6 +25,32 @@ def figure_image(fig, dpi: int = 80):
     fig.savefig(buffer, format="png", dpi=dpi)
     buffer.seek(0)
     return Image.open(buffer)
+
+
+def as_image(value):
+    """A ``PIL`` image of ``value`` (``PIL`` image, ``matplotlib`` ``Figure`` or ``TensorImage``),
+    or None when ``value`` is none of these."""
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+    if isinstance(value, Image.Image):
+        return value
+    if isinstance(value, Figure):
+        return figure_image(value)
+    from avalanche.evaluation.metric_results import TensorImage
+
+    if isinstance(value, TensorImage):
+        import torch
+
+        pixels = value.image.detach().cpu()
+        if pixels.is_floating_point():  # Avalanche's convention: CHW in [0, 1]
+            pixels = (pixels.clamp(0, 1) * 255).round().to(torch.uint8)
+        array = pixels.numpy()
+        if array.ndim == 3:
+            array = array.transpose(1, 2, 0)
+            array = array[..., 0] if array.shape[2] == 1 else array
+        return Image.fromarray(array)
+    return None
 
 
 def profile_figure(names, values, title: str):
