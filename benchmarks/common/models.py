@@ -1,5 +1,5 @@
-"""The benchmark model zoo: MLP, small CNN (with/without BatchNorm), mini ResNet, tiny ViT, and
-the two multi-head wrappers.
+"""The benchmark model zoo: MLP, small CNN (with/without BatchNorm), mini ResNet, tiny ViT, the
+CIFAR-style ResNet-8/18/34 (:func:`cifar_resnet`), and the two multi-head wrappers.
 
 All take image-shaped inputs ``(N, C, H, W)`` (28×28 MNIST or 8×8 digits) so one data pipeline
 serves every model; the MLP flattens. Each model's last layer is named ``head`` so a
@@ -20,7 +20,7 @@ from avalanche.models import MultiHeadClassifier, MultiTaskModule
 from torch import nn
 
 __all__ = ["MLP", "SmallCNN", "MiniResNet", "TinyViT", "MultiHeadNet", "TaskHeadsNet", "build_model",
-           "MODEL_NAMES"]
+           "cifar_resnet", "CIFAR_RESNET_DEPTHS", "MODEL_NAMES"]
 
 
 class MLP(nn.Module):
@@ -114,6 +114,66 @@ class MiniResNet(nn.Module):
 
     def forward(self, x):
         return self.head(self.features(x))
+
+
+CIFAR_RESNET_DEPTHS = (8, 18, 34)
+
+
+def cifar_resnet(depth: int = 18, n_classes: int = 100, in_channels: int = 3) -> nn.Module:
+    """CIFAR-style ResNet from torchvision's ``ResNet`` / ``BasicBlock``: 3×3 stride-1 stem, no
+    max-pool, so 32×32 inputs keep their resolution into ``layer1``.
+
+    * ``depth=18``: BasicBlock stages ``[2, 2, 2, 2]``, widths 64–512 (11.2 M parameters at 100
+      classes); ``depth=34``: ``[3, 4, 6, 3]`` (21.3 M).
+    * ``depth=8``: He et al. (2016)'s CIFAR ResNet with ``n = 1`` (``6n + 2`` layers): the same stem
+      and blocks, three stages of one BasicBlock at widths 16/32/64 (84 k parameters). Torchvision's
+      ``ResNet`` always has four stages of 64–512 channels, so its smallest member is a
+      ResNet-10 costing about 40 % of a ResNet-18; ResNet-8 gives the size sweep a small end.
+
+    Stages are ``layer1`` … and the head ``fc``, as in torchvision.
+
+    Example:
+        >>> net = cifar_resnet(8)
+        >>> net(torch.randn(2, 3, 32, 32)).shape, sum(p.numel() for p in net.parameters())
+        (torch.Size([2, 100]), 83892)
+    """
+    from torchvision.models.resnet import BasicBlock, ResNet
+
+    if depth not in CIFAR_RESNET_DEPTHS:
+        raise ValueError(f"depth must be one of {CIFAR_RESNET_DEPTHS}, got {depth!r}")
+    if depth == 8:
+        model = _CifarResNet8(BasicBlock, in_channels, n_classes)
+    else:
+        model = ResNet(BasicBlock, [2, 2, 2, 2] if depth == 18 else [3, 4, 6, 3], num_classes=n_classes)
+        model.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
+        model.maxpool = nn.Identity()
+    model.feature_dim = model.fc.in_features
+    return model
+
+
+class _CifarResNet8(nn.Module):
+    """ResNet-8 of :func:`cifar_resnet` (torchvision ``BasicBlock``s and attribute names)."""
+
+    def __init__(self, block, in_channels: int, n_classes: int, widths: Sequence[int] = (16, 32, 64)):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, widths[0], 3, stride=1, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(widths[0])
+        self.relu = nn.ReLU(inplace=True)
+        c = widths[0]
+        for i, w in enumerate(widths):
+            stride = 1 if i == 0 else 2
+            downsample = None
+            if stride != 1 or c != w:
+                downsample = nn.Sequential(nn.Conv2d(c, w, 1, stride=stride, bias=False), nn.BatchNorm2d(w))
+            setattr(self, f"layer{i + 1}", block(c, w, stride, downsample))
+            c = w
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(c, n_classes)
+
+    def forward(self, x):
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer3(self.layer2(self.layer1(x)))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
 class Attention(nn.Module):
@@ -232,7 +292,7 @@ class TaskHeadsNet(nn.Module):
         return self.forward_single_task(x, int(task_labels))
 
 
-MODEL_NAMES = ("mlp", "cnn", "cnn_nobn", "resnet", "vit")
+MODEL_NAMES = ("mlp", "cnn", "cnn_nobn", "resnet", "vit", "cifar_resnet")
 
 
 def build_model(name: str, input_shape: Sequence[int], n_classes: int, *, multihead: bool = False,
@@ -240,7 +300,8 @@ def build_model(name: str, input_shape: Sequence[int], n_classes: int, *, multih
     """Build a benchmark model by name for image-shaped inputs ``input_shape = (C, H, W)``.
 
     ``multihead=True`` wraps the trunk with a ``MultiHeadClassifier`` (task-incremental runs).
-    Extra keyword arguments go to the model class (e.g. ``hidden=(400, 400)`` for the MLP).
+    Extra keyword arguments go to the model class (e.g. ``hidden=(400, 400)`` for the MLP,
+    ``depth=18`` for ``cifar_resnet``).
 
     Example:
         >>> build_model("cnn", (1, 8, 8), 10)(torch.randn(2, 1, 8, 8)).shape
@@ -258,10 +319,12 @@ def build_model(name: str, input_shape: Sequence[int], n_classes: int, *, multih
     elif name == "vit":
         kwargs.setdefault("patch", 7 if h % 7 == 0 else 2 if h % 2 == 0 else 1)
         model = TinyViT(image_size=h, in_channels=c, n_classes=n_classes, **kwargs)
+    elif name == "cifar_resnet":
+        model = cifar_resnet(n_classes=n_classes, in_channels=c, **kwargs)
     else:
         raise ValueError(f"model name must be one of {MODEL_NAMES}, got {name!r}")
     if multihead:
         feature_dim = model.feature_dim
-        model.head = nn.Identity()
+        setattr(model, "fc" if name == "cifar_resnet" else "head", nn.Identity())
         return MultiHeadNet(model, feature_dim)
     return model

@@ -1,0 +1,464 @@
+"""The child side of :mod:`benchmarks.scale`: one measurement = one job = one fresh process.
+
+:func:`measure` builds the model (seeded), runs one estimator on seeded synthetic CIFAR-shaped
+tensors (``(N, 3, 32, 32)``, 100 classes), reads the process's peak RSS
+(``resource.getrusage(RUSAGE_SELF).ru_maxrss``) and then times the reference training epoch in
+the same process, after the estimator, so the estimator's peak is its own. Every estimator reads
+only public APIs of ``avalanche_plugins`` (the plugins through a real Avalanche strategy).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+import math
+import resource
+import time
+import types
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from benchmarks.common.jobs import seed_everything
+from benchmarks.common.models import MLP, TinyViT, cifar_resnet
+
+__all__ = ["Config", "Job", "MODELS", "ESTIMATORS", "Unavailable", "measure", "middle_stage", "model_params", "rss_gb",
+           "setting_for", "synthetic"]
+
+N_CLASSES = 100
+INPUT_SHAPE = (3, 32, 32)
+EPOCH_IMAGES = 5000  # one Split CIFAR-100 experience: the unit every ratio is expressed in
+BATCH = 64
+
+
+@dataclass(frozen=True)
+class Config:
+    """Sample counts and settings shared by every job of a run (part of each job's cache key)."""
+
+    quick: bool = False
+    threads: int = 1
+    ref_images: int = 128  # images of the reference epoch timed in every process (per-image time)
+    curvature_samples: int | None = None  # None: the library's DEFAULT_SAMPLES for the method
+    hessian_samples: int = 32
+    hessian_max_iter: int = 10
+    hessian_max_params: int = 3_000_000
+    fisher_samples: int = 32  # expected Fisher costs classes × samples backward passes
+    readiness_samples: int = 256
+    ads_samples: int = 256
+    anchors: int = 100
+    gn_anchors: int = 100
+    gn_iterations: int = 2
+    masked_fraction: float = 0.5
+    ewc_experiences: int = 3
+    ewc_samples: int = 32
+    penalty_reps: int = 20
+    check_epoch_images: int = EPOCH_IMAGES
+
+
+@dataclass(frozen=True)
+class Job:
+    model: str
+    estimator: str
+    seed: int
+    config: Config
+
+
+class Unavailable(RuntimeError):
+    """The library does not provide what the measurement needs (yet)."""
+
+
+# ------------------------------------------------------------------------------------------------
+# models: name -> (family, builder)
+
+
+def _mlp(width):
+    return lambda: MLP(INPUT_SHAPE, hidden=(width, width), n_classes=N_CLASSES)
+
+
+def _vit(depth, dim):
+    return lambda: TinyViT(image_size=32, patch=4, in_channels=3, n_classes=N_CLASSES, dim=dim, depth=depth, heads=4)
+
+
+MODELS: dict[str, tuple[str, object]] = {
+    **{f"mlp-{w}": ("mlp", _mlp(w)) for w in (256, 512, 1024, 2048, 4096)},
+    **{f"resnet{d}": ("resnet", (lambda d=d: cifar_resnet(d, N_CLASSES, 3))) for d in (8, 18, 34)},
+    **{f"vit-d{d}-w{w}": ("vit", _vit(d, w)) for d, w in ((1, 64), (1, 128), (2, 64), (2, 128), (2, 256), (4, 128))},
+}
+
+
+def model_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def middle_stage(name: str) -> str:
+    """Where the transport keys cut: the middle stage (``layer3`` of ResNet-18/34, as in issue 15).
+
+    Example:
+        >>> [middle_stage(m) for m in ("mlp-256", "resnet8", "resnet18", "vit-d4-w128")]
+        ['features.1', 'layer2', 'layer3', 'blocks.1']
+    """
+    family = MODELS[name][0]
+    if family == "mlp":
+        return "features.1"  # after the first hidden layer
+    if family == "resnet":
+        return "layer2" if name == "resnet8" else "layer3"
+    depth = int(name.split("-d")[1].split("-")[0])
+    return f"blocks.{(depth - 1) // 2}"
+
+
+def setting_for(job: Job) -> str:
+    """What a measurement runs on, known before it runs (failed rows carry it too)."""
+    cfg, e = job.config, job.estimator
+    if e in ("curvature_fisher", "curvature_hessian"):
+        method = e.split("_")[1]
+        n = curvature_samples(method, cfg)
+        return f"{n} samples, max_iter {cfg.hessian_max_iter}" if method == "hessian" else f"{n} samples, defaults"
+    settings = {
+        "epoch": f"5,000 × per-image time of {cfg.ref_images} images",
+        "epoch_5000": f"{cfg.check_epoch_images:,} images",
+        "fisher_expected": f"{cfg.fisher_samples} samples, defaults",
+        "fisher_empirical": f"{cfg.fisher_samples} samples, defaults",
+        "readiness_sampled": f"{cfg.readiness_samples} samples, defaults",
+        "readiness_per_sample": f"{cfg.readiness_samples} samples, defaults",
+        "ads": f"{cfg.ads_samples} old + {cfg.ads_samples} new, logit path",
+        "key_channel": f"{cfg.anchors} anchors at {middle_stage(job.model)} (activations + fit)",
+        "key_cross_channel": f"{cfg.anchors} anchors at {middle_stage(job.model)} (activations + fit)",
+        "gauss_newton_key": f"{cfg.gn_anchors} anchors at {middle_stage(job.model)}, {cfg.gn_iterations} iterations",
+        "unit_masks": "construction (consumer probe)",
+        "masked_epoch": f"{100 * cfg.masked_fraction:.0f} % units masked, {cfg.ref_images} images",
+        "ewc_penalty": f"per iteration, {cfg.ewc_experiences} experiences, median of {cfg.penalty_reps}",
+    }
+    return settings[e]
+
+
+def curvature_samples(method: str, cfg: Config) -> int:
+    """Samples of a ``layer_curvature`` measurement: the library's default for the method (the
+    adapters' ``DEFAULT_SAMPLES``), the exact Hessian capped at ``hessian_samples``."""
+    n = cfg.curvature_samples or _layer_curvature()[1].get(method, 64 if method == "fisher" else 256)
+    return min(n, cfg.hessian_samples) if method == "hessian" else n
+
+
+def synthetic(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` standard-normal CIFAR-shaped images and uniform labels of 100 classes (seeded)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, *INPUT_SHAPE, generator=g), torch.randint(0, N_CLASSES, (n,), generator=g)
+
+
+def rss_gb() -> float:
+    """Current resident set size (``/proc/self/status``; the peak where that is unavailable)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024 / 1e9
+    except OSError:
+        pass
+    return peak_rss_gb()
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux: kB
+
+
+# ------------------------------------------------------------------------------------------------
+# training epochs
+
+
+def train_images(model: nn.Module, x: torch.Tensor, y: torch.Tensor, masks=None) -> float:
+    """Seconds of one SGD pass (lr 0.01, momentum 0.9, batch 64, train mode) over ``(x, y)``;
+    ``masks`` (a ``UnitMasks``) steps the optimizer keeping masked units exact."""
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def step(xb, yb):
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(xb), yb).backward()
+        masks.step(opt) if masks is not None else opt.step()
+
+    step(x[:8], y[:8])  # warm-up (allocator, first-call dispatch), not timed
+    start = time.perf_counter()
+    for s in range(0, x.shape[0], BATCH):
+        step(x[s:s + BATCH], y[s:s + BATCH])
+    return time.perf_counter() - start
+
+
+# ------------------------------------------------------------------------------------------------
+# estimators: fn(model, job) -> dict with "time_s" (the timed part) and extras; "setting" says what
+
+
+def _call_accepting(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with the keyword arguments ``fn`` does not take dropped (the APIs
+    measured here are being extended while this benchmark runs against them)."""
+    params = inspect.signature(fn).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+    return fn(*args, **kwargs)
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def run_epoch(model, job):
+    x, y = synthetic(job.config.ref_images, job.seed)
+    return {"time_s": train_images(model, x, y), "images": x.shape[0]}
+
+
+def run_check_epoch(model, job):
+    x, y = synthetic(job.config.check_epoch_images, job.seed)
+    return {"time_s": train_images(model, x, y), "images": x.shape[0]}
+
+
+def _layer_curvature():
+    """``layer_curvature`` and the sample counts its adapters default to, wherever the library
+    exports it; None when it does not exist yet."""
+    for module in ("avalanche_plugins.layer_adaptive", "avalanche_plugins.layer_adaptive.curvature",
+                   "avalanche_plugins.layer_adaptive.hessian"):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        if hasattr(mod, "layer_curvature"):
+            defaults = getattr(importlib.import_module(mod.layer_curvature.__module__), "DEFAULT_SAMPLES", {})
+            return mod.layer_curvature, dict(defaults)
+    return None, {}
+
+
+def _curvature(method):
+    def run(model, job):
+        cfg = job.config
+        fn, _ = _layer_curvature()
+        n = curvature_samples(method, cfg)
+        extra = {"max_iter": cfg.hessian_max_iter} if method == "hessian" else {}
+        x, y = synthetic(n, job.seed)
+        if fn is None:
+            if method == "fisher":
+                raise Unavailable("avalanche_plugins.layer_adaptive has no layer_curvature yet (issue 15's fast "
+                                  "per-layer curvature): method='fisher' cannot be measured")
+            from avalanche_plugins.layer_adaptive.hessian import layer_top_eigenvalues
+
+            seconds, spec = _timed(lambda: _call_accepting(layer_top_eigenvalues, model, nn.CrossEntropyLoss(),
+                                                           x, y, **extra))
+            note = "layer_curvature missing: layer_top_eigenvalues"
+        else:
+            seconds, spec = _timed(lambda: _call_accepting(fn, model, nn.CrossEntropyLoss(), x, y, method=method,
+                                                           **extra))
+            note = ""
+        kappa = float(spec.kappa)
+        return {"time_s": seconds, "samples": n, "n_layers": len(spec.names), "note": note,
+                "kappa": kappa if math.isfinite(kappa) else None}
+    return run
+
+
+def _fisher(kind):
+    def run(model, job):
+        from avalanche_plugins.layer_adaptive import fisher_diagonal
+
+        x, y = synthetic(job.config.fisher_samples, job.seed)
+        seconds, _ = _timed(lambda: fisher_diagonal(kind, model, nn.CrossEntropyLoss(), x, y))
+        return {"time_s": seconds, "samples": x.shape[0]}
+    return run
+
+
+def _readiness(estimator):
+    def run(model, job):
+        from avalanche_plugins.readiness import optimization_readiness
+
+        x, y = synthetic(job.config.readiness_samples, job.seed)
+        seconds, _ = _timed(lambda: optimization_readiness(model, nn.CrossEntropyLoss(), x, y, estimator=estimator))
+        return {"time_s": seconds, "samples": x.shape[0]}
+    return run
+
+
+def run_ads(model, job):
+    """What ``ArchitectureDrivenShiftMetric``'s defaults compute before an experience: ADS on the
+    logit path with ``calibration_size`` old and new samples, SGD momentum folded into the step
+    (``lr / (1 − μ)``), one epoch of 5,000 images in steps, then the old set's logits."""
+    from avalanche_plugins.ads import architecture_driven_shift, model_outputs
+
+    n = job.config.ads_samples
+    old_x, _ = synthetic(n, job.seed + 1)
+    new_x, new_y = synthetic(n, job.seed + 2)
+    steps = math.ceil(EPOCH_IMAGES / BATCH)
+
+    def run():
+        architecture_driven_shift(model, nn.CrossEntropyLoss(), old_x, new_x, new_y, lr=0.01 / (1 - 0.9),
+                                  steps=steps, optimizer="sgd", path="logit")
+        return model_outputs(model, old_x, None, 1024)
+
+    seconds, _ = _timed(run)
+    return {"time_s": seconds, "samples": 2 * n}
+
+
+def _pair(model, job):
+    """θ_A (the model) and θ_AB (a copy with seeded 1 % weight noise), both in eval mode."""
+    drifted = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(job.seed + 3)
+    with torch.no_grad():
+        for p in drifted.parameters():
+            p.add_(0.01 * p.std().nan_to_num(0.0) * torch.randn(p.shape, generator=g))
+    return model.eval(), drifted.eval()
+
+
+def _transport(family):
+    def run(model, job):
+        from avalanche_plugins.transport import fit_transport_key, stage_activations
+
+        theta_a, theta_ab = _pair(model, job)
+        stage = middle_stage(job.model)
+        xa, _ = synthetic(job.config.anchors, job.seed + 4)
+        start = time.perf_counter()
+        with torch.no_grad():
+            u, v = stage_activations(theta_ab, stage, xa), stage_activations(theta_a, stage, xa)
+        fit_start = time.perf_counter()
+        fit_transport_key(u, v, family)
+        end = time.perf_counter()
+        return {"time_s": end - start, "fit_s": end - fit_start, "samples": xa.shape[0]}
+    return run
+
+
+def run_gauss_newton(model, job):
+    from avalanche_plugins.transport import (
+        fit_transport_key,
+        gauss_newton_key,
+        stage_activations,
+        stitch,
+    )
+
+    cfg = job.config
+    theta_a, theta_ab = _pair(model, job)
+    stage = middle_stage(job.model)
+    xa, _ = synthetic(cfg.gn_anchors, job.seed + 4)
+    with torch.no_grad():
+        key = fit_transport_key(stage_activations(theta_ab, stage, xa), stage_activations(theta_a, stage, xa),
+                                "cross_channel")
+    stitched = stitch(theta_ab, theta_a, stage, key)
+    seconds, _ = _timed(lambda: gauss_newton_key(key, stitched, xa, iterations=cfg.gn_iterations))
+    return {"time_s": seconds, "samples": xa.shape[0]}
+
+
+def run_unit_masks(model, job):
+    from avalanche_plugins.structural import UnitMasks
+
+    x, _ = synthetic(2, job.seed)
+    seconds, masks = _timed(lambda: UnitMasks(model, x))
+    return {"time_s": seconds, "n_layers": len(masks.names)}
+
+
+def run_masked_epoch(model, job):
+    """One epoch of ``ref_images`` images with a seeded random ``masked_fraction`` of every maskable
+    layer's units off (``UnitMasks.step`` keeps them exact); ``measure`` divides by the dense
+    reference epoch timed after it in the same process."""
+    from avalanche_plugins.structural import UnitMasks
+
+    cfg = job.config
+    x, y = synthetic(cfg.ref_images, job.seed)
+    masks = UnitMasks(model, x[:2])
+    g = torch.Generator().manual_seed(job.seed + 5)
+    masks.set_masks({name: torch.randperm(n, generator=g) >= round(cfg.masked_fraction * n)
+                     for name, n in masks.sizes().items()})
+    return {"time_s": train_images(model, x, y, masks=masks), "images": x.shape[0],
+            "compactness": masks.compactness()}
+
+
+def run_ewc_penalty(model, job):
+    """Median time of one penalty forward + backward, LayerAdaptiveEWC (defaults) vs Avalanche's
+    ``EWCPlugin``, both after the same ``ewc_experiences`` experiences of a real ``Naive``
+    strategy (each plugin computed its own importances)."""
+    from avalanche.benchmarks import tensors_benchmark
+    from avalanche.training.plugins import EWCPlugin
+    from avalanche.training.supervised import Naive
+
+    from avalanche_plugins import LayerAdaptiveEWCPlugin, quiet_evaluator
+
+    cfg = job.config
+    data = [list(synthetic(cfg.ewc_samples, job.seed + 10 + e)) for e in range(cfg.ewc_experiences)]
+    bench = tensors_benchmark(train_tensors=data, test_tensors=data, task_labels=[0] * cfg.ewc_experiences)
+    ewc, lae = EWCPlugin(ewc_lambda=1.0), LayerAdaptiveEWCPlugin(1.0)
+    strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
+                     criterion=nn.CrossEntropyLoss(), train_mb_size=cfg.ewc_samples, train_epochs=1,
+                     device="cpu", plugins=[ewc, lae], evaluator=quiet_evaluator())
+    for experience in bench.train_stream:
+        strategy.train(experience, num_workers=0)
+    times = {"ewc": [], "lae": []}
+    for _ in range(cfg.penalty_reps):
+        for name, plugin in (("ewc", ewc), ("lae", lae)):
+            fake = types.SimpleNamespace(clock=types.SimpleNamespace(train_exp_counter=cfg.ewc_experiences),
+                                         model=model, device="cpu", loss=torch.zeros(1, requires_grad=True) * 1.0)
+            start = time.perf_counter()
+            plugin.before_backward(fake)
+            fake.loss.sum().backward()
+            times[name].append(time.perf_counter() - start)
+            model.zero_grad(set_to_none=True)
+    ewc_s, lae_s = float(np.median(times["ewc"])), float(np.median(times["lae"]))
+    return {"time_s": lae_s, "penalty_ms_lae": 1e3 * lae_s, "penalty_ms_ewc": 1e3 * ewc_s,
+            "lae_over_ewc": lae_s / ewc_s}
+
+
+# name -> (function, what it measures)
+ESTIMATORS: dict[str, tuple[object, str]] = {
+    "epoch": (run_epoch, "training epoch, SGD, batch 64 (the reference)"),
+    "epoch_5000": (run_check_epoch, "one real 5,000-image training epoch (checks the extrapolation)"),
+    "curvature_fisher": (_curvature("fisher"), "layer_curvature, method fisher"),
+    "curvature_hessian": (_curvature("hessian"), "layer_curvature, method hessian (capped)"),
+    "fisher_expected": (_fisher("expected"), "fisher_diagonal expected"),
+    "fisher_empirical": (_fisher("empirical"), "fisher_diagonal empirical"),
+    "readiness_sampled": (_readiness("sampled"), "optimization_readiness sampled"),
+    "readiness_per_sample": (_readiness("per_sample"), "optimization_readiness per_sample"),
+    "ads": (run_ads, "architecture_driven_shift, metric defaults"),
+    "key_channel": (_transport("channel"), "fit_transport_key channel (closed form)"),
+    "key_cross_channel": (_transport("cross_channel"), "fit_transport_key cross_channel (closed form)"),
+    "gauss_newton_key": (run_gauss_newton, "gauss_newton_key"),
+    "unit_masks": (run_unit_masks, "UnitMasks construction"),
+    "masked_epoch": (run_masked_epoch, "masked training epoch / dense epoch"),
+    "ewc_penalty": (run_ewc_penalty, "LayerAdaptiveEWC penalty / EWCPlugin penalty"),
+}
+
+
+def measure(job: Job, report=None) -> dict:
+    """One measurement (run in its own process by :class:`benchmarks.scale.runner.ProcessExecutor`).
+
+    ``report(dict)`` receives what is known before the estimator runs (model size, memory before),
+    so a measurement that is killed still has them. Returns the row."""
+    torch.set_num_threads(job.config.threads)
+    warnings.filterwarnings("ignore")
+    seed_everything(job.seed)
+    family, build = MODELS[job.model]
+    fn, what = ESTIMATORS[job.estimator]
+    rss_base = rss_gb()
+    model = build()
+    row = {"model": job.model, "family": family, "params": model_params(model), "estimator": job.estimator,
+           "what": what, "setting": setting_for(job), "seed": job.seed, "threads": job.config.threads,
+           "rss_base_gb": rss_base}
+    with torch.no_grad():
+        model.eval()(torch.zeros(2, *INPUT_SHAPE))  # first-call overheads out of the timing
+    row["rss_before_gb"] = rss_gb()
+    if report is not None:
+        report(dict(row))
+    out = fn(model, job)
+    row["peak_rss_gb"] = peak_rss_gb()
+    row.update(out)
+    if job.estimator == "epoch":
+        ref_s, ref_images = out["time_s"], out["images"]
+    else:  # the reference epoch, in this process, after the estimator
+        seed_everything(job.seed)
+        x, y = synthetic(job.config.ref_images, job.seed)
+        ref_s, ref_images = train_images(build(), x, y), x.shape[0]
+    row["ref_s_per_image"] = ref_s / ref_images
+    row["epoch5000_s"] = EPOCH_IMAGES * row["ref_s_per_image"]
+    if job.estimator == "epoch":  # the row stands for the 5,000-image epoch; measured_s is what ran
+        row["measured_s"], row["time_s"] = row["time_s"], row["epoch5000_s"]
+    row["ratio"] = row["time_s"] / row["epoch5000_s"]
+    if job.estimator in ("masked_epoch", "epoch_5000"):  # per image, over the dense reference's
+        row["over_dense"] = (row["time_s"] / row["images"]) / row["ref_s_per_image"]
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    row["cpu_s"] = usage.ru_utime + usage.ru_stime  # the whole process: wall time on an idle machine
+    row["status"] = "ok"
+    return row
