@@ -151,6 +151,9 @@ def main(argv=None) -> dict:
     estimators = split_list(args.estimators) or [e for e in ESTIMATORS if not (args.quick and e == "epoch_5000")]
     _check_subset(parser, "--models", models, list(MODELS))
     _check_subset(parser, "--estimators", estimators, list(ESTIMATORS))
+    if getattr(args, "executor", "local") != "local":  # the shared parser may offer other executors
+        parser.error("benchmarks.scale runs every measurement in its own local process (timeouts, memory "
+                     f"caps, peak RSS): --executor {args.executor} is not supported")
     if args.timeout is not None and not args.timeout > 0:
         parser.error(f"--timeout must be > 0 seconds, got {args.timeout}")
     if not args.max_rss_gb > 0:
