@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from avalanche_plugins.layer_adaptive import layer_top_eigenvalues
+from avalanche_plugins.layer_adaptive import layer_fisher_eigenvalues, layer_top_eigenvalues
 from avalanche_plugins.transport import (
     fit_transport_key,
     gauss_newton_key,
@@ -33,6 +33,16 @@ def test_layer_spectrum_on_the_models_device_matches_the_cpu(device):
     spectrum = layer_top_eigenvalues(_net(device), nn.CrossEntropyLoss(), x.to(device), y.to(device),
                                      tol=1e-6, max_iter=500)
     assert spectrum.top == pytest.approx(reference.top, rel=1e-3)
+
+
+@pytest.mark.parametrize("device", [CUDA])
+@pytest.mark.parametrize("labels", ["sampled", "true"])
+def test_fisher_blocks_on_the_models_device_match_the_cpu(device, labels):
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    reference = layer_fisher_eigenvalues(_net("cpu"), nn.CrossEntropyLoss(), x, y, labels=labels)
+    spectrum = layer_fisher_eigenvalues(_net(device), nn.CrossEntropyLoss(), x.to(device), y.to(device),
+                                        labels=labels)
+    assert spectrum.top == pytest.approx(reference.top, rel=1e-4)  # the same labels are drawn on the CPU
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -653,8 +653,8 @@ def test_log_profile_next_to_the_sensitivity_metric_measures_and_logs_once(monke
     from tests.fixtures import digits_stream
 
     calls = []
-    real = curvature.layer_top_eigenvalues
-    monkeypatch.setattr(curvature, "layer_top_eigenvalues", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = curvature.layer_curvature
+    monkeypatch.setattr(curvature, "layer_curvature", lambda *a, **k: calls.append(1) or real(*a, **k))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
     plugin = LayerAdaptiveEWCPlugin(ewc_lambda=1.0, schedule="geometric", log_profile=True, spectrum_samples=64)

@@ -10,7 +10,8 @@ from avalanche.evaluation.metric_results import MetricValue
 
 from avalanche_plugins._avalanche.data import experience_tensors, metric_name
 from avalanche_plugins._avalanche.figures import figure_image, profile_figure
-from avalanche_plugins.layer_adaptive.hessian import LayerSpectrum, layer_top_eigenvalues
+from avalanche_plugins.layer_adaptive.curvature import layer_curvature
+from avalanche_plugins.layer_adaptive.hessian import LayerSpectrum
 from avalanche_plugins.layer_adaptive.profile import LayerProfile
 
 __all__ = ["logs_sensitivity", "measure_profile", "sensitivity_values"]
@@ -19,22 +20,27 @@ __all__ = ["logs_sensitivity", "measure_profile", "sensitivity_values"]
 _CACHE = "_avalanche_plugins_layer_spectrum"
 
 
-def measure_profile(strategy, *, n_samples: int, chunk_size: int | None, max_iter: int, tol: float,
+def measure_profile(strategy, *, method: str, n_samples: int, chunk_size: int | None, max_iter: int, tol: float,
                     seed: int) -> LayerSpectrum:
-    """s_ℓ of ``strategy.model`` on up to ``n_samples`` samples of the current experience.
+    """s_ℓ of ``strategy.model`` on up to ``n_samples`` samples of the current experience, by
+    :func:`~avalanche_plugins.layer_adaptive.curvature.layer_curvature` (``max_iter``/``tol`` are
+    the ``hessian`` method's; ``chunk_size`` None keeps the method's default).
 
     The result is cached on the strategy for the current training experience: a second adapter
     asking with the same settings (``LayerAdaptiveEWCPlugin(log_profile=True)`` next to
     ``LayerSensitivityMetric``) reuses it instead of measuring again.
     """
     key = (strategy.clock.train_exp_counter, strategy.clock.train_iterations, id(strategy.model),
-           n_samples, chunk_size, max_iter, tol, seed)
+           method, n_samples, chunk_size, max_iter, tol, seed)
     cached = getattr(strategy, _CACHE, None)
     if cached is not None and cached[0] == key:
         return cached[1]
     x, y, t = experience_tensors(strategy, n_samples=n_samples, seed=seed)
-    spectrum = layer_top_eigenvalues(strategy.model, strategy._criterion, x, y, task_labels=t,
-                                     max_iter=max_iter, tol=tol, chunk_size=chunk_size, seed=seed)
+    options = {} if chunk_size is None else {"chunk_size": chunk_size}
+    if method == "hessian":
+        options.update(max_iter=max_iter, tol=tol)
+    spectrum = layer_curvature(strategy.model, strategy._criterion, x, y, method=method, task_labels=t,
+                               seed=seed, **options)
     setattr(strategy, _CACHE, (key, spectrum))
     return spectrum
 

@@ -47,6 +47,7 @@ from avalanche_plugins.core.checks import (
     check_no_recurrent,
     check_positive,
 )
+from avalanche_plugins.layer_adaptive.curvature import CURVATURE_METHODS, DEFAULT_SAMPLES
 from avalanche_plugins.layer_adaptive.fisher import (
     FISHER_KINDS,
     batched_fisher,
@@ -88,9 +89,14 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
     :param mode: ``separate`` (one anchor per experience) or ``online`` (Avalanche's online EWC:
         importances decay by ``decay_factor`` and accumulate, anchor = latest weights).
     :param decay_factor: required for (and only for) ``online``.
-    :param spectrum_samples: samples of each experience used to measure ``s_ℓ``.
-    :param spectrum_chunk_size: minibatch size of the HVPs (None: all samples at once).
-    :param spectrum_max_iter, spectrum_tol: power-iteration budget and tolerance.
+    :param curvature: how ``s_ℓ`` is measured: ``fisher`` (default; top eigenvalue of each layer's
+        Fisher block, exact from per-sample gradients, bounded cost on a ResNet-18) or ``hessian``
+        (exact Hessian blocks by power iteration; see ``layer_adaptive.curvature``).
+    :param spectrum_samples: samples of each experience used to measure ``s_ℓ`` (None: 64 for
+        ``fisher``, 256 for ``hessian``).
+    :param spectrum_chunk_size: samples per vectorised call (None: the method's default, 16 for
+        ``fisher``, 32 for ``hessian``).
+    :param spectrum_max_iter, spectrum_tol: power-iteration budget and tolerance (``hessian``).
     :param fisher_samples: cap on samples for the per-sample Fisher estimators (None: all).
     :param log_profile: measure ``s_ℓ`` after every experience even for schedules that do not need
         it, and publish it (per-layer dict, κ, α̂, bar chart) through the strategy's evaluator.
@@ -103,7 +109,8 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
 
     def __init__(self, ewc_lambda: float, schedule: str = "geometric", alpha: float | None = 2.0,
                  fisher: str = "batched", mode: str = "separate", decay_factor: float | None = None, *,
-                 spectrum_samples: int = 256, spectrum_chunk_size: int | None = None,
+                 curvature: str = "fisher", spectrum_samples: int | None = None,
+                 spectrum_chunk_size: int | None = None,
                  spectrum_max_iter: int = 100, spectrum_tol: float = 1e-3, fisher_samples: int | None = None,
                  log_profile: bool = False, seed: int = 0):
         super().__init__()
@@ -121,6 +128,9 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
             check_positive("decay_factor", decay_factor, allow_zero=True)
         elif decay_factor is not None:
             raise ValueError("decay_factor is only used with mode='online'")
+        check_choice("curvature", curvature, CURVATURE_METHODS)
+        if spectrum_samples is None:
+            spectrum_samples = DEFAULT_SAMPLES[curvature]
         check_int("spectrum_samples", spectrum_samples)
         check_int("spectrum_max_iter", spectrum_max_iter)
         check_positive("spectrum_tol", spectrum_tol)
@@ -135,6 +145,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         self.fisher = fisher
         self.mode = mode
         self.decay_factor = decay_factor
+        self.curvature = curvature
         self.spectrum_samples = spectrum_samples
         self.spectrum_chunk_size = spectrum_chunk_size
         self.spectrum_max_iter = spectrum_max_iter
@@ -184,7 +195,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         spectrum = None
         if self.schedule in ("measured", "smoothed") or self.log_profile:
             start = time.perf_counter()
-            spectrum = measure_profile(strategy, n_samples=self.spectrum_samples,
+            spectrum = measure_profile(strategy, method=self.curvature, n_samples=self.spectrum_samples,
                                        chunk_size=self.spectrum_chunk_size, max_iter=self.spectrum_max_iter,
                                        tol=self.spectrum_tol, seed=self.seed + exp_id)
             timings["spectrum"] = time.perf_counter() - start

@@ -112,6 +112,7 @@ class LayerSpectrum:
     iterations: list[int]
     converged: list[bool]
     last_relative_change: list[float]
+    method: str = "hessian"  # which curvature: "hessian" (exact blocks) or "fisher" (Fisher blocks)
 
     @property
     def kappa(self) -> float:
@@ -130,8 +131,8 @@ def _dot(a: dict, b: dict) -> torch.Tensor:
 
 
 def layer_top_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: torch.Tensor, *,
-                          max_iter: int = 100, tol: float = 1e-3, chunk_size: int | None = None,
-                          seed: int = 0, task_labels: torch.Tensor | None = None,
+                          max_iter: int = 100, tol: float = 1e-3, chunk_size: int | None = 32,
+                          layer_chunk_size: int | None = 4, seed: int = 0, task_labels: torch.Tensor | None = None,
                           layer_map: LayerMap | None = None) -> LayerSpectrum:
     """Top eigenvalue ``s_ℓ`` of every layer's Hessian block, by block power iteration.
 
@@ -143,7 +144,11 @@ def layer_top_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targe
         inputs, targets: the data defining the loss; ``task_labels`` for multi-task models.
         max_iter: power iterations per layer (a warning names layers that did not converge).
         tol: relative change of the Rayleigh quotient at which a layer stops.
-        chunk_size: split the data into minibatches (HVP averaged, weighted by batch size).
+        chunk_size: split the data into minibatches (HVP averaged, weighted by batch size; None:
+            all samples at once).
+        layer_chunk_size: layers' tangents pushed through one ``vmap``-ed HVP at a time (None: all
+            at once). Memory grows with ``chunk_size × layer_chunk_size``, never with the number of
+            samples or layers.
         seed: seeds the random start vectors.
         layer_map: reuse a :func:`discover_layers` result.
 
@@ -162,18 +167,19 @@ def layer_top_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targe
     check_inputs(inputs, targets)
     check_int("max_iter", max_iter)
     check_positive("tol", tol)
-    if chunk_size is not None:
-        check_int("chunk_size", chunk_size)
+    for name, value in (("chunk_size", chunk_size), ("layer_chunk_size", layer_chunk_size)):
+        if value is not None:
+            check_int(name, value)
     if layer_map is None:
         layer_map = discover_layers(model, example_input(model, inputs, task_labels))
 
     with eval_mode(model), math_attention():  # second derivatives through attention
         return _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map,
-                                max_iter, tol, chunk_size, seed)
+                                max_iter, tol, chunk_size, layer_chunk_size, seed)
 
 
 def _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map, max_iter, tol,
-                     chunk_size, seed) -> LayerSpectrum:
+                     chunk_size, layer_chunk_size, seed) -> LayerSpectrum:
     n_layers = len(layer_map)
     block_names = [name for layer in layer_map for name in layer.params]
     owner = torch.tensor([layer.index for layer in layer_map for _ in layer.params])
@@ -210,7 +216,7 @@ def _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map, ma
             # reverse-over-reverse: H is symmetric, so the VJP of the gradient is Hv. (Forward-over-
             # reverse fails inside MSELoss's backward with "ZeroTensors are immutable".)
             _, hvp = vjp(lambda p, x=x, y=y, t=t: grad(loss_of)(p, x, y, t), primal)
-            out = vmap(lambda tangent, hvp=hvp: hvp(tangent)[0])(tangents)
+            out = vmap(lambda tangent, hvp=hvp: hvp(tangent)[0], chunk_size=layer_chunk_size)(tangents)
             for k in total:
                 total[k] += weight * out[k]
         mask = block_mask(layer_ids)

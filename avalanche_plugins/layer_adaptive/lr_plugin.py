@@ -31,6 +31,7 @@ from avalanche.core import SupervisedPlugin
 from avalanche_plugins._avalanche.curvature import measure_profile
 from avalanche_plugins._avalanche.data import check_experience_granularity, experience_layer_map
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
+from avalanche_plugins.layer_adaptive.curvature import CURVATURE_METHODS, DEFAULT_SAMPLES
 from avalanche_plugins.layer_adaptive.schedules import layer_weights
 
 __all__ = ["LayerAdaptiveLRPlugin"]
@@ -44,20 +45,27 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
     :param base_lr: the largest per-layer rate (the fastest layer: the last one for ``alpha < 1``,
         the first for ``alpha > 1``, the least sensitive one for smoothed); default: the optimizer's
         first-group lr when the plugin first runs.
-    :param spectrum_samples, spectrum_max_iter, spectrum_tol: measurement budget (smoothed).
+    :param curvature: ``fisher`` (default) or ``hessian``: how ``s_ℓ`` is measured (smoothed;
+        see ``layer_adaptive.curvature``).
+    :param spectrum_samples, spectrum_max_iter, spectrum_tol: measurement budget (smoothed;
+        samples None: 64 for ``fisher``, 256 for ``hessian``; iterations and tolerance: ``hessian``).
     :param seed: seeds the measurement.
     """
 
     def __init__(self, schedule: str = "geometric", alpha: float = 0.5, base_lr: float | None = None, *,
-                 spectrum_samples: int = 256, spectrum_max_iter: int = 100, spectrum_tol: float = 1e-3,
+                 curvature: str = "fisher", spectrum_samples: int | None = None, spectrum_max_iter: int = 100, spectrum_tol: float = 1e-3,
                  seed: int = 0):
         super().__init__()
         check_choice("schedule", schedule, ("geometric", "smoothed"))
         check_positive("alpha", alpha)
         if base_lr is not None:
             check_positive("base_lr", base_lr)
+        check_choice("curvature", curvature, CURVATURE_METHODS)
+        if spectrum_samples is None:
+            spectrum_samples = DEFAULT_SAMPLES[curvature]
         check_int("spectrum_samples", spectrum_samples)
         check_int("seed", seed, minimum=0)
+        self.curvature = curvature
         self.schedule, self.alpha, self.base_lr = schedule, alpha, base_lr
         self.spectrum_samples, self.spectrum_max_iter, self.spectrum_tol = spectrum_samples, spectrum_max_iter, spectrum_tol
         self.seed = seed
@@ -107,7 +115,8 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
 
     def after_training_exp(self, strategy, **kwargs):
         if self.schedule == "smoothed":
-            spectrum = measure_profile(strategy, n_samples=self.spectrum_samples, chunk_size=None,
+            spectrum = measure_profile(strategy, method=self.curvature, n_samples=self.spectrum_samples,
+                                       chunk_size=None,
                                        max_iter=self.spectrum_max_iter, tol=self.spectrum_tol,
                                        seed=self.seed + strategy.clock.train_exp_counter)
             self.last_spectrum = spectrum.top.tolist()

@@ -1,8 +1,8 @@
 """Per-layer sensitivity as an Avalanche metric: s_ℓ, κ and α̂ after every training experience.
 
-``LayerSensitivityMetric`` measures the top eigenvalue ``s_ℓ`` of every layer's Hessian block
-(:func:`avalanche_plugins.layer_adaptive.hessian.layer_top_eigenvalues`) on a sample of the experience just
-trained, and emits through the ``EvaluationPlugin``:
+``LayerSensitivityMetric`` measures the top eigenvalue ``s_ℓ`` of every layer's Fisher block
+(default) or Hessian block (:func:`avalanche_plugins.layer_adaptive.curvature.layer_curvature`) on a
+sample of the experience just trained, and emits through the ``EvaluationPlugin``:
 
 * ``LayerSensitivity/train_phase/train_stream/TaskNNN/ExpNNN`` — ``{layer name: s_ℓ}`` (loggers
   split dicts into one scalar per layer),
@@ -22,7 +22,8 @@ from avalanche.evaluation.metric_results import MetricValue
 from avalanche_plugins._avalanche.curvature import measure_profile, sensitivity_values
 from avalanche_plugins._avalanche.data import check_experience_granularity
 from avalanche_plugins._avalanche.recording import RecordingMetric
-from avalanche_plugins.core.checks import check_int, check_positive
+from avalanche_plugins.core.checks import check_choice, check_int, check_positive
+from avalanche_plugins.layer_adaptive.curvature import CURVATURE_METHODS, DEFAULT_SAMPLES
 from avalanche_plugins.layer_adaptive.profile import LayerProfile, layer_profile
 
 __all__ = ["LayerSensitivityMetric"]
@@ -31,9 +32,11 @@ __all__ = ["LayerSensitivityMetric"]
 class LayerSensitivityMetric(RecordingMetric[dict]):
     """Logs the per-layer Hessian spectrum after each training experience (see module docstring).
 
-    :param n_samples: samples of the experience used (random, seeded).
-    :param chunk_size: minibatch size of the Hessian-vector products (None: all at once).
-    :param max_iter, tol: power-iteration budget and tolerance.
+    :param n_samples: samples of the experience used (random, seeded; None: 64 for ``fisher``,
+        256 for ``hessian``).
+    :param chunk_size: samples per vectorised call (None: the method's default).
+    :param max_iter, tol: power-iteration budget and tolerance (``hessian``).
+    :param curvature: ``fisher`` (default) or ``hessian`` (see ``layer_adaptive.curvature``).
     :param seed: sample selection and start vectors (offset by the experience counter).
 
     Example::
@@ -42,9 +45,13 @@ class LayerSensitivityMetric(RecordingMetric[dict]):
                                      loggers=[InteractiveLogger(), TensorboardLogger()])
     """
 
-    def __init__(self, n_samples: int = 256, chunk_size: int | None = None, max_iter: int = 100,
-                 tol: float = 1e-3, seed: int = 0):
+    def __init__(self, n_samples: int | None = None, chunk_size: int | None = None, max_iter: int = 100,
+                 tol: float = 1e-3, seed: int = 0, *, curvature: str = "fisher"):
         super().__init__()
+        check_choice("curvature", curvature, CURVATURE_METHODS)
+        if n_samples is None:
+            n_samples = DEFAULT_SAMPLES[curvature]
+        self.curvature = curvature
         check_int("n_samples", n_samples)
         check_int("max_iter", max_iter)
         check_positive("tol", tol)
@@ -65,7 +72,7 @@ class LayerSensitivityMetric(RecordingMetric[dict]):
     def after_training_exp(self, strategy) -> list[MetricValue]:
         exp_id = strategy.clock.train_exp_counter
         start = time.perf_counter()
-        spectrum = measure_profile(strategy, n_samples=self.n_samples, chunk_size=self.chunk_size,
+        spectrum = measure_profile(strategy, method=self.curvature, n_samples=self.n_samples, chunk_size=self.chunk_size,
                                    max_iter=self.max_iter, tol=self.tol, seed=self.seed + exp_id)
         profile = layer_profile(exp_id, spectrum, seconds={"spectrum": time.perf_counter() - start})
         self.history.append(profile)

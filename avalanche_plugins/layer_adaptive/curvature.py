@@ -1,0 +1,47 @@
+"""One entry point for the per-layer curvature ``s_ℓ``: exact Hessian blocks or Fisher blocks.
+
+========== ======================================================== ==============================
+method     what ``s_ℓ`` is                                          cost
+========== ======================================================== ==============================
+``fisher`` top eigenvalue of the Fisher (Gauss–Newton) block, exact  one per-sample-gradient pass
+           from the Gram of per-sample gradients                     per group of layers
+``hessian`` top eigenvalue of the Hessian block, power iteration    ~L HVPs per iteration
+========== ======================================================== ==============================
+
+``fisher`` is the default of every adapter: on a CIFAR-size ResNet-18 the exact path costs hours;
+the agreement of the two on models where both run is in ``docs/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from avalanche_plugins.core.checks import check_choice
+from avalanche_plugins.layer_adaptive.fisher_blocks import layer_fisher_eigenvalues
+from avalanche_plugins.layer_adaptive.hessian import LayerSpectrum, layer_top_eigenvalues
+
+__all__ = ["CURVATURE_METHODS", "DEFAULT_SAMPLES", "layer_curvature"]
+
+CURVATURE_METHODS = ("fisher", "hessian")
+# samples the adapters measure on by default: the Fisher blocks' cost grows with samples × layers
+# stored, so fewer; the agreement benchmark (docs/RESULTS.md) shows what this costs in accuracy
+DEFAULT_SAMPLES = {"fisher": 64, "hessian": 256}
+
+
+def layer_curvature(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: torch.Tensor, *,
+                    method: str = "fisher", **options) -> LayerSpectrum:
+    """``s_ℓ`` of every layer by ``method``; ``options`` go to
+    :func:`~avalanche_plugins.layer_adaptive.fisher_blocks.layer_fisher_eigenvalues` (``fisher``) or
+    :func:`~avalanche_plugins.layer_adaptive.hessian.layer_top_eigenvalues` (``hessian``).
+
+    Example:
+        >>> _ = torch.manual_seed(0)
+        >>> net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+        >>> x, y = torch.randn(64, 3), torch.randint(0, 2, (64,))
+        >>> [layer_curvature(net, nn.CrossEntropyLoss(), x, y, method=m).method for m in CURVATURE_METHODS]
+        ['fisher', 'hessian']
+    """
+    check_choice("method", method, CURVATURE_METHODS)
+    estimator = layer_fisher_eigenvalues if method == "fisher" else layer_top_eigenvalues
+    return estimator(model, loss_fn, inputs, targets, **options)

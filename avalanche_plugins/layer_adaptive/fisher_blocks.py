@@ -1,0 +1,189 @@
+"""Per-layer curvature that scales: the top eigenvalue of every layer's Fisher (Gauss–Newton) block.
+
+For a classifier trained with cross-entropy the Hessian of the mean loss is
+``H = G + R`` with the generalised Gauss–Newton matrix ``G = F`` (the true Fisher, for softmax
+outputs) and a residual ``R`` that vanishes where the model fits its targets. The Fisher block of
+layer ℓ is an average of outer products of per-sample gradients,
+
+.. math::
+
+    F_{ℓℓ} = \\frac{1}{N}\\sum_{i=1}^{N} g_i^{(ℓ)} g_i^{(ℓ)\\top},\\qquad
+    g_i^{(ℓ)} = \\nabla_{θ^{(ℓ)}} \\big(-\\log p_θ(\\hat y_i \\mid x_i)\\big),\\quad
+    \\hat y_i \\sim p_θ(\\cdot \\mid x_i),
+
+so with ``M_ℓ`` the ``N × P_ℓ`` matrix of per-sample gradients its non-zero eigenvalues are those of
+the small Gram matrix ``M_ℓ M_ℓᵀ / N`` (``N × N``) — the top one comes *exactly* from one
+symmetric eigendecomposition, with no iteration and no convergence question. One ``vmap``-ed
+per-sample-gradient pass serves every layer at once; layers are grouped so that the stored
+gradients of a group fit in ``memory_mb`` (more groups, more passes, bounded memory).
+
+``labels="sampled"`` (default) draws ``ŷ_i`` from the model's own predictive distribution, an
+unbiased Monte-Carlo estimate of the true Fisher (= Gauss–Newton) block; ``labels="true"`` uses the
+data labels (the *empirical* Fisher, defined for any per-sample loss). The estimate is for the
+``N`` samples given: with few samples the top eigenvalue of the sample average is biased upwards,
+equally for every layer, so ratios (κ, α̂, normalised λ_ℓ) suffer less than absolute values;
+``docs/RESULTS.md`` measures the agreement with the exact Hessian blocks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import grad, vmap
+
+from avalanche_plugins.core.calls import (
+    eval_mode,
+    iterate_batches,
+    model_forward,
+    sample_loss,
+    task_groups,
+)
+from avalanche_plugins.core.checks import (
+    check_choice,
+    check_finite_loss,
+    check_inputs,
+    check_int,
+    check_no_recurrent,
+    check_positive,
+)
+from avalanche_plugins.core.layers import LayerMap, discover_layers, example_input
+from avalanche_plugins.layer_adaptive.hessian import LayerSpectrum
+
+__all__ = ["FISHER_LABELS", "layer_fisher_eigenvalues"]
+
+FISHER_LABELS = ("sampled", "true")
+
+
+def layer_fisher_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: torch.Tensor, *,
+                             labels: str = "sampled", chunk_size: int = 16, memory_mb: float = 1024.0,
+                             seed: int = 0, task_labels: torch.Tensor | None = None,
+                             layer_map: LayerMap | None = None) -> LayerSpectrum:
+    """Top eigenvalue of every layer's Fisher block, exactly, from the Gram matrix of per-sample gradients.
+
+    .. math:: s_ℓ = λ_{\\max}\\Big(\\frac{1}{N} M_ℓ^\\top M_ℓ\\Big) = λ_{\\max}\\Big(\\frac{1}{N} M_ℓ M_ℓ^\\top\\Big),
+              \\qquad (M_ℓ)_{i\\cdot} = g_i^{(ℓ)}
+
+    Args:
+        model: any model of the layer map without recurrent layers (evaluated in eval mode; its
+            mode is restored).
+        loss_fn: the training loss. ``labels="sampled"`` needs ``nn.CrossEntropyLoss`` (the
+            model's likelihood is then the softmax); ``labels="true"`` applies ``loss_fn`` to one
+            sample at a time, so any mean-reduced loss works.
+        inputs, targets: the data; ``task_labels`` for multi-task models.
+        labels: ``"sampled"`` (Monte-Carlo true Fisher = Gauss–Newton) or ``"true"`` (empirical Fisher).
+        chunk_size: samples per ``vmap``-ed per-sample-gradient call (bounds activation memory).
+        memory_mb: budget for the stored per-sample gradients of one group of layers; a single
+            layer larger than the budget forms a group of its own.
+        seed: seeds the sampled labels.
+        layer_map: reuse a :func:`~avalanche_plugins.core.layers.discover_layers` result.
+
+    Raises:
+        ValueError: bad ``labels``/``chunk_size``/``memory_mb``/``seed``, ``labels="sampled"``
+            with a loss other than cross-entropy, empty or non-finite data, or a non-finite
+            gradient. ``TypeError`` for recurrent layers.
+
+    Example:
+        >>> _ = torch.manual_seed(0)
+        >>> net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+        >>> x, y = torch.randn(32, 3), torch.randint(0, 2, (32,))
+        >>> spec = layer_fisher_eigenvalues(net, nn.CrossEntropyLoss(), x, y)
+        >>> spec.names, spec.method, bool((spec.top > 0).all())
+        (['0', '2'], 'fisher', True)
+    """
+    check_inputs(inputs, targets)
+    check_choice("labels", labels, FISHER_LABELS)
+    check_int("chunk_size", chunk_size)
+    check_positive("memory_mb", memory_mb)
+    check_int("seed", seed, minimum=0)
+    if labels == "sampled" and not isinstance(loss_fn, nn.CrossEntropyLoss):
+        raise ValueError(f"labels='sampled' draws labels from a softmax and needs nn.CrossEntropyLoss, got "
+                         f"{type(loss_fn).__name__}; use labels='true' (empirical Fisher) or the exact "
+                         "Hessian (method='hessian')")
+    check_no_recurrent(model, "layer_fisher_eigenvalues")
+    if layer_map is None:
+        layer_map = discover_layers(model, example_input(model, inputs, task_labels))
+
+    with eval_mode(model):
+        groups = task_groups(model, inputs.shape[0], task_labels)
+        if labels == "sampled":
+            targets = _sample_labels(model, inputs, groups, chunk_size, seed)
+        top = np.zeros(len(layer_map))
+        for layer_group in _layer_groups(layer_map, inputs.shape[0], memory_mb):
+            gradients = _per_sample_gradients(model, loss_fn, inputs, targets, groups, layer_group,
+                                              chunk_size, sampled=labels == "sampled")
+            for layer in layer_group:
+                top[layer.index] = _top_gram_eigenvalue(torch.cat([gradients[k] for k in layer.params], dim=1))
+    n = len(layer_map)
+    return LayerSpectrum(names=layer_map.names, top=top, dominant=top.copy(), iterations=[1] * n,
+                         converged=[True] * n, last_relative_change=[0.0] * n, method="fisher")
+
+
+def _sample_labels(model, inputs, groups, chunk_size, seed) -> torch.Tensor:
+    """``ŷ_i ~ softmax(f(x_i))``, drawn with a CPU generator (the same labels on every device)."""
+    generator = torch.Generator().manual_seed(seed)
+    sampled = torch.empty(inputs.shape[0], dtype=torch.long)
+    with torch.no_grad():
+        for label, index in groups:
+            rows = torch.arange(inputs.shape[0]) if index is None else index.cpu()
+            for s in iterate_batches(len(rows), chunk_size):
+                logits = model_forward(model, inputs[rows[s].to(inputs.device)], label)
+                check_finite_loss(logits.sum(), "(model outputs) while sampling labels for the Fisher")
+                probs = torch.softmax(logits.double(), dim=-1).cpu()
+                sampled[rows[s]] = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    return sampled.to(inputs.device)
+
+
+def _layer_groups(layer_map: LayerMap, n_samples: int, memory_mb: float) -> list[list]:
+    """Consecutive layers whose ``n_samples × P`` stored gradients (float32) fit in ``memory_mb``."""
+    budget = memory_mb * 2**20
+    groups, current, used = [], [], 0.0
+    for layer in layer_map:
+        size = 4.0 * n_samples * layer.num_params
+        if current and used + size > budget:
+            groups.append(current)
+            current, used = [], 0.0
+        current.append(layer)
+        used += size
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _per_sample_gradients(model, loss_fn, inputs, targets, groups, layer_group, chunk_size, *, sampled: bool):
+    """``{name: (N, numel)}``: per-sample gradients of the group's parameters, the rest held fixed."""
+    names = [k for layer in layer_group for k in layer.params]
+    state = {k: v.detach() for k, v in model.named_parameters()}
+    state.update({k: v.detach() for k, v in model.named_buffers()})
+    params = {k: state[k] for k in names}
+    consts = {k: v for k, v in state.items() if k not in params}
+    n = inputs.shape[0]
+    out = {k: torch.empty((n, params[k].numel()), dtype=params[k].dtype, device=params[k].device) for k in names}
+    for label, index in groups:
+        xs, ys = (inputs, targets) if index is None else (inputs[index], targets[index])
+        # -log p(ŷ|x) is the plain cross-entropy of the sampled label (whatever smoothing or class
+        # weights the training loss has: the Fisher is that of the model's likelihood)
+        per_sample_loss = nn.CrossEntropyLoss() if sampled else loss_fn
+        loss_of = sample_loss(model, per_sample_loss, consts, label)
+        per_sample = vmap(grad(loss_of), in_dims=(None, 0, 0))
+        for s in iterate_batches(xs.shape[0], chunk_size):
+            rows = torch.arange(s.start, s.stop, device=inputs.device) if index is None else index[s]
+            for k, g in per_sample(params, xs[s], ys[s]).items():
+                out[k][rows] = g.reshape(g.shape[0], -1)
+    for k, g in out.items():
+        check_finite_loss(g.sum(), f"(per-sample gradient of {k}) while estimating the Fisher blocks")
+    return out
+
+
+def _top_gram_eigenvalue(m: torch.Tensor, block: int = 1 << 16) -> float:
+    """``λ_max(MᵀM / N)`` through the smaller of ``MᵀM`` and ``MMᵀ`` (same non-zero spectrum),
+    accumulated in float64 over column blocks (a float64 copy of ``M`` would double its memory)."""
+    n, p = m.shape
+    if p < n:
+        gram = (m.T @ m).double()
+    else:
+        gram = torch.zeros((n, n), dtype=torch.float64, device=m.device)
+        for start in range(0, p, block):
+            part = m[:, start:start + block].double()
+            gram += part @ part.T
+    return float(torch.linalg.eigvalsh(gram / n)[-1].clamp_min(0.0))

@@ -1,0 +1,128 @@
+"""Per-layer Fisher-block top eigenvalues against dense per-sample-gradient computations."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from avalanche_plugins.core.layers import discover_layers
+from avalanche_plugins.layer_adaptive import (
+    layer_curvature,
+    layer_fisher_eigenvalues,
+    layer_top_eigenvalues,
+)
+from tests.fixtures import build_model, digits_stream, small_bn_cnn, small_mlp
+
+CE = nn.CrossEntropyLoss()
+
+
+def dense_fisher_tops(model, x, y, task_labels=None):
+    """Top eigenvalue of (1/N) Σ_i g_i g_iᵀ per layer, per-sample gradients by a Python loop of autograd."""
+    layers = discover_layers(model, x[:1] if task_labels is None else (x[:1], int(task_labels[0])))
+    model.eval()
+    rows = {layer.index: [] for layer in layers}
+    for i in range(x.shape[0]):
+        out = model(x[i:i + 1]) if task_labels is None else model(x[i:i + 1], int(task_labels[i]))
+        loss = CE(out, y[i:i + 1])
+        for layer in layers:
+            params = list(layer.params.values())
+            grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)  # other tasks' heads
+            rows[layer.index].append(torch.cat([(torch.zeros_like(p) if g is None else g).flatten()
+                                                for p, g in zip(params, grads)]))
+    tops = []
+    for layer in layers:
+        m = torch.stack(rows[layer.index]).double()
+        tops.append(float(torch.linalg.eigvalsh(m.T @ m / x.shape[0])[-1]))
+    return np.array(tops)
+
+
+@pytest.mark.parametrize("make", [small_mlp, small_bn_cnn], ids=["mlp", "bn_cnn"])
+def test_true_labels_match_dense_empirical_fisher_blocks(make):
+    model = make()
+    torch.manual_seed(3)
+    x = torch.randn(24, 6) if make is small_mlp else torch.randn(24, 1, 8, 8)
+    y = torch.randint(0, 3, (24,))
+    # a tiny memory budget puts every layer in its own group: several passes, same values
+    spec = layer_fisher_eigenvalues(model, CE, x, y, labels="true", chunk_size=7, memory_mb=1e-4)
+    np.testing.assert_allclose(spec.top, dense_fisher_tops(make(), x, y), rtol=1e-5)
+    assert spec.method == "fisher" and all(spec.converged)
+
+
+def test_sampled_labels_reproduce_dense_fisher_of_the_drawn_labels():
+    model = small_mlp()
+    x = torch.randn(30, 6)
+    spec = layer_fisher_eigenvalues(model, CE, x, torch.zeros(30, dtype=torch.long), seed=5)
+    # the same draw, independently: the model's softmax sampled with the documented CPU generator
+    with torch.no_grad():
+        probs = torch.softmax(model(x).double(), dim=-1)
+    drawn = torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(5)).squeeze(1)
+    np.testing.assert_allclose(spec.top, dense_fisher_tops(model, x, drawn), rtol=1e-5)
+    again = layer_fisher_eigenvalues(model, CE, x, torch.zeros(30, dtype=torch.long), seed=5)
+    np.testing.assert_array_equal(spec.top, again.top)
+
+
+def test_sampled_fisher_of_a_linear_softmax_model_approaches_its_hessian():
+    # for a model linear in its parameters the cross-entropy Hessian *is* the true Fisher
+    # (Gauss–Newton with no residual): the Monte-Carlo estimate converges to the exact block
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4))
+    base = torch.randn(25, 3)
+    x = base.repeat(400, 1)  # 400 label draws per input
+    y = torch.randint(0, 4, (x.shape[0],))
+    fisher = layer_fisher_eigenvalues(model, CE, x, y, chunk_size=2000).top
+    hessian = layer_top_eigenvalues(model, CE, base, y[:25], tol=1e-8, max_iter=1000).top
+    np.testing.assert_allclose(fisher, hessian, rtol=0.05)
+
+
+def test_multi_head_model_with_mixed_task_labels():
+    from avalanche.models.dynamic_modules import avalanche_model_adaptation
+
+    model = build_model("mlp", multihead=True, hidden=(8,))
+    for experience in digits_stream(5, task_incremental=True).benchmark.train_stream[:2]:
+        avalanche_model_adaptation(model, experience)  # heads for tasks 0 and 1
+    torch.manual_seed(1)
+    x, y = torch.randn(24, 1, 8, 8), torch.randint(0, 2, (24,))
+    t = torch.tensor([0, 1] * 12)
+    spec = layer_fisher_eigenvalues(model, CE, x, y, labels="true", task_labels=t, chunk_size=5)
+    np.testing.assert_allclose(spec.top, dense_fisher_tops(model, x, y, t), rtol=1e-5)
+
+
+def test_layer_curvature_dispatches_and_validates():
+    model = small_mlp()
+    x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
+    assert layer_curvature(model, CE, x, y, method="hessian", max_iter=300).method == "hessian"
+    with pytest.raises(ValueError, match="method"):
+        layer_curvature(model, CE, x, y, method="lanczos")
+    with pytest.raises(ValueError, match="labels='sampled'.*CrossEntropyLoss"):
+        layer_fisher_eigenvalues(model, nn.MSELoss(), x, torch.randn(16, 3))
+    with pytest.raises(ValueError, match="memory_mb"):
+        layer_fisher_eigenvalues(model, CE, x, y, memory_mb=0)
+    with pytest.raises(ValueError, match="labels"):
+        layer_fisher_eigenvalues(model, CE, x, y, labels="expected")
+    # the empirical Fisher takes any per-sample loss
+    assert layer_fisher_eigenvalues(model, nn.MSELoss(), x, torch.randn(16, 3), labels="true").top.shape == (3,)
+
+
+def test_recurrent_layers_are_refused_by_name():
+    class Recurrent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.GRU(4, 5, batch_first=True)
+            self.head = nn.Linear(5, 2)
+
+        def forward(self, x):
+            return self.head(self.rnn(x)[0][:, -1])
+
+    with pytest.raises(TypeError, match="rnn"):
+        layer_fisher_eigenvalues(Recurrent(), CE, torch.randn(4, 3, 4), torch.randint(0, 2, (4,)))
+
+
+def test_hessian_layer_chunks_give_the_same_spectrum():
+    model = small_mlp()
+    x, y = torch.randn(32, 6), torch.randint(0, 3, (32,))
+    # the same 15 iterations from the same start vectors: equal up to float summation order
+    with pytest.warns(RuntimeWarning, match="did not reach"):
+        whole = layer_top_eigenvalues(model, CE, x, y, layer_chunk_size=None, chunk_size=None, tol=1e-12, max_iter=15)
+    with pytest.warns(RuntimeWarning, match="did not reach"):
+        chunked = layer_top_eigenvalues(model, CE, x, y, layer_chunk_size=1, chunk_size=8, tol=1e-12, max_iter=15)
+    np.testing.assert_allclose(chunked.top, whole.top, rtol=1e-5)
