@@ -17,7 +17,13 @@ import time
 from dataclasses import asdict, dataclass
 
 from avalanche_plugins import fix_synaptic_intelligence_on_cpu
-from benchmarks.common.cli import benchmark_parser, is_skipped, parse_args, split_list
+from benchmarks.common.cli import (
+    benchmark_parser,
+    is_skipped,
+    make_executor,
+    parse_args,
+    split_list,
+)
 from benchmarks.common.jobs import run_jobs
 from benchmarks.common.results import (
     format_table,
@@ -116,7 +122,7 @@ def main(argv=None) -> dict:
     configs = [c for c in scenario_configs(args) if not is_skipped(args.skip, *scenario_name(c).split("/"))]
     jobs = [Job(strategy, seed, cfg) for cfg in configs for seed in range(args.seeds) for strategy in chosen]
     start = time.perf_counter()
-    rows = run_jobs(run_job, jobs, cache=f"{args.out}/jobs.jsonl", workers=args.workers, threads=args.threads,
+    rows = run_jobs(run_job, jobs, cache=f"{args.out}/jobs.jsonl", executor=make_executor(args),
                     desc="baselines", progress=not args.no_progress)
     wall = time.perf_counter() - start
     summary = summarize(rows, ["scenario", "strategy"], ["acc", "forgetting", "wall_s"])

@@ -49,7 +49,13 @@ from avalanche_plugins import (
     retrain_ticket,
     stream_accuracy,
 )
-from benchmarks.common.cli import benchmark_parser, is_skipped, parse_args, split_list
+from benchmarks.common.cli import (
+    benchmark_parser,
+    is_skipped,
+    make_executor,
+    parse_args,
+    split_list,
+)
 from benchmarks.common.data import make_stream
 from benchmarks.common.jobs import Timer, run_jobs, seed_everything
 from benchmarks.common.models import build_model
@@ -382,7 +388,7 @@ def main(argv=None) -> dict:
                     continue
                 jobs += [Job("run", setting, method, c, seed) for c in ([1.0] if method == "dense" else targets)]
     start = time.perf_counter()
-    done = run_jobs(run_job, jobs, cache=f"{args.out}/jobs.jsonl", workers=args.workers, threads=args.threads,
+    done = run_jobs(run_job, jobs, cache=f"{args.out}/jobs.jsonl", executor=make_executor(args),
                     desc="grow/prune", progress=not args.no_progress)
     wall = time.perf_counter() - start
     timing = [r for r in done if r.get("kind") == "timing"]

@@ -56,7 +56,13 @@ from avalanche_plugins.transport import (
     stitch,
     stitched_accuracy,
 )
-from benchmarks.common.cli import benchmark_parser, is_skipped, parse_args, split_list
+from benchmarks.common.cli import (
+    benchmark_parser,
+    is_skipped,
+    make_executor,
+    parse_args,
+    split_list,
+)
 from benchmarks.common.data import load_digits_arrays, load_mnist_arrays
 from benchmarks.common.jobs import Timer, run_jobs, seed_everything
 from benchmarks.common.models import TaskHeadsNet, build_model
@@ -380,7 +386,7 @@ def main(argv=None) -> dict:
     jobs = [Job(p, m, s, cfg) for p in pairs for m in models if not is_skipped(args.skip, p, m)
             for s in range(args.seeds)]
     start = time.perf_counter()
-    per_job = run_jobs(run_job, jobs, cache=f"{args.out}/jobs.jsonl", workers=args.workers, threads=args.threads,
+    per_job = run_jobs(run_job, jobs, cache=f"{args.out}/jobs.jsonl", executor=make_executor(args),
                        desc="transport keys", progress=not args.no_progress)
     rows = [r for job_rows in per_job for r in job_rows]
     ratios = time_ratios(rows, cfg.main_anchors)

@@ -11,7 +11,13 @@ from benchmarks.ads_zoo.report import plot, report
 from benchmarks.ads_zoo.scoring import analyse
 from benchmarks.ads_zoo.settings import SCENARIOS, parse_overrides, scenario_config
 from benchmarks.ads_zoo.zoo import build_zoo, quick_zoo
-from benchmarks.common.cli import benchmark_parser, is_skipped, parse_args, split_list
+from benchmarks.common.cli import (
+    benchmark_parser,
+    is_skipped,
+    make_executor,
+    parse_args,
+    split_list,
+)
 from benchmarks.common.jobs import run_jobs
 from benchmarks.common.results import print_report, write_results
 
@@ -57,8 +63,8 @@ def main(argv=None) -> dict:
     jobs = [Job(s, a, seed, configs[s], args.data_root) for s in scenarios for seed in seeds for a in archs
             if not is_skipped(args.skip, s, a.family, a.name)]
     start = time.perf_counter()
-    rows = run_jobs(run_job, jobs, cache=f"{args.out}/jobs.jsonl", workers=args.workers, threads=args.threads,
-                    warmup=warmup, desc="architectures", progress=not args.no_progress)
+    rows = run_jobs(run_job, jobs, cache=f"{args.out}/jobs.jsonl", executor=make_executor(args, warmup=warmup),
+                    desc="architectures", progress=not args.no_progress)
     per_scenario = analyse(rows, archs, scenarios, seeds)
     wall = time.perf_counter() - start
     summary = [{"scenario": s, **{k: v for k, v in e.items() if k != "per_seed"}} for s, e in per_scenario.items()]

@@ -1,12 +1,16 @@
 """The one command-line contract of every benchmark.
 
 ``python -m benchmarks.NAME [--data-root PATH] [--quick] [--seeds N] [--workers N] [--threads N]
-[--no-progress] [--out DIR] [--skip NAMES] [--report RESULTS_JSON]``
+[--executor {local,ray}] [--address ADDR] [--no-progress] [--out DIR] [--skip NAMES]
+[--report RESULTS_JSON]``
 
 * ``--seeds N`` runs seeds ``0 .. N-1``. Default: :data:`DEFAULT_SEEDS` (3), or
   :data:`QUICK_SEEDS` (1) with ``--quick``; an explicit ``--seeds`` always wins.
 * ``--workers N`` runs the benchmark's jobs in ``N`` processes (default 1: in this process);
   ``--threads N`` is torch's intra-op thread count in each of them (default 1).
+* ``--executor ray`` runs the jobs as Ray tasks (the ``ray`` extra): on a local Ray instance with
+  ``workers × threads`` CPUs, or on the cluster at ``--address ADDR`` (only with ``ray``).
+  :func:`make_executor` turns these flags into the ``executor`` of ``run_jobs``.
 * ``--skip NAMES`` leaves out named parts (comma-separated). A name is a path such as
   ``permuted/cnn``; skipping ``permuted`` also skips everything under it. Each benchmark lists its
   names in its ``--help``.
@@ -23,10 +27,12 @@ import argparse
 import sys
 from collections.abc import Iterable, Sequence
 
-__all__ = ["DEFAULT_SEEDS", "QUICK_SEEDS", "benchmark_parser", "parse_args", "is_skipped", "split_list"]
+__all__ = ["DEFAULT_SEEDS", "EXECUTORS", "QUICK_SEEDS", "benchmark_parser", "make_executor", "parse_args",
+           "is_skipped", "split_list"]
 
 DEFAULT_SEEDS = 3
 QUICK_SEEDS = 1
+EXECUTORS = ("local", "ray")
 
 
 def _positive_int(text: str) -> int:
@@ -54,6 +60,13 @@ def benchmark_parser(name: str, description: str, *, skip_help: str = "") -> arg
                         help="processes running jobs in parallel (default 1: in this process)")
     parser.add_argument("--threads", type=_positive_int, default=1, metavar="N",
                         help="torch threads per worker (default 1)")
+    parser.add_argument("--executor", choices=EXECUTORS, default="local",
+                        help="local: this process or a process pool (--workers); ray: Ray tasks, a local "
+                             "instance with workers x threads CPUs or the cluster at --address (needs the "
+                             "`ray` extra)")
+    parser.add_argument("--address", default=None, metavar="ADDR",
+                        help="Ray cluster to join (e.g. auto, HOST:6379, ray://HOST:10001); only with "
+                             "--executor ray")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--out", default=f"out/{name}",
                         help="output folder: results.json/csv, plots and the resumable job cache "
@@ -81,11 +94,43 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    if getattr(args, "address", None) is not None and getattr(args, "executor", "local") != "ray":
+        parser.error("--address needs --executor ray")
     args.command = command_line(parser.prog, argv)
     if args.seeds is None:
         args.seeds = QUICK_SEEDS if args.quick else DEFAULT_SEEDS
     args.skip = frozenset(split_list(args.skip))
     return args
+
+
+def make_executor(args, *, warmup=None):
+    """The executor the flags ask for: a :class:`~benchmarks.common.jobs.LocalExecutor` with
+    ``args.workers`` processes, or (``--executor ray``) a :class:`~benchmarks.common.jobs.RayExecutor`
+    at ``args.address``, or started locally with ``workers × threads`` CPUs. ``args.threads``
+    torch threads per job; ``warmup`` runs once per worker process. Missing attributes take the
+    parser's defaults, so any namespace works.
+
+    Example:
+        >>> p = benchmark_parser("x", "demo")
+        >>> type(make_executor(parse_args(p, ["--workers", "2"]))).__name__
+        'LocalExecutor'
+        >>> ex = make_executor(parse_args(p, ["--executor", "ray", "--workers", "2", "--threads", "2"]))
+        >>> type(ex).__name__, ex.num_cpus, ex.threads, ex.address
+        ('RayExecutor', 4, 2, None)
+    """
+    from benchmarks.common.jobs import LocalExecutor, RayExecutor
+
+    kind = getattr(args, "executor", "local") or "local"
+    workers, threads = getattr(args, "workers", 1), getattr(args, "threads", 1)
+    address = getattr(args, "address", None)
+    if kind == "local":
+        if address is not None:
+            raise ValueError("address is only used with executor 'ray'")
+        return LocalExecutor(workers, threads=threads, warmup=warmup)
+    if kind == "ray":
+        return RayExecutor(address=address, num_cpus=None if address else workers * threads, threads=threads,
+                           warmup=warmup)
+    raise ValueError(f"executor must be one of {EXECUTORS}, got {kind!r}")
 
 
 def split_list(text: str | None) -> list[str]:

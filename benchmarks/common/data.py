@@ -4,6 +4,13 @@
 * ``mnist``: MNIST from ``--data-root`` (torchvision layout ``ROOT/MNIST/raw/*-ubyte``) through
   Avalanche's classic ``SplitMNIST`` / ``PermutedMNIST``. A missing file raises
   :class:`FileNotFoundError` naming ``--data-root`` instead of a download attempt.
+* ``cifar10`` / ``cifar100``: CIFAR from ``--data-root`` in torchvision's layout
+  (``ROOT/cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}``,
+  ``ROOT/cifar-100-python/{train,test,meta}``), read from the pickles directly (torchvision's
+  loader insists on the original MD5 sums, which a generated test dataset cannot have); ``split``
+  only, 100 fine classes for CIFAR-100, normalised with Avalanche's per-channel means/stds, no
+  augmentation. Images stay ``uint8`` in memory and are normalised when read.
+  :func:`benchmarks.common.cifar_fixture.write_fake_cifar` writes a tiny dataset in this format.
 
 Scenarios: ``split`` (5 experiences of 2 classes; class-incremental, or task-incremental with
 ``task_incremental=True`` and class ids from zero in each experience) and ``permuted``
@@ -18,19 +25,20 @@ classic benchmarks use), with the same normalisation.
 Note: Avalanche's generators reseed torch's global RNG; build the stream before seeding a model.
 
 :func:`data_fingerprint` names the data a run used (dataset, and the SHA-256 of each MNIST file)
-for its ``results.json``.
+for its ``results.json`` (``dataset="cifar10"`` / ``"cifar100"``: of each CIFAR file).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
 __all__ = [
     "DATASETS",
@@ -39,12 +47,16 @@ __all__ = [
     "Stream",
     "load_digits_arrays",
     "load_mnist_arrays",
+    "load_cifar_arrays",
     "make_stream",
     "check_mnist_root",
+    "check_cifar_root",
+    "CIFAR",
+    "CifarImages",
     "data_fingerprint",
 ]
 
-DATASETS = ("digits", "mnist")
+DATASETS = ("digits", "mnist", "cifar10", "cifar100")
 SCENARIOS = ("split", "permuted")
 VALIDATION_FRACTION = 0.15
 MNIST_FILES = (
@@ -54,6 +66,35 @@ MNIST_FILES = (
     "t10k-labels-idx1-ubyte",
 )
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+
+
+@dataclass(frozen=True)
+class CifarLayout:
+    """Where torchvision keeps one CIFAR dataset under a root, and how to normalise it."""
+
+    name: str
+    folder: str
+    train_files: tuple[str, ...]
+    test_files: tuple[str, ...]
+    meta_file: str
+    label_key: str
+    n_classes: int
+    mean: tuple[float, float, float]  # Avalanche's classic benchmarks' values
+    std: tuple[float, float, float]
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return (*self.train_files, *self.test_files, self.meta_file)
+
+
+CIFAR = {
+    "cifar10": CifarLayout("CIFAR-10", "cifar-10-batches-py", tuple(f"data_batch_{i}" for i in range(1, 6)),
+                           ("test_batch",), "batches.meta", "labels", 10,
+                           (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
+    "cifar100": CifarLayout("CIFAR-100", "cifar-100-python", ("train",), ("test",), "meta", "fine_labels", 100,
+                            (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+N_CLASSES = {"digits": 10, "mnist": 10, "cifar10": 10, "cifar100": 100}
 
 
 @dataclass
@@ -125,28 +166,36 @@ def _sha256(path: str, size: int, mtime: float) -> str:
     return digest.hexdigest()
 
 
-def data_fingerprint(data_root=None) -> dict:
-    """What data a run saw: scikit-learn's digits (no ``data_root``), or MNIST from ``data_root``
-    with the SHA-256 of each of its four files (absent files are listed as missing).
+def data_fingerprint(data_root=None, dataset: str | None = None) -> dict:
+    """What data a run saw: scikit-learn's digits (no ``data_root``), or the dataset under
+    ``data_root`` with the SHA-256 of each of its files (absent files are listed as missing):
+    MNIST's four files (``dataset`` ``None`` or ``"mnist"``), or CIFAR's pickles
+    (``"cifar10"`` / ``"cifar100"``).
 
     Example:
         >>> data_fingerprint()["name"]
         'scikit-learn digits'
     """
-    if data_root is None:
+    if data_root is None or dataset == "digits":
         import sklearn
 
         return {"name": "scikit-learn digits", "scikit-learn": sklearn.__version__}
-    raw = Path(data_root) / "MNIST" / "raw"
+    if dataset in CIFAR:
+        layout = CIFAR[dataset]
+        name, files = layout.name, [f"{layout.folder}/{f}" for f in layout.files]
+    elif dataset in (None, "mnist"):
+        name, files = "MNIST", [f"MNIST/raw/{f}" for f in MNIST_FILES]
+    else:
+        raise ValueError(f"dataset must be one of {DATASETS} or None, got {dataset!r}")
     sha = {}
-    for name in MNIST_FILES:
-        path = raw / name
+    for rel in files:
+        path = Path(data_root) / rel
         if path.is_file():
             stat = path.stat()
-            sha[f"MNIST/raw/{name}"] = _sha256(str(path), stat.st_size, stat.st_mtime)
+            sha[rel] = _sha256(str(path), stat.st_size, stat.st_mtime)
         else:
-            sha[f"MNIST/raw/{name}"] = "missing"
-    return {"name": "MNIST", "root": str(data_root), "sha256": sha}
+            sha[rel] = "missing"
+    return {"name": name, "root": str(data_root), "sha256": sha}
 
 
 def load_mnist_arrays(data_root):
@@ -163,22 +212,95 @@ def load_mnist_arrays(data_root):
     return tuple(out)
 
 
+def check_cifar_root(data_root, dataset: str = "cifar10") -> Path:
+    """Return ``Path(data_root) / <folder>`` if it holds every file of ``dataset``'s torchvision
+    layout (see :data:`CIFAR`), else raise a :class:`FileNotFoundError` naming ``--data-root``."""
+    if dataset not in CIFAR:
+        raise ValueError(f"dataset must be one of {tuple(CIFAR)}, got {dataset!r}")
+    layout = CIFAR[dataset]
+    if data_root is None:
+        raise FileNotFoundError(f"--data-root is required for {layout.name} (a folder containing "
+                                f"{layout.folder}/)")
+    folder = Path(data_root) / layout.folder
+    missing = [f for f in layout.files if not (folder / f).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"--data-root {str(data_root)!r} lacks {layout.folder}/{', '.join(missing)}; these files cannot "
+            f"be downloaded here. Point --data-root at a folder with torchvision's {layout.folder}/ "
+            f"({', '.join(layout.files)})."
+        )
+    return folder
+
+
+def _read_cifar_file(path: Path, label_key: str, n_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    # The CIFAR files are Python 2 pickles; latin1 keeps their byte strings readable (as torchvision does).
+    # Like any pickle, only load data you trust.
+    with open(path, "rb") as f:
+        entry = pickle.load(f, encoding="latin1")
+    if isinstance(entry, dict):  # keys are str (latin1 decoding), or bytes if pickled as such in Python 3
+        entry = {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in entry.items()}
+    if not isinstance(entry, dict) or "data" not in entry or label_key not in entry:
+        raise ValueError(f"{path} is not a CIFAR batch: expected a dict with 'data' and {label_key!r}")
+    data = np.asarray(entry["data"])
+    labels = np.asarray(entry[label_key], dtype=np.int64)
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
+        raise ValueError(f"{path}: expected 'data' as N x 3072 uint8 and N {label_key!r}, got "
+                         f"{data.dtype} {data.shape} and {len(labels)} labels")
+    if len(labels) and (labels.min() < 0 or labels.max() >= n_classes):
+        raise ValueError(f"{path}: {label_key!r} must lie in 0..{n_classes - 1}")
+    return data.reshape(-1, 3, 32, 32), labels
+
+
+def load_cifar_arrays(data_root, dataset: str = "cifar10"):
+    """CIFAR from ``data_root`` as ``uint8`` images ``(N, 3, 32, 32)`` and ``long`` labels
+    (CIFAR-100: the 100 fine classes). Returns ``(x_train, y_train, x_test, y_test)``."""
+    folder = check_cifar_root(data_root, dataset)
+    layout = CIFAR[dataset]
+    out = []
+    for files in (layout.train_files, layout.test_files):
+        parts = [_read_cifar_file(folder / f, layout.label_key, layout.n_classes) for f in files]
+        out += [torch.from_numpy(np.concatenate([x for x, _ in parts])),
+                torch.from_numpy(np.concatenate([y for _, y in parts]))]
+    return tuple(out)
+
+
+class CifarImages(Dataset):
+    """``uint8`` images normalised per channel when read (a quarter of the memory of float
+    tensors); items are ``(float image, label)`` like a ``TensorDataset``'s."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, mean, std):
+        self.images, self.targets = images, labels
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(3, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, i):
+        return (self.images[i].float() / 255.0 - self.mean) / self.std, self.targets[i]
+
+
 def _permutations(n_experiences: int, n_pixels: int, seed: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.arange(n_pixels)] + [torch.randperm(n_pixels, generator=g) for _ in range(n_experiences - 1)]
 
 
+def _split(train, test, n_experiences: int, task_incremental: bool, seed: int):
+    from avalanche.benchmarks import nc_benchmark
+
+    return nc_benchmark(
+        train, test, n_experiences=n_experiences, task_labels=task_incremental, seed=seed,
+        class_ids_from_zero_in_each_exp=task_incremental,
+        class_ids_from_zero_from_first_exp=not task_incremental,
+    )
+
+
 def _from_arrays(arrays, scenario: str, n_experiences: int, task_incremental: bool, seed: int):
-    from avalanche.benchmarks import nc_benchmark, tensors_benchmark
+    from avalanche.benchmarks import tensors_benchmark
 
     xtr, ytr, xte, yte = arrays
     if scenario == "split":
-        return nc_benchmark(
-            TensorDataset(xtr, ytr), TensorDataset(xte, yte), n_experiences=n_experiences,
-            task_labels=task_incremental, seed=seed,
-            class_ids_from_zero_in_each_exp=task_incremental,
-            class_ids_from_zero_from_first_exp=not task_incremental,
-        )
+        return _split(TensorDataset(xtr, ytr), TensorDataset(xte, yte), n_experiences, task_incremental, seed)
     shape = xtr.shape[1:]
     perms = _permutations(n_experiences, int(np.prod(shape)), seed)
 
@@ -198,12 +320,16 @@ def make_stream(dataset: str = "digits", scenario: str = "split", *, n_experienc
     """Build a continual-learning stream.
 
     Args:
-        dataset: ``"digits"`` (scikit-learn, offline) or ``"mnist"`` (needs ``data_root``).
-        scenario: ``"split"`` (2 classes per experience for 5 experiences) or ``"permuted"``.
-        n_experiences: number of experiences (split: must divide 10).
+        dataset: ``"digits"`` (scikit-learn, offline), ``"mnist"``, ``"cifar10"`` or ``"cifar100"``
+            (these three need ``data_root``).
+        scenario: ``"split"`` (``n_classes / n_experiences`` classes per experience) or
+            ``"permuted"`` (digits and MNIST only).
+        n_experiences: number of experiences (split: must divide the number of classes, 10 or 100).
         task_incremental: task labels per experience (use a multi-head model); otherwise one
-            shared 10-way head (class-incremental for split, domain-incremental for permuted).
-        data_root: folder holding ``MNIST/raw`` (``--data-root``).
+            shared head over all classes (class-incremental for split, domain-incremental for
+            permuted).
+        data_root: folder holding ``MNIST/raw``, ``cifar-10-batches-py`` or ``cifar-100-python``
+            (``--data-root``).
         seed: class order / permutations / validation split.
         validation: replace the test stream by a held-out validation part of the training set.
 
@@ -216,9 +342,23 @@ def make_stream(dataset: str = "digits", scenario: str = "split", *, n_experienc
         raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {SCENARIOS}, got {scenario!r}")
-    if n_experiences < 1 or (scenario == "split" and 10 % n_experiences):
-        raise ValueError(f"n_experiences must be >= 1 (and divide 10 for split), got {n_experiences}")
-    n_classes = 10 // n_experiences if task_incremental and scenario == "split" else 10
+    total = N_CLASSES[dataset]
+    if dataset in CIFAR and scenario != "split":
+        raise ValueError(f"scenario must be 'split' for {dataset}, got {scenario!r}")
+    if n_experiences < 1 or (scenario == "split" and total % n_experiences):
+        raise ValueError(f"n_experiences must be >= 1 (and divide {total} for split {dataset}), got {n_experiences!r}")
+    n_classes = total // n_experiences if task_incremental and scenario == "split" else total
+    if dataset in CIFAR:
+        layout = CIFAR[dataset]
+        xtr, ytr, xte, yte = load_cifar_arrays(data_root, dataset)
+        if validation:
+            keep, held = _stratified_split(ytr.numpy(), VALIDATION_FRACTION, seed)
+            xtr, ytr, xte, yte = xtr[keep], ytr[keep], xtr[held], ytr[held]
+        bm = _split(CifarImages(xtr, ytr, layout.mean, layout.std), CifarImages(xte, yte, layout.mean, layout.std),
+                    n_experiences, task_incremental, seed)
+        mode = "task-incremental" if task_incremental else "class-incremental"
+        desc = f"split {dataset} ({n_experiences} experiences, {mode}{', validation split' if validation else ''})"
+        return Stream(bm, (3, 32, 32), n_classes, task_incremental, desc)
     if dataset == "digits":
         arrays = load_digits_arrays(seed=0)
         shape = (1, 8, 8)

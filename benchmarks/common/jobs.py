@@ -8,7 +8,8 @@
 * Every worker process first runs :func:`init_worker` (torch threads, warnings, seeds, an optional
   warm-up); in-process runs (``workers=1``) do the same and restore the thread count afterwards.
 * :func:`run_jobs` runs the jobs through an executor (:class:`LocalExecutor`: in this process or
-  a ``spawn`` process pool; a distributed backend only has to yield ``(job, row)`` pairs), appends
+  a ``spawn`` process pool; :class:`RayExecutor`: tasks on a local or remote Ray cluster; any
+  backend only has to yield ``(job, row)`` pairs from ``map_unordered(fn, jobs)``), appends
   every finished row to a JSON-lines cache and, run again, reuses the cached rows, so an
   interrupted run resumes where it stopped. Rows come back in job order.
 """
@@ -21,6 +22,7 @@ import functools
 import hashlib
 import json
 import multiprocessing
+import os
 import random
 import subprocess
 import time
@@ -36,6 +38,7 @@ from tqdm import tqdm
 __all__ = [
     "Timer",
     "LocalExecutor",
+    "RayExecutor",
     "code_version",
     "init_worker",
     "jsonable",
@@ -174,6 +177,110 @@ class LocalExecutor:
             futures = {pool.submit(fn, job): job for job in jobs}
             for future in as_completed(futures):
                 yield futures[future], future.result()
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # holds the ``benchmarks`` package
+_warmed_up: set = set()  # per Ray worker process: the warm-ups already run
+
+
+def _ray_task(fn: Callable, job, threads: int, seed: int, warmup: Callable[[], None] | None):
+    """One job in a Ray worker: :func:`init_worker`'s set-up (its warm-up once per process),
+    then the globals seeded again, so a row never depends on which jobs ran there before."""
+    init_worker(threads, seed)
+    key = f"{getattr(warmup, '__module__', '')}.{getattr(warmup, '__qualname__', repr(warmup))}"
+    if warmup is not None and key not in _warmed_up:
+        warmup()
+        _warmed_up.add(key)
+        seed_everything(seed)
+    return fn(job)
+
+
+class RayExecutor:
+    """Jobs as Ray tasks, each holding ``threads`` CPUs; rows are yielded as they finish.
+
+    ``address`` given (``"auto"``, ``"HOST:PORT"``, ``"ray://HOST:10001"``): joins that cluster
+    and ships this checkout as the tasks' ``working_dir`` (the nodes need the same Python packages;
+    ``--data-root`` must exist on them). Otherwise it starts a local instance on first use with
+    ``num_cpus`` CPUs (``None``: Ray counts them), no dashboard and an object store of
+    ``object_store_memory`` bytes, and puts the checkout on the workers' ``PYTHONPATH``. If Ray is
+    already initialised in this process it uses that and leaves it running. :meth:`close` (or
+    leaving a ``with`` block) shuts down a Ray it started; Ray also does so at exit.
+    """
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, threads: int = 1,
+                 warmup: Callable[[], None] | None = None, *, seed: int = 0, runtime_env: dict | None = None,
+                 object_store_memory: int | None = 512 * 2**20):
+        if address is not None and (not isinstance(address, str) or not address.strip()):
+            raise ValueError(f"address must be a non-empty string such as 'auto' or 'HOST:PORT', got {address!r}")
+        if num_cpus is not None and (not isinstance(num_cpus, int) or num_cpus < 1):
+            raise ValueError(f"num_cpus must be an int >= 1 or None, got {num_cpus!r}")
+        if not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+        if num_cpus is not None and address is None and threads > num_cpus:
+            raise ValueError(f"threads ({threads}) must not exceed num_cpus ({num_cpus}): each task holds "
+                             "`threads` CPUs")
+        self.address, self.num_cpus, self.threads, self.seed, self.warmup = address, num_cpus, threads, seed, warmup
+        self.runtime_env, self.object_store_memory = runtime_env, object_store_memory
+        self.started = False  # whether this executor started (and so shuts down) Ray
+
+    @staticmethod
+    def _ray():
+        try:
+            import ray
+        except ImportError as err:
+            raise ImportError("--executor ray needs Ray: pip install -e '.[ray]' (the `ray` extra of "
+                              "setup.cfg)") from err
+        return ray
+
+    def start(self):
+        """Initialise Ray (see the class docstring) unless it already is; returns the module."""
+        ray = self._ray()
+        if ray.is_initialized():
+            return ray
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # offline machines: no usage reports
+        if self.address is not None:
+            env = self.runtime_env or {"working_dir": str(REPO_ROOT),
+                                       "excludes": [".git", ".venv", "out", "*.pt", "*.pth"]}
+            ray.init(address=self.address, runtime_env=env, logging_level="warning")
+        else:
+            path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+            env = self.runtime_env or {"env_vars": {"PYTHONPATH": path}}
+            ray.init(num_cpus=self.num_cpus, include_dashboard=False, runtime_env=env,
+                     object_store_memory=self.object_store_memory, logging_level="warning")
+        self.started = True
+        return ray
+
+    def close(self) -> None:
+        """Shut down the Ray instance this executor started (no-op otherwise)."""
+        if self.started:
+            ray = self._ray()
+            if ray.is_initialized():
+                ray.shutdown()
+            self.started = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def map_unordered(self, fn: Callable, jobs: Sequence) -> Iterator[tuple[object, object]]:
+        if not jobs:
+            return
+        ray = self.start()
+        task = ray.remote(_ray_task).options(num_cpus=self.threads)
+        fn_ref, warmup_ref = ray.put(fn), ray.put(self.warmup)  # shipped once, not with every job
+        pending = {task.remote(fn_ref, job, self.threads, self.seed, warmup_ref): job for job in jobs}
+        try:
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    job = pending.pop(ref)
+                    yield job, ray.get(ref)
+        finally:  # an error, or the caller stopped early: drop what has not run
+            for ref in pending:
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref)
 
 
 def run_jobs(fn: Callable, jobs: Iterable, *, cache: str | Path | None = None, workers: int = 1,

@@ -8,7 +8,13 @@ import types
 from dataclasses import asdict
 from pathlib import Path
 
-from benchmarks.common.cli import benchmark_parser, is_skipped, parse_args, split_list
+from benchmarks.common.cli import (
+    benchmark_parser,
+    is_skipped,
+    make_executor,
+    parse_args,
+    split_list,
+)
 from benchmarks.common.jobs import run_jobs
 from benchmarks.common.results import print_report, summarize, write_results
 from benchmarks.plasticity_ranking.ranking import pra_rows
@@ -37,7 +43,8 @@ def run_benchmark(settings: list[Setting], seeds: list[int], out_dir, *, data_ro
     jobs = [Job(s, seed, data_root, None if ckpt_dir is None else str(ckpt_dir)) for s in settings for seed in seeds]
     start = time.perf_counter()
     runs = run_jobs(run_job, jobs, cache=out / "jobs.jsonl", workers=workers, threads=threads,
-                    desc="plasticity ranking", progress=progress)
+                    executor=None if args is None else make_executor(args), desc="plasticity ranking",
+                    progress=progress)
     wall = time.perf_counter() - start
     rows = [row for run in runs for row in pra_rows(run, by_name[run["setting"]])]
     checkpoints = [{"setting": r["setting"], "seed": r["seed"], "checkpoints": r["checkpoints"]} for r in runs]

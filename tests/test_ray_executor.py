@@ -1,0 +1,128 @@
+"""``--executor ray``: the same jobs through ``run_jobs`` on a local Ray instance give the rows the
+local executor gives, run in Ray's worker processes, and resume from the same cache."""
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from benchmarks.common import jobs
+from benchmarks.common.cli import benchmark_parser, make_executor, parse_args
+from benchmarks.common.jobs import LocalExecutor, RayExecutor, run_jobs
+
+ray = pytest.importorskip("ray")
+
+
+@dataclass(frozen=True)
+class Fit:
+    seed: int
+    width: int = 5
+
+
+def fit(job: Fit) -> dict:
+    """A seeded least-squares fit by SGD: the numbers depend on the seed only."""
+    torch.manual_seed(job.seed)
+    x = torch.randn(64, job.width)
+    y = x @ torch.randn(job.width, 1) + 0.1 * torch.randn(64, 1)
+    model = torch.nn.Linear(job.width, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for _ in range(30):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+    return {"seed": job.seed, "loss": loss.item(), "weight": model.weight.detach().flatten().tolist(),
+            "pid": os.getpid(), "threads": torch.get_num_threads()}
+
+
+def unseeded(job: Fit) -> float:
+    return torch.rand(1).item()  # the executor's global seed decides
+
+
+def fails(job: Fit):
+    raise ValueError(f"bad job {job.seed}")
+
+
+JOBS = [Fit(s) for s in (3, 0, 2, 1)] + [Fit(0, width=3)]
+
+
+def _numbers(rows):
+    return [{k: v for k, v in r.items() if k != "pid"} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def executor():
+    ex = RayExecutor(num_cpus=2)
+    yield ex
+    ex.close()
+    assert not ray.is_initialized()  # it shut down the instance it started
+
+
+@pytest.mark.slow  # starting Ray here takes 20-40 s
+def test_ray_rows_equal_local_rows_and_come_from_ray_workers(executor, tmp_path, monkeypatch):
+    monkeypatch.setattr(jobs, "code_version", lambda: "v1")
+    local = run_jobs(fit, JOBS, executor=LocalExecutor(1), progress=False)
+    remote = run_jobs(fit, JOBS, cache=tmp_path / "jobs.jsonl", executor=executor, progress=False)
+    assert executor.started and ray.is_initialized()
+    assert _numbers(remote) == _numbers(local)  # same seeds, same numbers, in job order
+    assert {r["pid"] for r in remote}.isdisjoint({os.getpid()})  # ran in Ray's worker processes
+    assert {r["threads"] for r in remote} == {1}
+    assert [r["seed"] for r in remote] == [j.seed for j in JOBS]
+
+    # resume: only the new job runs; cached rows come back unchanged
+    more = JOBS + [Fit(7)]
+    again = run_jobs(fit, more, cache=tmp_path / "jobs.jsonl", executor=executor, progress=False)
+    assert again[:-1] == remote and again[-1]["seed"] == 7
+    lines = [json.loads(line) for line in (tmp_path / "jobs.jsonl").read_text().splitlines()]
+    assert len(lines) == len(more)
+    # a cache written by Ray is reused by the local executor (keys do not depend on the backend)
+    assert run_jobs(fails, more, cache=tmp_path / "jobs.jsonl", progress=False) == again
+
+
+@pytest.mark.slow
+def test_every_ray_task_is_seeded_and_errors_reach_the_caller(executor):
+    torch.manual_seed(0)
+    expected = torch.rand(1).item()
+    values = run_jobs(unseeded, [Fit(s) for s in range(4)], executor=executor, progress=False)
+    assert values == [expected] * 4  # each task starts from the executor's seed (0)
+    with pytest.raises(ValueError, match="bad job 5"):
+        run_jobs(fails, [Fit(5)], executor=executor, progress=False)
+
+
+@pytest.mark.slow
+def test_an_executor_joining_a_running_ray_leaves_it_running(executor):
+    executor.start()
+    other = RayExecutor(num_cpus=2)
+    assert [row["seed"] for _, row in other.map_unordered(fit, [Fit(4)])] == [4]
+    other.close()
+    assert not other.started and ray.is_initialized()
+
+
+def test_cli_flags_choose_the_executor():
+    parser = benchmark_parser("example", "example benchmark")
+    args = parse_args(parser, [])
+    assert (args.executor, args.address) == ("local", None) and isinstance(make_executor(args), LocalExecutor)
+    ex = make_executor(parse_args(parser, ["--executor", "ray", "--workers", "3", "--threads", "2"]))
+    assert isinstance(ex, RayExecutor) and (ex.address, ex.num_cpus, ex.threads) == (None, 6, 2)
+    ex = make_executor(parse_args(parser, ["--executor", "ray", "--address", "auto", "--workers", "3"]))
+    assert (ex.address, ex.num_cpus) == ("auto", None)  # a cluster brings its own CPUs
+    assert not ex.started  # nothing starts before the first job
+    with pytest.raises(SystemExit):
+        parse_args(parser, ["--address", "auto"])  # only with --executor ray
+    with pytest.raises(SystemExit):
+        parse_args(parser, ["--executor", "dask"])
+
+
+def test_bad_arguments_and_missing_ray_are_named(monkeypatch):
+    with pytest.raises(ValueError, match="num_cpus"):
+        RayExecutor(num_cpus=0)
+    with pytest.raises(ValueError, match="threads"):
+        RayExecutor(num_cpus=2, threads=4)
+    with pytest.raises(ValueError, match="address"):
+        RayExecutor(address="")
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if the extra were not installed
+    with pytest.raises(ImportError, match=r"\[ray\]"):
+        RayExecutor().start()
