@@ -159,7 +159,7 @@ def main(argv=None) -> dict:
     if not args.max_rss_gb > 0:
         parser.error(f"--max-rss-gb must be > 0, got {args.max_rss_gb}")
     cap = args.timeout or (30.0 if args.quick else 600.0)
-    floor = min(cap, 10.0 if args.quick else 60.0)
+    floor = min(cap, 5.0 if args.quick else 60.0)
     cfg = config_for(args)
     measure = importlib.import_module("benchmarks.scale.measure").measure  # picklable by module path
 
