@@ -1,0 +1,222 @@
+"""``run_study``: a validated study → tuning runs, test runs, tables, figures and a report.
+
+1. Every strategy with a ``grid`` runs each setting once on the validation split with the
+   study's ``tune_seed`` (diagnostics left out: accuracy, forgetting and BWT only); the setting
+   with the best final average accuracy is chosen (:mod:`benchmarks.common.protocol`).
+2. Every strategy (at its chosen setting) runs on the test stream with seeds ``0..seeds-1``,
+   every configured metric attached.
+3. ``OUT/`` receives ``metrics.csv`` (every value every metric logged, tidy long format, tuning
+   runs included with ``split=validation``), ``results.json`` / ``results.csv`` (runs, summary,
+   chosen settings, tests), ``tables.md`` / ``tables.tex``, ``figures/*.png``, ``report.md``, the
+   per-run CSVs and images under ``runs/`` and the resumable job cache ``jobs.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.common.cli import is_skipped
+from benchmarks.common.jobs import LocalExecutor, Timer, run_jobs
+from benchmarks.common.protocol import expand_grid, select_best, setting_label
+from benchmarks.common.results import print_report, write_results
+from benchmarks.study.config import Study, load_study
+from benchmarks.study.runner import CONTEXT, StudyJob, apply_setting, run_job
+from benchmarks.study.stats import summarize_study
+from benchmarks.study.tables import latex_tables, markdown_tables
+
+__all__ = ["StudyResult", "make_study_executor", "plan_test_jobs", "plan_tuning_jobs", "report", "run_study",
+           "write_outputs"]
+
+TIDY_COLUMNS = ("phase", "stream", "training_experience", "experience", "task", "metric", "key", "value",
+                "file", "step", "callback")
+
+
+@dataclass
+class StudyResult:
+    """What a study produced. ``rows``: one per test run (scenario, strategy, setting, seed,
+    split, acc, forgetting, bwt, accuracy_matrix, wall_s); ``tuning``: the validation runs;
+    ``chosen``: ``{scenario: {strategy: {"setting": {...}, "label", "val_acc"}}}``; ``summary``:
+    per (scenario, strategy) statistics and tests; ``tables``: ``{"markdown", "latex"}``;
+    ``report``, ``csv``: paths of ``report.md`` and ``metrics.csv``."""
+
+    study: Study
+    out: Path
+    rows: list[dict]
+    tuning: list[dict]
+    chosen: dict
+    summary: list[dict]
+    tables: dict
+    report: Path
+    csv: Path
+    figures: list[Path] = field(default_factory=list)
+    wall_seconds: float = 0.0
+
+
+def make_study_executor(executor: str = "local", *, workers: int = 1, threads: int = 1, address: str | None = None):
+    """The job executor: ``benchmarks.common.jobs.make_executor`` when this checkout has it (local
+    pool or Ray), else the local pool."""
+    try:
+        from benchmarks.common.jobs import make_executor
+    except ImportError:
+        make_executor = None
+    if make_executor is not None:
+        return make_executor(argparse.Namespace(executor=executor, address=address, workers=workers, threads=threads))
+    if executor != "local":
+        raise ValueError(f"executor: {executor!r} needs benchmarks.common.jobs.make_executor, which this checkout "
+                         "lacks; use 'local'")
+    return LocalExecutor(workers, threads=threads)
+
+
+def _cells(study: Study, skip) -> list[tuple[dict, dict]]:
+    return [(scenario, strategy) for scenario in study.scenarios for strategy in study.strategies
+            if not is_skipped(skip, scenario["name"], strategy["name"]) and not is_skipped(skip, strategy["name"])]
+
+
+def plan_tuning_jobs(study: Study, skip=()) -> list[tuple[StudyJob, dict]]:
+    """``(job, setting)`` for every grid setting of every (scenario, strategy) with a grid."""
+    jobs = []
+    for scenario, strategy in _cells(study, skip):
+        for setting in expand_grid(strategy["grid"]) if strategy["grid"] else []:
+            spec, training = apply_setting(strategy, study.training, setting)
+            jobs.append((StudyJob(study.name, scenario, study.model, training, spec, setting_label(setting), [],
+                                  study.loggers, study.tune_seed, "validation"), setting))
+    return jobs
+
+
+def plan_test_jobs(study: Study, chosen: dict, skip=()) -> list[StudyJob]:
+    """Every (scenario, strategy) at its chosen setting (``{}`` without a grid), every seed."""
+    jobs = []
+    for scenario, strategy in _cells(study, skip):
+        setting = chosen.get(scenario["name"], {}).get(strategy["name"], {}).get("setting", {})
+        spec, training = apply_setting(strategy, study.training, setting)
+        for seed in range(study.seeds):
+            jobs.append(StudyJob(study.name, scenario, study.model, training, spec, setting_label(setting),
+                                 study.metrics, study.loggers, seed, "test"))
+    return jobs
+
+
+def _choose(tuning: list[tuple[StudyJob, dict]], rows: list[dict]) -> dict:
+    for (_, setting), row in zip(tuning, rows):
+        row["setting_values"] = setting
+    best = select_best(rows, lambda r: (r["scenario"], r["strategy"]))
+    chosen: dict = {}
+    for row in rows:
+        key = (row["scenario"], row["strategy"])
+        if key not in best:
+            errors = sorted({r.get("error", "NaN accuracy") for r in rows if (r["scenario"], r["strategy"]) == key})
+            raise RuntimeError(f"{key[0]}/{key[1]}: every grid setting failed on the validation split: {'; '.join(errors)}")
+        winner = best[key]
+        chosen.setdefault(key[0], {})[key[1]] = {"setting": winner["setting_values"], "label": winner["setting"],
+                                                 "val_acc": winner["acc"]}
+    return chosen
+
+
+def run_study(config, *, out, quick: bool = False, seeds: int | None = None, executor: str = "local",
+              workers: int = 1, threads: int = 1, address: str | None = None, data_root=None,
+              skip=(), progress: bool = True, args=None, echo: bool = False) -> StudyResult:
+    """Run a study (a config path, a mapping or a loaded :class:`Study`) into ``out``; see the
+    module docstring. ``seeds`` replaces the config's seed count; ``quick`` applies its ``quick:``
+    overrides; ``executor`` is ``"local"`` (``workers`` processes) or ``"ray"`` (``address``)."""
+    study = config if isinstance(config, Study) else load_study(config, quick=quick, seeds=seeds, data_root=data_root)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    pool = make_study_executor(executor, workers=workers, threads=threads, address=address)
+    run = functools.partial(run_job, log_dir=str(out))
+    cache = out / "jobs.jsonl"
+    with Timer() as total:
+        tuning = plan_tuning_jobs(study, skip)
+        tuning_rows = run_jobs(run, [job for job, _ in tuning], cache=cache, executor=pool,
+                               desc="tuning (validation)", progress=progress)
+        chosen = _choose(tuning, tuning_rows)
+        test_rows = run_jobs(run, plan_test_jobs(study, chosen, skip), cache=cache, executor=pool,
+                             desc="runs (test)", progress=progress)
+    return write_outputs(study, out, test_rows, tuning_rows, chosen, total.seconds, args=args, echo=echo)
+
+
+def write_outputs(study: Study, out: Path, test_rows, tuning_rows, chosen, wall_seconds: float, *, args=None,
+                  echo: bool = False) -> StudyResult:
+    """Tidy CSV, results.json, tables, figures and report of finished runs."""
+    from benchmarks.study.figures import make_figures
+
+    csv_path = out / "metrics.csv"
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[*CONTEXT, *TIDY_COLUMNS], extrasaction="ignore")
+        writer.writeheader()
+        for row in [*tuning_rows, *test_rows]:
+            writer.writerows(row["metrics"])
+    metrics = [m for row in test_rows for m in row["metrics"]]
+    runs = [{k: v for k, v in row.items() if k != "metrics"} for row in test_rows]
+    tuning = [{k: v for k, v in row.items() if k != "metrics"} for row in tuning_rows]
+    names = [s["name"] for s in study.strategies]
+    summary = summarize_study(runs, study.reference, names)
+    tables = {"markdown": markdown_tables(summary, study.reference), "latex": latex_tables(summary, study.reference)}
+    (out / "tables.md").write_text(tables["markdown"] + "\n")
+    (out / "tables.tex").write_text(tables["latex"] + "\n")
+    figures = make_figures(runs, metrics, out / "figures", names)
+    write_results(out, args, config=study.as_dict(), rows=runs, summary=summary, wall_seconds=wall_seconds,
+                  extra={"study": study.name, "source": study.source, "reference": study.reference,
+                         "chosen": chosen, "tuning": tuning, "tables": tables,
+                         "figures": [p.relative_to(out).as_posix() for p in figures]})
+    print_report(out / "results.json", report, out_dir=out, echo=False)
+    if echo:
+        print(terminal_summary(out / "results.json"), flush=True)
+    return StudyResult(study, out, runs, tuning, chosen, summary, tables, out / "report.md", csv_path, figures,
+                       wall_seconds)
+
+
+def _chosen_lines(saved: dict) -> list[str]:
+    lines = []
+    for scenario, strategies in saved.get("chosen", {}).items():
+        for strategy, choice in strategies.items():
+            lines.append(f"- {scenario} / {strategy}: **{choice['label']}** (validation ACC {choice['val_acc']:.3f})")
+    return lines
+
+
+def terminal_summary(results) -> str:
+    """The paper-style tables and chosen settings of a saved study (what the CLI prints)."""
+    from benchmarks.common.results import load_results
+
+    saved = load_results(results)
+    chosen = _chosen_lines(saved)
+    text = saved["tables"]["markdown"]
+    if chosen:
+        text += f"\n\nChosen on the validation split (seed {saved['config']['tune_seed']}):\n" + "\n".join(chosen)
+    return text
+
+
+def report(saved: dict) -> str:
+    """``report.md``: what ran, the chosen settings, the tables and every figure."""
+    config = saved["config"]
+    lines = [f"# Study: {saved['study']}", ""]
+    if config.get("description"):
+        lines += [config["description"], ""]
+    scenarios = ", ".join(s["name"] for s in config["scenarios"])
+    lines += [f"Scenarios: {scenarios}. Model: `{config['model']['name']}`. Strategies: "
+              + ", ".join(s["name"] for s in config["strategies"]) + f". Seeds: {config['seeds']} "
+              f"(test stream); grids tuned on a validation split with seed {config['tune_seed']}. "
+              f"Metrics attached: accuracy, forgetting, BWT"
+              + "".join(f", {m['name']}" for m in config["metrics"]) + ".", ""]
+    if saved.get("command"):
+        lines += [f"Command: `{saved['command']}` ({saved['wall_seconds']:.0f} s, code {saved['code_version']}).", ""]
+    chosen = _chosen_lines(saved)
+    if chosen:
+        lines += ["## Chosen hyper-parameters", "", *chosen, ""]
+    lines += ["## Results", "", saved["tables"]["markdown"], ""]
+    figures = saved.get("figures", [])
+    if figures:
+        lines += ["## Figures", ""]
+        for path in figures:
+            title = Path(path).stem.replace("_", " ")
+            lines += [f"### {title}", "", f"![{title}]({path})", ""]
+    failed = [r for r in saved.get("tuning", []) if r.get("error")]
+    if failed:
+        lines += ["## Failed tuning runs", ""]
+        lines += [f"- {r['scenario']} / {r['strategy']} / {r['setting']}: {r['error']}" for r in failed]
+        lines.append("")
+    lines += ["Files: `metrics.csv` (every logged value, tidy long format), `results.json`, `tables.md`, "
+              "`tables.tex`, `figures/`, `runs/` (per-run CSVs and images)."]
+    return "\n".join(lines)

@@ -1,0 +1,416 @@
+"""Study configs: YAML or TOML files (or dicts) → a validated :class:`Study`.
+
+Every key is checked before anything runs: unknown keys are rejected, names resolved (strategy,
+plugin, metric, model and benchmark factories), kwargs compared with the signatures they go to,
+and each error names the offending key, e.g. ``strategies[2].kwargs.ewc_lambda: expected a
+number, got 'x'``. The format is documented in README "Comparative studies".
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.study.registry import (
+    ConfigError,
+    check_arguments,
+    check_value,
+    metric_factory,
+    model_factory,
+    parameters,
+    plugin_class,
+    resolve_dotted,
+    strategy_class,
+)
+
+__all__ = ["BUILTIN_SCENARIOS", "ALWAYS_METRICS", "LOGGERS", "STRATEGY_INJECTED", "METRIC_INJECTED",
+           "TRAINING_DEFAULTS", "Study", "load_study"]
+
+BUILTIN_SCENARIOS = {  # name → (make_stream dataset, scenario)
+    "split_digits": ("digits", "split"),
+    "permuted_digits": ("digits", "permuted"),
+    "split_mnist": ("mnist", "split"),
+    "permuted_mnist": ("mnist", "permuted"),
+    "split_cifar10": ("cifar10", "split"),
+    "split_cifar100": ("cifar100", "split"),
+}
+TRAINING_DEFAULTS = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.0, "weight_decay": 0.0, "epochs": 1,
+                     "batch_size": 32, "eval_batch_size": 256, "device": "cpu"}
+OPTIMIZERS = ("sgd", "adam", "adamw")
+LOGGERS = ("tensorboard", "wandb", "text")
+ALWAYS_METRICS = ("accuracy_metrics", "forgetting_metrics", "bwt_metrics")
+STRATEGY_INJECTED = ("model", "optimizer", "criterion", "train_mb_size", "train_epochs", "eval_mb_size",
+                     "device", "plugins", "evaluator")
+# arguments the study supplies to some metrics (and those it may choose for them)
+METRIC_INJECTED = {"CycleAccuracyMetric": ("test_stream",), "NewbornGradientMetric": ("grow_plugin",)}
+METRIC_OPTIONAL = {"TransportKeyMetric": ("stages",)}
+MODEL_INJECTED = ("input_shape", "n_classes", "multihead")
+
+_TOP = ("name", "description", "seeds", "tune_seed", "reference", "scenarios", "model", "training",
+        "strategies", "metrics", "loggers", "quick")
+_SCENARIO = ("name", "benchmark", "n_experiences", "task_incremental", "data_root", "kwargs")
+_STRATEGY = ("name", "class", "kwargs", "plugins", "grid", "training")
+_QUICK = ("seeds", "training", "scenarios", "grid", "metrics")
+
+
+@dataclass
+class Study:
+    """A validated study: plain JSON-able specs (resolved again in every job's process)."""
+
+    name: str
+    description: str
+    seeds: int
+    tune_seed: int
+    reference: str
+    scenarios: list[dict]
+    model: dict
+    training: dict
+    strategies: list[dict]
+    metrics: list[dict]
+    loggers: list[str]
+    source: str | None = None
+    quick: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {k: copy.deepcopy(getattr(self, k)) for k in
+                ("name", "description", "seeds", "tune_seed", "reference", "scenarios", "model", "training",
+                 "strategies", "metrics", "loggers", "quick")}
+
+    def strategy(self, name: str) -> dict:
+        return next(s for s in self.strategies if s["name"] == name)
+
+
+def load_study(config, *, quick: bool = False, seeds: int | None = None, data_root=None) -> Study:
+    """Read and validate a study: a YAML/TOML path or an already parsed mapping.
+
+    ``quick`` applies the config's ``quick:`` overrides; ``seeds`` replaces ``seeds``;
+    ``data_root`` fills the ``data_root`` of scenarios that name none.
+    """
+    source = None
+    if isinstance(config, (str, Path)):
+        source = str(config)
+        config = _read(Path(config))
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"config: expected a mapping of keys, got {type(config).__name__}")
+    raw = copy.deepcopy(dict(config))
+    _keys(raw, "", _TOP, required=("scenarios", "strategies"))
+    quick_spec = _quick(raw.get("quick", {}))
+    if quick:
+        raw = _apply_quick(raw, quick_spec)
+    if seeds is not None:
+        raw["seeds"] = seeds
+    study = Study(
+        name=_string(raw.get("name", Path(source).stem if source else "study"), "name"),
+        description=_string(raw.get("description", ""), "description"),
+        seeds=_int(raw.get("seeds", 3), "seeds", minimum=1),
+        tune_seed=_int(raw.get("tune_seed", 0), "tune_seed", minimum=0),
+        reference="",
+        scenarios=[_scenario(s, f"scenarios[{i}]", data_root) for i, s in enumerate(_list(raw["scenarios"], "scenarios"))],
+        model=_model(raw.get("model", "mlp")),
+        training=_training(raw.get("training", {}), "training", defaults=TRAINING_DEFAULTS),
+        strategies=[],
+        metrics=[_metric(m, f"metrics[{i}]") for i, m in enumerate(_list(raw.get("metrics", []), "metrics", empty=True))],
+        loggers=_loggers(raw.get("loggers", [])),
+        source=source,
+        quick=quick_spec,
+    )
+    for i, entry in enumerate(_list(raw["strategies"], "strategies")):
+        study.strategies.append(_strategy(entry, f"strategies[{i}]", study.training))
+    _unique([s["name"] for s in study.scenarios], "scenarios", "name")
+    _unique([s["name"] for s in study.strategies], "strategies", "name")
+    _unique([m["name"] for m in study.metrics], "metrics", "name")
+    reference = raw.get("reference", study.strategies[0]["name"])
+    if reference not in [s["name"] for s in study.strategies]:
+        raise ConfigError(f"reference: {reference!r} is not a strategy name; names are "
+                          f"{', '.join(s['name'] for s in study.strategies)}")
+    study.reference = reference
+    return study
+
+
+def _read(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"config: no file {str(path)!r}")
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            return yaml.safe_load(text) or {}
+        except yaml.YAMLError as error:
+            raise ConfigError(f"config: {path} is not valid YAML ({error})") from None
+    if path.suffix == ".toml":
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            raise ConfigError(f"config: reading TOML needs Python >= 3.11 (tomllib); use YAML for {path.name}") from None
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"config: {path} is not valid TOML ({error})") from None
+    raise ConfigError(f"config: expected a .yaml, .yml or .toml file, got {path.name!r}")
+
+
+# ------------------------------------------------------------------------------------------------
+# small checks
+
+
+def _join(path: str, key) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _keys(value, path: str, allowed, required=()) -> dict:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{path or 'config'}: expected a mapping, got {value!r}")
+    for key in value:
+        if key not in allowed:
+            raise ConfigError(f"{_join(path, key)}: unknown key; expected one of {', '.join(allowed)}")
+    for key in required:
+        if key not in value:
+            raise ConfigError(f"{_join(path, key)}: required key missing")
+    return dict(value)
+
+
+def _list(value, path: str, empty: bool = False) -> list:
+    if not isinstance(value, list) or (not value and not empty):
+        raise ConfigError(f"{path}: expected a{'' if empty else ' non-empty'} list, got {value!r}")
+    return value
+
+
+def _string(value, path: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{path}: expected a string, got {value!r}")
+    return value
+
+
+def _int(value, path: str, minimum: int | None = None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or (minimum is not None and value < minimum):
+        raise ConfigError(f"{path}: expected an integer{f' >= {minimum}' if minimum is not None else ''}, got {value!r}")
+    return value
+
+
+def _kwargs(value, path: str) -> dict:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(f"{path}: expected a mapping of argument names to values, got {value!r}")
+    return dict(value)
+
+
+def _unique(names, path: str, key: str) -> None:
+    seen = set()
+    for i, name in enumerate(names):
+        if name in seen:
+            raise ConfigError(f"{path}[{i}].{key}: {name!r} is used twice; names must be unique")
+        seen.add(name)
+
+
+def _named(entry, path: str, allowed=("name", "kwargs")) -> dict:
+    """``"Name"`` or ``{name: Name, kwargs: {...}}`` → ``{"name", "kwargs"}``."""
+    if isinstance(entry, str):
+        entry = {"name": entry}
+    entry = _keys(entry, path, allowed, required=("name",))
+    entry["name"] = _string(entry["name"], _join(path, "name"))
+    entry["kwargs"] = _kwargs(entry.get("kwargs", {}), _join(path, "kwargs"))
+    return entry
+
+
+# ------------------------------------------------------------------------------------------------
+# sections
+
+
+def _quick(value) -> dict:
+    spec = _keys(value, "quick", _QUICK)
+    if "seeds" in spec:
+        _int(spec["seeds"], "quick.seeds", minimum=1)
+    if "grid" in spec:
+        _int(spec["grid"], "quick.grid", minimum=1)
+    for key in ("training", "scenarios", "metrics"):
+        if key in spec:
+            _kwargs(spec[key], f"quick.{key}")
+    return spec
+
+
+def _apply_quick(raw: dict, spec: dict) -> dict:
+    """The config with its ``quick:`` overrides (seeds 1 unless it says otherwise)."""
+    raw = copy.deepcopy(raw)
+    raw["seeds"] = spec.get("seeds", 1)
+    raw["training"] = {**raw.get("training", {}), **spec.get("training", {})}
+    raw["scenarios"] = [{**({"benchmark": s} if isinstance(s, str) else s), **spec.get("scenarios", {})}
+                        for s in raw["scenarios"]] if isinstance(raw.get("scenarios"), list) else raw.get("scenarios")
+    overrides = spec.get("metrics", {})
+    for i, metric in enumerate(raw.get("metrics", [])):
+        name = metric if isinstance(metric, str) else metric.get("name") if isinstance(metric, Mapping) else None
+        if name in overrides:
+            base = {"name": name} if isinstance(metric, str) else dict(metric)
+            base["kwargs"] = {**base.get("kwargs", {}), **_kwargs(overrides[name], f"quick.metrics.{name}")}
+            raw["metrics"][i] = base
+    if "grid" in spec:
+        for strategy in raw.get("strategies", []):
+            if isinstance(strategy, Mapping) and isinstance(strategy.get("grid"), Mapping):
+                strategy["grid"] = {k: v[: spec["grid"]] if isinstance(v, list) else v for k, v in strategy["grid"].items()}
+    return raw
+
+
+def _scenario(entry, path: str, data_root) -> dict:
+    if isinstance(entry, str):
+        entry = {"benchmark": entry}
+    spec = _keys(entry, path, _SCENARIO, required=("benchmark",))
+    benchmark = _string(spec["benchmark"], f"{path}.benchmark")
+    out = {"name": _string(spec.get("name", benchmark.rpartition(":")[2]), f"{path}.name"), "benchmark": benchmark,
+           "n_experiences": None, "task_incremental": False, "data_root": spec.get("data_root", data_root),
+           "kwargs": _kwargs(spec.get("kwargs", {}), f"{path}.kwargs")}
+    if out["data_root"] is not None:
+        _string(out["data_root"], f"{path}.data_root")
+    if ":" in benchmark:
+        factory = resolve_dotted(benchmark, f"{path}.benchmark")
+        for key in ("n_experiences", "task_incremental", "data_root"):
+            if spec.get(key) is not None:
+                raise ConfigError(f"{path}.{key}: a benchmark factory takes its arguments in {path}.kwargs")
+        out["data_root"] = None
+        params, _, accepts_any, _ = parameters(factory)
+        check_arguments(factory, out["kwargs"], f"{path}.kwargs",
+                        injected=[n for n in ("seed", "validation") if n in params],
+                        label=benchmark)
+        return out
+    from benchmarks.common.data import DATASETS
+
+    if benchmark not in BUILTIN_SCENARIOS:
+        raise ConfigError(f"{path}.benchmark: expected one of {', '.join(BUILTIN_SCENARIOS)} or "
+                          f"'package.module:callable', got {benchmark!r}")
+    if BUILTIN_SCENARIOS[benchmark][0] not in DATASETS:
+        raise ConfigError(f"{path}.benchmark: {benchmark!r} needs dataset {BUILTIN_SCENARIOS[benchmark][0]!r}, "
+                          f"which this checkout's benchmarks.common.data does not provide ({', '.join(DATASETS)})")
+    if out["kwargs"]:
+        raise ConfigError(f"{path}.kwargs: only a 'package.module:callable' benchmark takes kwargs")
+    if spec.get("n_experiences") is not None:
+        out["n_experiences"] = _int(spec["n_experiences"], f"{path}.n_experiences", minimum=1)
+    task_incremental = spec.get("task_incremental", False)
+    if not isinstance(task_incremental, bool):
+        raise ConfigError(f"{path}.task_incremental: expected true or false, got {task_incremental!r}")
+    out["task_incremental"] = task_incremental
+    return out
+
+
+_ZOO_CLASSES = {"mlp": ("MLP", ("input_shape", "n_classes")), "cnn": ("SmallCNN", ("in_channels", "n_classes", "batchnorm")),
+                "cnn_nobn": ("SmallCNN", ("in_channels", "n_classes", "batchnorm")),
+                "resnet": ("MiniResNet", ("in_channels", "n_classes")),
+                "vit": ("TinyViT", ("image_size", "in_channels", "n_classes")),
+                "cifar_resnet": ("cifar_resnet", ("n_classes", "in_channels"))}
+
+
+def _model(entry) -> dict:
+    spec = _named(entry, "model")
+    factory = model_factory(spec["name"], "model.name")
+    if factory is None:
+        from benchmarks.common import models
+
+        target, injected = _ZOO_CLASSES.get(spec["name"], (None, ()))
+        if target is not None and hasattr(models, target):
+            check_arguments(getattr(models, target), spec["kwargs"], "model.kwargs", injected=injected,
+                            label=f"model {spec['name']!r}")
+    else:
+        params, _, _, _ = parameters(factory)
+        check_arguments(factory, spec["kwargs"], "model.kwargs", injected=[n for n in MODEL_INJECTED if n in params],
+                        label=spec["name"])
+    return spec
+
+
+def _training(value, path: str, defaults: Mapping | None) -> dict:
+    spec = _keys(value, path, tuple(TRAINING_DEFAULTS))
+    for key, given in spec.items():
+        where = f"{path}.{key}"
+        if key == "optimizer" and given not in OPTIMIZERS:
+            raise ConfigError(f"{where}: expected one of {', '.join(OPTIMIZERS)}, got {given!r}")
+        if key == "device":
+            _string(given, where)
+        if key in ("epochs", "batch_size", "eval_batch_size"):
+            _int(given, where, minimum=1)
+        if key in ("lr", "momentum", "weight_decay"):
+            check_value(given, float, None, where)
+            if given < 0 or (key == "lr" and given == 0):
+                raise ConfigError(f"{where}: expected a {'positive' if key == 'lr' else 'non-negative'} number, got {given!r}")
+    return {**(defaults or {}), **spec}
+
+
+def _strategy(entry, path: str, training: dict) -> dict:
+    if isinstance(entry, str):
+        entry = {"name": entry}
+    spec = _keys(entry, path, _STRATEGY, required=("name",))
+    name = _string(spec["name"], f"{path}.name")
+    plugins = [_named(p, f"{path}.plugins[{i}]") for i, p in enumerate(_list(spec.get("plugins", []), f"{path}.plugins", empty=True))]
+    cls_name = _string(spec.get("class", "Naive" if plugins else name), f"{path}.class")
+    where_cls = f"{path}.class" if "class" in spec else f"{path}.name"
+    cls = strategy_class(cls_name, where_cls)
+    kwargs = _kwargs(spec.get("kwargs", {}), f"{path}.kwargs")
+    grid = _kwargs(spec.get("grid", {}), f"{path}.grid")
+    out = {"name": name, "class": cls_name, "kwargs": kwargs, "plugins": plugins, "grid": {},
+           "training": _training(spec.get("training", {}), f"{path}.training", defaults=None)}
+    classes = [plugin_class(p["name"], f"{path}.plugins[{i}].name") for i, p in enumerate(plugins)]
+    targets = {}  # grid key → (callable, kwargs dict path, argument)
+    for key, values in grid.items():
+        where = f"{path}.grid.{key}"
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{where}: expected a non-empty list of values, got {values!r}")
+        owner, _, argument = key.rpartition(".")
+        if not owner:
+            targets[key] = ("strategy", None, argument)
+        elif owner == "training":
+            if argument not in TRAINING_DEFAULTS:
+                raise ConfigError(f"{where}: training has no key {argument!r}; expected one of {', '.join(TRAINING_DEFAULTS)}")
+            for j, value in enumerate(values):
+                _training({argument: value}, f"{path}.grid.{key}[{j}]", None)
+            targets[key] = ("training", None, argument)
+        else:
+            index = plugin_index(owner, plugins, where)
+            targets[key] = ("plugin", index, argument)
+        out["grid"][key] = values
+    for i, (plugin, plugin_cls) in enumerate(zip(plugins, classes)):
+        optional = [a for kind, index, a in targets.values() if kind == "plugin" and index == i]
+        check_arguments(plugin_cls, plugin["kwargs"], f"{path}.plugins[{i}].kwargs", optional=optional,
+                        label=plugin["name"])
+    optional = [a for kind, _, a in targets.values() if kind == "strategy"]
+    check_arguments(cls, kwargs, f"{path}.kwargs", injected=STRATEGY_INJECTED, optional=optional, label=cls_name)
+    for key, (kind, index, argument) in targets.items():
+        if kind == "training":
+            continue
+        target = cls if kind == "strategy" else classes[index]
+        params, _, _, hints = parameters(target)
+        if argument not in params or (kind == "strategy" and argument in STRATEGY_INJECTED):
+            label = cls_name if kind == "strategy" else plugins[index]["name"]
+            raise ConfigError(f"{path}.grid.{key}: {label} has no argument {argument!r}")
+        for j, value in enumerate(out["grid"][key]):
+            check_value(value, hints.get(argument, params[argument].annotation), params[argument].default,
+                        f"{path}.grid.{key}[{j}]")
+    return out
+
+
+def plugin_index(owner: str, plugins: list[dict], where: str) -> int:
+    if owner.startswith("plugins[") and owner.endswith("]") and owner[8:-1].isdigit():
+        index = int(owner[8:-1])
+        if index < len(plugins):
+            return index
+    for index, plugin in enumerate(plugins):
+        if plugin["name"] == owner:
+            return index
+    raise ConfigError(f"{where}: {owner!r} is neither 'training', a plugin of this strategy "
+                      f"({', '.join(p['name'] for p in plugins) or 'none'}) nor plugins[i]")
+
+
+def _metric(entry, path: str) -> dict:
+    spec = _named(entry, path)
+    if spec["name"] in ALWAYS_METRICS:
+        raise ConfigError(f"{path}.name: {spec['name']} is attached to every run already")
+    factory = metric_factory(spec["name"], f"{path}.name")
+    kwargs = dict(spec["kwargs"])
+    if spec["name"] == "TransportKeyMetric" and kwargs.get("stages") == "auto":
+        kwargs.pop("stages")  # chosen per model by the study
+    check_arguments(factory, kwargs, f"{path}.kwargs", injected=METRIC_INJECTED.get(spec["name"], ()),
+                    optional=METRIC_OPTIONAL.get(spec["name"], ()), label=spec["name"])
+    return spec
+
+
+def _loggers(value) -> list[str]:
+    for i, name in enumerate(_list(value, "loggers", empty=True)):
+        if name not in LOGGERS:
+            raise ConfigError(f"loggers[{i}]: expected one of {', '.join(LOGGERS)}, got {name!r}")
+    return list(value)

@@ -1,0 +1,224 @@
+"""Names in a study config → the Python objects they stand for, and checks of their arguments.
+
+* strategies: a class of ``avalanche.training.supervised`` / ``avalanche.training`` (a
+  ``BaseTemplate`` subclass), or ``package.module:Class``;
+* plugins: this package's plugins (``avalanche_plugins``), Avalanche's
+  (``avalanche.training.plugins``), or a dotted path;
+* metrics: this package's metrics, Avalanche's metric helpers and classes
+  (``avalanche.evaluation.metrics``: ``loss_metrics``, ``timing_metrics``, …), or a dotted path;
+* models: the benchmark zoo (``benchmarks.common.models.MODEL_NAMES``) or a dotted path.
+
+:func:`check_arguments` compares config kwargs with the callable's signature (unknown names,
+missing required ones, and the types the annotations or defaults state) and raises
+:class:`ConfigError` naming the config key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import numbers
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+__all__ = ["ConfigError", "check_arguments", "check_value", "metric_factory", "model_factory",
+           "parameters", "plugin_class", "resolve_dotted", "strategy_class"]
+
+
+class ConfigError(ValueError):
+    """A study config that cannot run; the message starts with the offending key."""
+
+
+def resolve_dotted(path: str, where: str):
+    """``"package.module:attr.sub"`` → the object (``ConfigError`` naming ``where`` otherwise)."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"{where}: expected 'package.module:callable', got {path!r}")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(f"{where}: cannot import module {module_name!r} ({error})") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"{where}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError(f"{where}: {path!r} is not callable")
+    return obj
+
+
+def _unknown(kind: str, name: str, where: str, known: Iterable[str]) -> ConfigError:
+    known = sorted(set(known))
+    close = difflib.get_close_matches(name, known, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(known)}"
+    return ConfigError(f"{where}: unknown {kind} {name!r} (or give 'package.module:callable'){hint}")
+
+
+def _package_exports(suffix: str) -> dict:
+    import avalanche_plugins
+
+    return {name: getattr(avalanche_plugins, name) for name in avalanche_plugins.__all__ if name.endswith(suffix)}
+
+
+def strategy_class(name: str, where: str) -> type:
+    """An Avalanche strategy class by name, or a dotted path."""
+    if ":" in name:
+        return resolve_dotted(name, where)
+    import avalanche.training as training
+    import avalanche.training.supervised as supervised
+    from avalanche.training.templates import BaseTemplate
+
+    found = {n: getattr(m, n) for m in (supervised, training) for n in dir(m)
+             if isinstance(getattr(m, n), type) and issubclass(getattr(m, n), BaseTemplate)}
+    if name not in found:
+        raise _unknown("Avalanche strategy", name, where, found)
+    return found[name]
+
+
+def plugin_class(name: str, where: str) -> type:
+    """A plugin of this package or Avalanche's by class name, or a dotted path."""
+    if ":" in name:
+        return resolve_dotted(name, where)
+    import avalanche.training.plugins as avalanche_plugins_module
+
+    found = {n: getattr(avalanche_plugins_module, n) for n in dir(avalanche_plugins_module) if n.endswith("Plugin")}
+    found.pop("EvaluationPlugin", None)  # the study builds the one evaluator itself
+    found.update(_package_exports("Plugin"))
+    if name not in found:
+        raise _unknown("plugin", name, where, found)
+    return found[name]
+
+
+def metric_factory(name: str, where: str) -> Callable:
+    """A metric class of this package, an Avalanche metric helper/class, or a dotted path."""
+    if ":" in name:
+        return resolve_dotted(name, where)
+    import avalanche.evaluation.metrics as metrics
+
+    found = {n: getattr(metrics, n) for n in dir(metrics)
+             if n.endswith("_metrics") or (n[0].isupper() and isinstance(getattr(metrics, n), type))}
+    found.update(_package_exports("Metric"))
+    if name not in found:
+        raise _unknown("metric", name, where, found)
+    return found[name]
+
+
+def model_factory(name: str, where: str) -> Callable | None:
+    """``None`` for a zoo name (built by ``build_model``), else the dotted callable."""
+    from benchmarks.common.models import MODEL_NAMES
+
+    if ":" in name:
+        return resolve_dotted(name, where)
+    if name not in MODEL_NAMES:
+        raise _unknown("model", name, where, MODEL_NAMES)
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# signatures
+
+
+def parameters(fn: Callable) -> tuple[dict[str, inspect.Parameter], set[str], bool, dict]:
+    """``(named parameters, required names, accepts any keyword, type hints)`` of a callable.
+    For a class, the parameters of every ``__init__`` along its MRO (cooperative ``**kwargs``
+    end in ``object.__init__``, which accepts none), so a class accepts exactly those names;
+    the required ones are those of the class's own ``__init__``."""
+    is_class = isinstance(fn, type)
+    targets = [c.__init__ for c in inspect.getmro(fn) if "__init__" in vars(c) and c is not object] if is_class else [fn]
+    params: dict[str, inspect.Parameter] = {}
+    hints: dict = {}
+    required: set[str] = set()
+    accepts_any = False
+    for i, target in enumerate(targets):
+        try:
+            signature = inspect.signature(target)
+        except (TypeError, ValueError):
+            return {}, set(), True, {}
+        if i == 0:
+            required = {n for n, p in signature.parameters.items() if n != "self" and p.default is p.empty
+                        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        for n, p in signature.parameters.items():
+            if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                params.setdefault(n, p)
+        try:
+            hints = {**typing.get_type_hints(target), **hints}
+        except Exception:  # unresolvable annotations: check what the defaults say
+            pass
+        accepts_any = not is_class and any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    return params, required, accepts_any, hints
+
+
+def check_arguments(fn: Callable, kwargs: Mapping, where: str, *, injected: Iterable[str] = (),
+                    optional: Iterable[str] = (), label: str | None = None) -> None:
+    """Check ``kwargs`` against ``fn``'s signature: every name accepted, every required parameter
+    given (``injected`` ones are supplied by the study, ``optional`` ones may come later, e.g.
+    from a grid), every value of the annotated / default type."""
+    label = label or getattr(fn, "__name__", str(fn))
+    params, required, accepts_any, hints = parameters(fn)
+    injected, optional = set(injected), set(optional)
+    for name, value in kwargs.items():
+        if name in injected:
+            raise ConfigError(f"{where}.{name}: set by the study itself (do not give it)")
+        if name not in params:
+            if accepts_any:
+                continue
+            accepted = sorted(set(params) - injected)
+            raise ConfigError(f"{where}.{name}: {label} has no argument {name!r}; it takes {', '.join(accepted)}")
+        check_value(value, hints.get(name, inspect.Parameter.empty), params[name].default, f"{where}.{name}")
+    missing = [n for n in params if n in required and n not in kwargs and n not in injected and n not in optional]
+    if missing:
+        raise ConfigError(f"{where}: {label} needs {', '.join(missing)}")
+
+
+def check_value(value, annotation, default, where: str) -> None:
+    """Raise ``ConfigError`` when ``value`` clearly does not fit ``annotation`` (or, without one,
+    the type of ``default``). Unknown annotation types accept anything."""
+    if annotation is inspect.Parameter.empty:
+        if isinstance(default, bool):
+            annotation = bool
+        elif isinstance(default, numbers.Real):
+            annotation = float
+        elif isinstance(default, str):
+            annotation = str
+        else:
+            return
+        if default is not None:
+            annotation = annotation | None
+    expected = _expected(annotation)
+    if expected is None or any(ok(value) for ok, _ in expected):
+        return
+    names = " or ".join(dict.fromkeys(name for _, name in expected))
+    raise ConfigError(f"{where}: expected {names}, got {value!r}")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+_SIMPLE = {
+    float: (_is_number, "a number"),
+    int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    bool: (lambda v: isinstance(v, bool), "true or false"),
+    str: (lambda v: isinstance(v, str), "a string"),
+    type(None): (lambda v: v is None, "null"),
+}
+
+
+def _expected(annotation) -> list[tuple[Callable, str]] | None:
+    """``[(predicate, name), ...]`` any of which the value must satisfy; None: anything goes."""
+    if annotation in _SIMPLE:
+        return [_SIMPLE[annotation]]
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        out = []
+        for member in typing.get_args(annotation):
+            sub = _expected(member)
+            if sub is None:
+                return None
+            out += sub
+        return out
+    if origin in (list, tuple, Sequence, typing.Sequence) or annotation in (list, tuple):
+        return [(lambda v: isinstance(v, (list, tuple)), "a list")]
+    return None
