@@ -33,10 +33,12 @@ Outputs (``--out``): ``results.json`` / ``results.csv`` (one row per measurement
 model family, ``numpy.polyfit``; issue 15's targets table on ResNet-18), ``scale.png``.
 
 Duration at one thread on a 2-core machine: ``--quick`` (MLP 256/512/1024, ResNet-8, a 1-block
-ViT, fewer samples) about 2–3 minutes; the full run about an hour when every estimator meets issue
-15's targets (ResNet-34 about a third of it), longer while some still run into their timeouts
-(each estimator may take up to 2 × the model's 5,000-image epoch, between 60 s and ``--timeout``).
-The run prints its own estimate once the reference epochs are timed.
+ViT, fewer samples) about 2–3 minutes idle (2 min of CPU; 5 min under a load average of 6). The
+full run, at issue 15's ResNet-18 speed (41 ms per training image): about 50 minutes when every
+estimator meets its target (ResNet-34 about 22, ResNet-18 15 with its real 5,000-image epoch),
+longer while some still run into their timeouts (each may take 2 × the model's 5,000-image epoch,
+between 60 s and ``--timeout``; at most about 6 h if every one did). The run prints its own
+estimate once the reference epochs are timed.
 """
 
 from __future__ import annotations
