@@ -318,18 +318,21 @@ def _model(entry) -> dict:
 def _training(value, path: str, defaults: Mapping | None) -> dict:
     spec = _keys(value, path, tuple(TRAINING_DEFAULTS))
     for key, given in spec.items():
-        where = f"{path}.{key}"
-        if key == "optimizer" and given not in OPTIMIZERS:
-            raise ConfigError(f"{where}: expected one of {', '.join(OPTIMIZERS)}, got {given!r}")
-        if key == "device":
-            _string(given, where)
-        if key in ("epochs", "batch_size", "eval_batch_size"):
-            _int(given, where, minimum=1)
-        if key in ("lr", "momentum", "weight_decay"):
-            check_value(given, float, None, where)
-            if given < 0 or (key == "lr" and given == 0):
-                raise ConfigError(f"{where}: expected a {'positive' if key == 'lr' else 'non-negative'} number, got {given!r}")
+        _training_value(key, given, f"{path}.{key}")
     return {**(defaults or {}), **spec}
+
+
+def _training_value(key: str, given, where: str) -> None:
+    if key == "optimizer" and given not in OPTIMIZERS:
+        raise ConfigError(f"{where}: expected one of {', '.join(OPTIMIZERS)}, got {given!r}")
+    if key == "device":
+        _string(given, where)
+    if key in ("epochs", "batch_size", "eval_batch_size"):
+        _int(given, where, minimum=1)
+    if key in ("lr", "momentum", "weight_decay"):
+        check_value(given, float, None, where)
+        if given < 0 or (key == "lr" and given == 0):
+            raise ConfigError(f"{where}: expected a {'positive' if key == 'lr' else 'non-negative'} number, got {given!r}")
 
 
 def _strategy(entry, path: str, training: dict) -> dict:
@@ -358,7 +361,7 @@ def _strategy(entry, path: str, training: dict) -> dict:
             if argument not in TRAINING_DEFAULTS:
                 raise ConfigError(f"{where}: training has no key {argument!r}; expected one of {', '.join(TRAINING_DEFAULTS)}")
             for j, value in enumerate(values):
-                _training({argument: value}, f"{path}.grid.{key}[{j}]", None)
+                _training_value(argument, value, f"{path}.grid.{key}[{j}]")
             targets[key] = ("training", None, argument)
         else:
             index = plugin_index(owner, plugins, where)
