@@ -2,8 +2,6 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-DATASET ?= digits
-DATA_ROOT ?=
 PYTEST_ARGS ?=
 
 .PHONY: demo test lint install clean
@@ -28,8 +26,9 @@ $(VENV)/.installed-test: $(VENV)/.installed-bench
 
 install: $(VENV)/.installed
 
+# The demo study (studies/demo.yaml): table printed, demo_out/report.md with its figures.
 demo: $(VENV)/.installed-bench
-	$(PY) -m benchmarks.demo --dataset $(DATASET) $(if $(DATA_ROOT),--data-root $(DATA_ROOT))
+	$(PY) -m benchmarks.demo --workers 2
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .

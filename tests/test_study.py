@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -277,6 +278,23 @@ def test_cli_rejects_a_bad_config_with_the_key(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "o")])
     assert "strategies[0].kwargs.ewc_lambda: expected a number, got 'x'" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # starting Ray here takes 20-40 s
+def test_ray_study_gives_the_local_rows(tiny_study, user_module, tmp_path, monkeypatch):
+    pytest.importorskip("ray")
+    result, local_out = tiny_study
+    folder = str(Path(sys.modules[user_module].__file__).parent)  # the user's module, on Ray's workers too
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (folder, os.environ.get("PYTHONPATH")))))
+    remote = run_study(tiny_config(user_module), out=tmp_path, executor="ray", workers=2, progress=False,
+                       skip={"Naive"})
+
+    def numbers(rows):
+        return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
+
+    assert numbers(remote.rows) == numbers([r for r in result.rows if r["strategy"] == "LwF"])
+    assert numbers(remote.tuning) == numbers(result.tuning)
+    assert _metric_rows(tmp_path) == [r for r in _metric_rows(local_out) if r["strategy"] == "LwF"]
 
 
 # ------------------------------------------------------------------------------------------------

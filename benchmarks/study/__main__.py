@@ -24,10 +24,6 @@ def build_parser(name: str = "study", default_out: str | None = None):
                               skip_help="scenario names, strategy names or SCENARIO/STRATEGY cells")
     parser.add_argument("config", nargs="?", default=str(DEMO),
                         help="study config, .yaml/.yml or .toml (default: the demo study)")
-    if "--executor" not in parser._option_string_actions:  # older benchmarks.common.cli
-        parser.add_argument("--executor", choices=("local", "ray"), default="local",
-                            help="run jobs in a local process pool or on Ray")
-        parser.add_argument("--address", default=None, help="Ray cluster address (default: start Ray locally)")
     if default_out is not None:
         parser.set_defaults(out=default_out)
     return parser

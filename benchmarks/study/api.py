@@ -14,13 +14,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.common.cli import is_skipped
-from benchmarks.common.jobs import LocalExecutor, Timer, run_jobs
+from benchmarks.common.jobs import Timer, run_jobs
 from benchmarks.common.protocol import expand_grid, select_best, setting_label
 from benchmarks.common.results import print_report, write_results
 from benchmarks.study.config import Study, load_study
@@ -57,18 +58,11 @@ class StudyResult:
 
 
 def make_study_executor(executor: str = "local", *, workers: int = 1, threads: int = 1, address: str | None = None):
-    """The job executor: ``benchmarks.common.jobs.make_executor`` when this checkout has it (local
-    pool or Ray), else the local pool."""
-    try:
-        from benchmarks.common.jobs import make_executor
-    except ImportError:
-        make_executor = None
-    if make_executor is not None:
-        return make_executor(argparse.Namespace(executor=executor, address=address, workers=workers, threads=threads))
-    if executor != "local":
-        raise ValueError(f"executor: {executor!r} needs benchmarks.common.jobs.make_executor, which this checkout "
-                         "lacks; use 'local'")
-    return LocalExecutor(workers, threads=threads)
+    """The job executor (``benchmarks.common.cli.make_executor``): a local pool of ``workers``
+    processes, or Ray (started locally with ``workers × threads`` CPUs, or joined at ``address``)."""
+    from benchmarks.common.cli import make_executor
+
+    return make_executor(argparse.Namespace(executor=executor, address=address, workers=workers, threads=threads))
 
 
 def _cells(study: Study, skip) -> list[tuple[dict, dict]]:
@@ -127,7 +121,7 @@ def run_study(config, *, out, quick: bool = False, seeds: int | None = None, exe
     pool = make_study_executor(executor, workers=workers, threads=threads, address=address)
     run = functools.partial(run_job, log_dir=str(out))
     cache = out / "jobs.jsonl"
-    with Timer() as total:
+    with Timer() as total, contextlib.closing(pool) if hasattr(pool, "close") else contextlib.nullcontext():
         tuning = plan_tuning_jobs(study, skip)
         tuning_rows = run_jobs(run, [job for job, _ in tuning], cache=cache, executor=pool,
                                desc="tuning (validation)", progress=progress)
