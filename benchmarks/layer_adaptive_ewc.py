@@ -39,6 +39,7 @@ from benchmarks.common.cli import (
 from benchmarks.common.data import make_stream
 from benchmarks.common.jobs import Timer, run_jobs, seed_everything, torch_threads
 from benchmarks.common.models import build_model
+from benchmarks.common.protocol import TUNE_SEED, expand_grid, select_best
 from benchmarks.common.results import format_table, print_report, summarize, write_results
 from benchmarks.common.training import TrainConfig, accuracy_evaluator, run_strategy
 
@@ -144,17 +145,12 @@ def tune(scenarios, models, args) -> tuple[dict, list[dict]]:
     jobs = []
     for scenario, model in cells(scenarios, models, args):
         for method in LAMBDA_METHODS:
-            alphas = args.alphas if method == "lae_geometric" else [None]
-            for lam, alpha in itertools.product(args.lambdas, alphas):
-                jobs.append(Job(scenario, model, method, 0, True, lam, alpha, args.data_root, args.quick))
+            grid = {"ewc_lambda": args.lambdas, "alpha": args.alphas if method == "lae_geometric" else [None]}
+            for setting in expand_grid(grid):
+                jobs.append(Job(scenario, model, method, TUNE_SEED, True, setting["ewc_lambda"], setting["alpha"],
+                                args.data_root, args.quick))
     rows = _run(jobs, args, "tuning (validation)")
-    best: dict = {}
-    for row in rows:
-        key = (row["scenario_name"], row["model"], row["method"])
-        if not np.isfinite(row["acc"]):  # diverged setting
-            continue
-        if key not in best or row["acc"] > best[key]["acc"]:
-            best[key] = row
+    best = select_best(rows, lambda r: (r["scenario_name"], r["model"], r["method"]))  # diverged settings never win
     chosen = {k: {"ewc_lambda": v["ewc_lambda"], "alpha": v["alpha"], "val_acc": v["acc"]} for k, v in best.items()}
     for scenario, model in cells(scenarios, models, args):  # identical to EWC by construction
         chosen[(scenario, model, "lae_uniform")] = dict(chosen[(scenario, model, "ewc")])
