@@ -6,7 +6,8 @@ downloaded), a multi-head MLP, plain Naive against LayerAdaptiveEWCPlugin with t
 per-layer curvature s_ℓ). Prints final accuracy and the profile each plugin kept for the last
 experience: λ_ℓ, and for ``smoothed`` s_ℓ, κ = max s / min s and the fitted ratio α̂. Naive forgets
 little on this small stream, so expect close accuracies; ``python -m benchmarks.layer_adaptive_ewc``
-is the tuned comparison. About 10 s (``--quick``: 3 tasks, ``geometric`` only, 4 s) on 2 CPU cores.
+is the tuned comparison. About 10 s (``--quick``: 3 tasks, ``geometric`` only, 4 s) on 2 CPU cores,
+after the imports.
 """
 
 from __future__ import annotations

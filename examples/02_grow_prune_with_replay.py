@@ -6,7 +6,8 @@ all of them (dense), PrunePlugin (start dense, remove 20 % of the active units p
 rewinding, down to half) and GrowPlugin (start from a random 20 %, recruit the units that would fire
 most, up to half). A cycle is one training epoch. CycleAccuracyMetric gives the accuracy on the
 classes seen so far at the end of every cycle and its trajectory average (TAA). Prints final
-accuracy, TAA and the fraction of hidden units in use. About 15 s (``--quick``: 3 s) on 2 CPU cores.
+accuracy, TAA and the fraction of hidden units in use. About 14 s (``--quick``: 5 s) on
+2 CPU cores, after the imports.
 """
 
 from __future__ import annotations

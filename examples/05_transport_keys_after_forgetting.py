@@ -8,7 +8,7 @@ from the current model's activations at a stage to θ_A's, on 100 stored inputs,
 layers still carry the task; recovery = (stitched − acc_AB) / (acc_A − acc_AB). The controls
 (shuffled correspondences) show how much a key recovers without real shared structure. Stream:
 class-incremental Split digits (scikit-learn's 8×8 images; nothing downloaded), a small CNN, Naive.
-About 15 s (``--quick``: 3 experiences, 6 s) on 2 CPU cores.
+About 12 s (``--quick``: 3 experiences, 6 s) on 2 CPU cores, after the imports.
 """
 
 from __future__ import annotations

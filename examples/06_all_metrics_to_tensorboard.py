@@ -9,7 +9,8 @@ experience, metric, key, value, step; figures as PNG files), so a figure or a ta
 ``pandas.read_csv`` away. Stream: class-incremental Split digits (scikit-learn's 8×8 images;
 nothing downloaded), a small CNN grown from 30 % to 60 % of its channels. The script reads both
 outputs back and prints which metrics each holds. ``tensorboard --logdir out/examples/06/tb`` shows
-them. About 25 s (``--quick``: 3 experiences, 10 s) on 2 CPU cores.
+them. About 20 s (``--quick``: 3 experiences, 11 s) on 2 CPU cores, after the
+imports.
 """
 
 from __future__ import annotations
