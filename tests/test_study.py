@@ -302,9 +302,12 @@ def test_ray_study_gives_the_local_rows(tiny_study, user_module, tmp_path, monke
 
 
 def test_shipped_studies_are_valid():
-    for path in sorted((ROOT / "studies").glob("*.yaml")):
-        study = load_study(path)
-        assert study.strategies and study.scenarios, path.name
+    paths = sorted((ROOT / "studies").glob("*.yaml"))
+    assert {p.stem for p in paths} >= {"demo", "split_cifar100_resnet18", "permuted_mnist_baselines"}
+    for path in paths:
+        for quick in (False, True):
+            study = load_study(path, quick=quick)
+            assert study.strategies and study.scenarios, path.name
 
 
 @pytest.mark.slow

@@ -65,6 +65,15 @@ def make_study_executor(executor: str = "local", *, workers: int = 1, threads: i
     return make_executor(argparse.Namespace(executor=executor, address=address, workers=workers, threads=threads))
 
 
+def _label(setting: dict) -> str:
+    """``setting_label`` with grid keys shortened to the argument name where that is unambiguous
+    (``LayerAdaptiveEWCPlugin.ewc_lambda`` → ``ewc_lambda``)."""
+    short = [key.rpartition(".")[2] for key in setting]
+    if len(set(short)) == len(short):
+        setting = dict(zip(short, setting.values()))
+    return setting_label(setting)
+
+
 def _cells(study: Study, skip) -> list[tuple[dict, dict]]:
     return [(scenario, strategy) for scenario in study.scenarios for strategy in study.strategies
             if not is_skipped(skip, scenario["name"], strategy["name"]) and not is_skipped(skip, strategy["name"])]
@@ -76,7 +85,7 @@ def plan_tuning_jobs(study: Study, skip=()) -> list[tuple[StudyJob, dict]]:
     for scenario, strategy in _cells(study, skip):
         for setting in expand_grid(strategy["grid"]) if strategy["grid"] else []:
             spec, training = apply_setting(strategy, study.training, setting)
-            jobs.append((StudyJob(study.name, scenario, study.model, training, spec, setting_label(setting), [],
+            jobs.append((StudyJob(study.name, scenario, study.model, training, spec, _label(setting), [],
                                   study.loggers, study.tune_seed, "validation"), setting))
     return jobs
 
@@ -88,7 +97,7 @@ def plan_test_jobs(study: Study, chosen: dict, skip=()) -> list[StudyJob]:
         setting = chosen.get(scenario["name"], {}).get(strategy["name"], {}).get("setting", {})
         spec, training = apply_setting(strategy, study.training, setting)
         for seed in range(study.seeds):
-            jobs.append(StudyJob(study.name, scenario, study.model, training, spec, setting_label(setting),
+            jobs.append(StudyJob(study.name, scenario, study.model, training, spec, _label(setting),
                                  study.metrics, study.loggers, seed, "test"))
     return jobs
 
@@ -170,6 +179,11 @@ def _chosen_lines(saved: dict) -> list[str]:
     return lines
 
 
+def _failed_lines(saved: dict) -> list[str]:
+    return [f"- {r['split']}: {r['scenario']} / {r['strategy']} / {r['setting']} / seed {r['seed']}: {r['error']}"
+            for r in [*saved.get("tuning", []), *saved.get("runs", [])] if r.get("error")]
+
+
 def terminal_summary(results) -> str:
     """The paper-style tables and chosen settings of a saved study (what the CLI prints)."""
     from benchmarks.common.results import load_results
@@ -179,6 +193,9 @@ def terminal_summary(results) -> str:
     text = saved["tables"]["markdown"]
     if chosen:
         text += f"\n\nChosen on the validation split (seed {saved['config']['tune_seed']}):\n" + "\n".join(chosen)
+    failed = [line for line in _failed_lines(saved) if line.startswith("- test")]
+    if failed:
+        text += "\n\nDiverged test runs (left out of the table):\n" + "\n".join(failed)
     return text
 
 
@@ -206,11 +223,9 @@ def report(saved: dict) -> str:
         for path in figures:
             title = Path(path).stem.replace("_", " ")
             lines += [f"### {title}", "", f"![{title}]({path})", ""]
-    failed = [r for r in saved.get("tuning", []) if r.get("error")]
+    failed = _failed_lines(saved)
     if failed:
-        lines += ["## Failed tuning runs", ""]
-        lines += [f"- {r['scenario']} / {r['strategy']} / {r['setting']}: {r['error']}" for r in failed]
-        lines.append("")
+        lines += ["## Failed runs", "", "Left out of the tables (a diverged run has no scores).", "", *failed, ""]
     lines += ["Files: `metrics.csv` (every logged value, tidy long format), `results.json`, `tables.md`, "
               "`tables.tex`, `figures/`, `runs/` (per-run CSVs and images)."]
     return "\n".join(lines)

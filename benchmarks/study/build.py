@@ -37,7 +37,7 @@ from benchmarks.study.registry import (
 )
 
 __all__ = ["CompactnessMetric", "auto_stages", "build_evaluator", "build_model", "build_optimizer",
-           "build_plugins", "build_stream", "build_strategy"]
+           "build_plugins", "build_stream", "build_strategy", "resolve_device"]
 
 
 def build_stream(scenario: dict, seed: int, validation: bool):
@@ -246,6 +246,13 @@ def _extra_loggers(names, log_dir, run_name: str, project: str) -> list:
     return out
 
 
+def resolve_device(name: str) -> str:
+    """``"auto"``: CUDA when available, else the CPU; any other name as given."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
 def build_strategy(spec: dict, model: nn.Module, training: dict, plugins: list, evaluator):
     """The configured strategy class with the study's model, optimizer, loss, batch sizes and
     evaluator (SynapticIntelligence with the package's CPU fix)."""
@@ -256,5 +263,5 @@ def build_strategy(spec: dict, model: nn.Module, training: dict, plugins: list, 
     kwargs = {k: _value(v) for k, v in spec["kwargs"].items()}
     return cls(model=model, optimizer=build_optimizer(model, training), criterion=nn.CrossEntropyLoss(),
                train_mb_size=training["batch_size"], train_epochs=training["epochs"],
-               eval_mb_size=training["eval_batch_size"], device=training["device"], plugins=plugins,
+               eval_mb_size=training["eval_batch_size"], device=resolve_device(training["device"]), plugins=plugins,
                evaluator=evaluator, **kwargs)

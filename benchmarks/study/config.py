@@ -235,8 +235,10 @@ def _apply_quick(raw: dict, spec: dict) -> dict:
     raw = copy.deepcopy(raw)
     raw["seeds"] = spec.get("seeds", 1)
     raw["training"] = {**raw.get("training", {}), **spec.get("training", {})}
-    raw["scenarios"] = [{**({"benchmark": s} if isinstance(s, str) else s), **spec.get("scenarios", {})}
-                        for s in raw["scenarios"]] if isinstance(raw.get("scenarios"), list) else raw.get("scenarios")
+    if isinstance(raw.get("scenarios"), list):  # built-in scenarios only: a factory takes its own kwargs
+        raw["scenarios"] = [s if ":" in str(s.get("benchmark", "") if isinstance(s, Mapping) else s)
+                            else {**({"benchmark": s} if isinstance(s, str) else s), **spec.get("scenarios", {})}
+                            for s in raw["scenarios"]]
     overrides = spec.get("metrics", {})
     for i, metric in enumerate(raw.get("metrics", [])):
         name = metric if isinstance(metric, str) else metric.get("name") if isinstance(metric, Mapping) else None

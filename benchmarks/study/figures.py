@@ -66,7 +66,7 @@ def make_figures(runs: Sequence[Mapping], metrics: Sequence[Mapping], out_dir, s
     paths = []
     for scenario in dict.fromkeys(r["scenario"] for r in runs):
         slug = _UNSAFE.sub("_", scenario)
-        part = [r for r in runs if r["scenario"] == scenario and r["split"] == "test"]
+        part = [r for r in runs if r["scenario"] == scenario and r["split"] == "test" and not r.get("error")]
         order = [s for s in strategies if any(r["strategy"] == s for r in part)]
         rows = [m for m in metrics if m["scenario"] == scenario and m["split"] == "test"]
         paths.append(_accuracy_matrices(part, order, out / f"accuracy_matrix_{slug}.png", scenario))

@@ -85,15 +85,19 @@ def accuracy_matrix(rows, n_experiences: int | None = None) -> np.ndarray:
     return acc
 
 
+_DIVERGED = re.compile(r"\bnan\b|\binf\b|non-finite|diverg", re.IGNORECASE)
+
+
 def run_job(job: StudyJob, log_dir: str | None = None) -> dict:
-    """Train and evaluate one run; return its row (module docstring). A tuning run that fails
-    (e.g. a diverging setting) returns NaN scores and the error; a test run raises."""
+    """Train and evaluate one run; return its row (module docstring). A run that diverges (an
+    error about NaN / non-finite values) returns NaN scores and the error, so do tuning runs that
+    fail in any way (a grid outcome); other errors of a test run are raised."""
     row = {"scenario": job.scenario["name"], "strategy": job.strategy["name"], "setting": job.setting,
            "seed": job.seed, "split": job.split}
     try:
         return {**row, **_train(job, log_dir)}
     except (ValueError, RuntimeError, FloatingPointError) as error:
-        if job.split == "test":
+        if job.split == "test" and not _DIVERGED.search(str(error)):
             raise
         return {**row, **{m: float("nan") for m in ("acc", "forgetting", "bwt")}, "wall_s": float("nan"),
                 "accuracy_matrix": [], "metrics": [], "error": f"{type(error).__name__}: {error}"}
