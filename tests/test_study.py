@@ -331,3 +331,18 @@ def test_demo_study_quick(tmp_path, capsys):
 def _metric_rows(out: Path) -> list[dict]:
     with open(out / "metrics.csv", newline="") as f:
         return [r for r in csv.DictReader(f) if r["split"] == "test"]
+
+
+def test_readme_config_example_is_valid(user_module):
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Comparative studies", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    import yaml
+
+    config = yaml.safe_load(block.replace("my_package.streams:make_benchmark", f"{user_module}:two_digit_tasks"))
+    study = load_study(config)
+    assert [s["name"] for s in study.strategies] == ["Naive", "EWC", "LwF", "LAE_Replay"]
+    assert study.strategy("LAE_Replay")["grid"] == {"LayerAdaptiveEWCPlugin.ewc_lambda": [10, 100, 1000],
+                                                    "training.lr": [0.01, 0.05]}
+    quick = load_study(config, quick=True)
+    assert quick.seeds == 1 and quick.training["epochs"] == 1
+    assert [s["n_experiences"] for s in quick.scenarios] == [2, 2, None]  # a factory keeps its own kwargs
