@@ -346,3 +346,21 @@ def test_readme_config_example_is_valid(user_module):
     quick = load_study(config, quick=True)
     assert quick.seeds == 1 and quick.training["epochs"] == 1
     assert [s["n_experiences"] for s in quick.scenarios] == [2, 2, None]  # a factory keeps its own kwargs
+
+
+def test_loggers_write_per_run_files(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = {"seeds": 1, "scenarios": [{"benchmark": "split_digits", "n_experiences": 2}],
+              "model": {"name": "mlp", "kwargs": {"hidden": [16]}}, "strategies": ["Naive"],
+              "metrics": [{"name": "OptimizationReadinessMetric", "kwargs": {"n_samples": 64, "n_batches": 4}}],
+              "loggers": ["tensorboard", "text"]}
+    result = run_study(config, out=tmp_path, progress=False)
+    events = EventAccumulator(str(tmp_path / "tensorboard" / "split_digits" / "Naive" / "default" / "seed0"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert "OptimizationReadiness/train_phase/train_stream/Task000/Exp001" in tags
+    final = events.Scalars("Top1_Acc_Exp/eval_phase/test_stream/Task000/Exp001")[-1].value
+    assert final == pytest.approx(result.rows[0]["accuracy_matrix"][-1][1], abs=1e-6)
+    text = (tmp_path / "text" / "split_digits" / "Naive" / "default" / "seed0.txt").read_text()
+    assert "Top1_Acc_Exp/eval_phase/test_stream/Task000/Exp001" in text
