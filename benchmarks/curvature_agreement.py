@@ -22,6 +22,7 @@ re-prints a saved run.
 
 from __future__ import annotations
 
+import json
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -60,6 +61,7 @@ class Config:
     exact_samples: int
     fisher_samples: tuple[int, ...]
     data_root: str | None
+    reference_from: str | None = None  # a previous run's jobs.jsonl whose Hessian-block spectra are reused
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ def candidates(cfg: Config) -> dict[str, dict]:
     out = {EXACT: {"method": "hessian", "n": cfg.exact_samples, "chunk_size": 64}}
     for n in cfg.fisher_samples:
         out[f"fisher_sampled@{n}"] = {"method": "fisher", "n": n, "labels": "sampled"}
+        out[f"fisher_sampled_plain@{n}"] = {"method": "fisher", "n": n, "labels": "sampled", "debias": False}
     for n in (min(cfg.fisher_samples), max(cfg.fisher_samples)):
         out[f"fisher_true@{n}"] = {"method": "fisher", "n": n, "labels": "true"}
     out["hessian@64"] = {"method": "hessian", "n": 64, "chunk_size": 64}
@@ -118,15 +121,19 @@ def run_job(job: Job) -> list[dict]:
     pool = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(1000 + job.seed))
     loss_fn = nn.CrossEntropyLoss()
     rows, reference = [], None
+    saved = _saved_hessian_rows(cfg.reference_from, job)
     for name, options in candidates(cfg).items():
         options = dict(options)
         idx = pool[:options.pop("n")]
-        start = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # truncated power iterations warn by design
-            spectrum = layer_curvature(model, loss_fn, x_train[idx], y_train[idx], seed=job.seed, **options)
-        seconds = time.perf_counter() - start
-        s = np.asarray(spectrum.top, dtype=float)
+        if name in saved:  # the same seeded model, samples and Hessian code: reuse, do not recompute
+            s, seconds = np.asarray(saved[name]["s"], dtype=float), saved[name]["seconds"]
+        else:
+            start = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # truncated power iterations warn by design
+                spectrum = layer_curvature(model, loss_fn, x_train[idx], y_train[idx], seed=job.seed, **options)
+            seconds = time.perf_counter() - start
+            s = np.asarray(spectrum.top, dtype=float)
         d = _derived(s)
         if reference is None:
             reference = (s, d)
@@ -142,6 +149,23 @@ def run_job(job: Job) -> list[dict]:
             "s": s.tolist(),
         })
     return rows
+
+
+def _saved_hessian_rows(path: str | None, job: Job) -> dict[str, dict]:
+    """``{estimator: row}`` of the Hessian-block estimators of the same (model, checkpoint, seed,
+    training) in a previous run's ``jobs.jsonl`` (empty without ``path``)."""
+    if not path:
+        return {}
+    if not Path(path).exists():
+        raise FileNotFoundError(f"--reference-from: no such file {path}")
+    for line in Path(path).read_text().splitlines():
+        entry = json.loads(line)
+        job_fields, cfg = entry["job"], entry["job"]["cfg"]
+        if (job_fields["model"], job_fields["checkpoint"], job_fields["seed"]) == (job.model, job.checkpoint, job.seed) \
+                and (cfg["train_samples"], cfg["epochs"], cfg["exact_samples"]) == \
+                (job.cfg.train_samples, job.cfg.epochs, job.cfg.exact_samples):
+            return {row["estimator"]: row for row in entry["row"] if row["estimator"].startswith("hessian")}
+    return {}
 
 
 VALUES = ["log10_kappa_error", "alpha_rel_error", "lambda_measured_max_rel_error",
@@ -165,7 +189,7 @@ def plot(rows: list[dict], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     models = sorted({r["model"] for r in rows})
-    shown = [EXACT, "fisher_sampled@64", "fisher_true@64", "hessian@64"]
+    shown = [EXACT, "fisher_sampled@128", "fisher_sampled_plain@128", "hessian@64"]
     fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False)
     for ax, model in zip(axes[0], models):
         for r in rows:
@@ -185,6 +209,9 @@ def main(argv=None) -> dict:
                               skip_help="MODEL or MODEL/CHECKPOINT (e.g. vit/init)")
     parser.add_argument("--models", default=None, help=f"comma-separated subset of {','.join(MODELS)}")
     parser.add_argument("--epochs", type=int, default=5, help="epochs of the 'trained' checkpoint (default 5)")
+    parser.add_argument("--reference-from", default=None, metavar="JOBS_JSONL",
+                        help="reuse the exact spectra of a previous run's jobs.jsonl (same models, checkpoints, "
+                             "seeds, training); only the fast estimators are recomputed")
     args = parse_args(parser, argv)
     if args.report:
         return {"report": print_report(args.report, report)}
@@ -193,7 +220,8 @@ def main(argv=None) -> dict:
     if bad:
         parser.error(f"--models must be a subset of {MODELS}, got {bad}")
     cfg = Config(train_samples=1000 if args.quick else 4000, epochs=2 if args.quick else args.epochs,
-                 exact_samples=256, fisher_samples=(32, 64, 128, 256), data_root=args.data_root)
+                 exact_samples=256, fisher_samples=(32, 64, 128, 256), data_root=args.data_root,
+                 reference_from=args.reference_from)
     checkpoints = ("init", "trained") if args.quick else CHECKPOINTS
     jobs = [Job(m, c, s, cfg) for m in models for c in checkpoints if not is_skipped(args.skip, m, c)
             for s in range(args.seeds)]

@@ -16,8 +16,10 @@ from tests.fixtures import build_model, digits_stream, small_bn_cnn, small_mlp
 CE = nn.CrossEntropyLoss()
 
 
-def dense_fisher_tops(model, x, y, task_labels=None):
-    """Top eigenvalue of (1/N) Σ_i g_i g_iᵀ per layer, per-sample gradients by a Python loop of autograd."""
+def dense_fisher_tops(model, x, y, task_labels=None, *, debias=True):
+    """Top eigenvalue of (1/N) Σ_i g_i g_iᵀ per layer (``debias``: of N/(N-1) times its hollow Gram,
+    Σ_{i≠j} g_i·g_j / N), per-sample gradients by a Python loop of autograd, eigenvalues in the
+    parameter space (plain) or the sample space (hollow)."""
     layers = discover_layers(model, x[:1] if task_labels is None else (x[:1], int(task_labels[0])))
     model.eval()
     rows = {layer.index: [] for layer in layers}
@@ -32,19 +34,25 @@ def dense_fisher_tops(model, x, y, task_labels=None):
     tops = []
     for layer in layers:
         m = torch.stack(rows[layer.index]).double()
-        tops.append(float(torch.linalg.eigvalsh(m.T @ m / x.shape[0])[-1]))
+        n = x.shape[0]
+        if debias:
+            gram = m @ m.T / n
+            tops.append(float(torch.linalg.eigvalsh((gram - torch.diag(gram.diagonal())) * n / (n - 1))[-1]))
+        else:
+            tops.append(float(torch.linalg.eigvalsh(m.T @ m / n)[-1]))
     return np.array(tops)
 
 
+@pytest.mark.parametrize("debias", [True, False])
 @pytest.mark.parametrize("make", [small_mlp, small_bn_cnn], ids=["mlp", "bn_cnn"])
-def test_true_labels_match_dense_empirical_fisher_blocks(make):
+def test_true_labels_match_dense_empirical_fisher_blocks(make, debias):
     model = make()
     torch.manual_seed(3)
     x = torch.randn(24, 6) if make is small_mlp else torch.randn(24, 1, 8, 8)
     y = torch.randint(0, 3, (24,))
     # a tiny memory budget puts every layer in its own group: several passes, same values
-    spec = layer_fisher_eigenvalues(model, CE, x, y, labels="true", chunk_size=7, memory_mb=1e-4)
-    np.testing.assert_allclose(spec.top, dense_fisher_tops(make(), x, y), rtol=1e-5)
+    spec = layer_fisher_eigenvalues(model, CE, x, y, labels="true", chunk_size=7, memory_mb=1e-4, debias=debias)
+    np.testing.assert_allclose(spec.top, dense_fisher_tops(make(), x, y, debias=debias), rtol=1e-5)
     assert spec.method == "fisher" and all(spec.converged)
 
 
@@ -70,8 +78,29 @@ def test_sampled_fisher_of_a_linear_softmax_model_approaches_its_hessian():
     x = base.repeat(400, 1)  # 400 label draws per input
     y = torch.randint(0, 4, (x.shape[0],))
     fisher = layer_fisher_eigenvalues(model, CE, x, y, chunk_size=2000).top
+    raw = layer_fisher_eigenvalues(model, CE, x, y, chunk_size=2000, debias=False).top
     hessian = layer_top_eigenvalues(model, CE, base, y[:25], tol=1e-8, max_iter=1000).top
     np.testing.assert_allclose(fisher, hessian, rtol=0.05)
+    np.testing.assert_allclose(raw, hessian, rtol=0.05)  # at large N the self-products do not matter
+
+
+def test_debiasing_removes_the_self_products_that_dominate_few_samples():
+    # g_i = a u + noise_i in a space much larger than N: each ‖noise_i‖² = σ²·dim lands on the
+    # Gram's diagonal and inflates the plain estimate by ≈ σ²·dim / N; the hollow Gram keeps a²
+    from avalanche_plugins.layer_adaptive.fisher_blocks import _top_gram_eigenvalue
+
+    torch.manual_seed(0)
+    n, dim, a, sigma2 = 32, 4000, 2.0, 0.03
+    u = torch.nn.functional.normalize(torch.randn(dim), dim=0)
+    grads = a * u + sigma2**0.5 * torch.randn(n, dim)
+    population = a**2 + sigma2  # λ_max(E g gᵀ) = λ_max(a² u uᵀ + σ² I)
+    plain = _top_gram_eigenvalue([grads], debias=False)
+    hollow = _top_gram_eigenvalue([grads], debias=True)
+    assert plain == pytest.approx(population + sigma2 * dim / n, rel=0.1)  # the self-product bias
+    assert hollow == pytest.approx(population, rel=0.2)
+    # exact for a rank-one block of equal-norm gradients
+    signs = torch.tensor([1.0, -1.0] * (n // 2)).unsqueeze(1)
+    assert _top_gram_eigenvalue([a * signs * u], debias=True) == pytest.approx(a**2, rel=1e-6)
 
 
 def test_multi_head_model_with_mixed_task_labels():

@@ -12,17 +12,28 @@ layer ℓ is an average of outer products of per-sample gradients,
     \\hat y_i \\sim p_θ(\\cdot \\mid x_i),
 
 so with ``M_ℓ`` the ``N × P_ℓ`` matrix of per-sample gradients its non-zero eigenvalues are those of
-the small Gram matrix ``M_ℓ M_ℓᵀ / N`` (``N × N``) — the top one comes *exactly* from one
-symmetric eigendecomposition, with no iteration and no convergence question. One ``vmap``-ed
-per-sample-gradient pass serves every layer at once; layers are grouped so that the stored
-gradients of a group fit in ``memory_mb`` (more groups, more passes, bounded memory).
+the small Gram matrix ``K_ℓ = M_ℓ M_ℓᵀ / N`` (``N × N``): one symmetric eigendecomposition, no
+iteration and no convergence question. One ``vmap``-ed per-sample-gradient pass serves every
+layer at once; layers are grouped so that the stored gradients of a group fit in ``memory_mb``
+(more groups, more passes, bounded memory).
+
+**Small-sample bias.** With ``P_ℓ ≫ N`` the per-sample gradients are nearly orthogonal and
+``λ_max(K_ℓ)`` is dominated by the largest single ``‖g_i‖² / N`` — each sample's product with
+itself, not curvature shared across samples. On a trained MLP at N = 64 it overshoots the
+population value five-fold, by a different factor in every layer. The default (``debias=True``)
+drops those self-products:
+
+.. math:: s_ℓ = \\frac{N}{N-1}\\,λ_{\\max}\\big(K_ℓ - \\operatorname{diag} K_ℓ\\big),
+
+only products of distinct samples, as in a U-statistic. It is exact for a rank-one block whose
+per-sample gradients have equal norms (``g_i = ±a u``: ``s_ℓ = a²``), zero for orthogonal
+gradients (pure self-products), never negative (a zero-diagonal matrix has trace 0), and its
+agreement with the exact Hessian blocks is measured in ``docs/RESULTS.md``. ``debias=False``
+gives the plain ``λ_max(K_ℓ)``.
 
 ``labels="sampled"`` (default) draws ``ŷ_i`` from the model's own predictive distribution, an
 unbiased Monte-Carlo estimate of the true Fisher (= Gauss–Newton) block; ``labels="true"`` uses the
-data labels (the *empirical* Fisher, defined for any per-sample loss). The estimate is for the
-``N`` samples given: with few samples the top eigenvalue of the sample average is biased upwards,
-equally for every layer, so ratios (κ, α̂, normalised λ_ℓ) suffer less than absolute values;
-``docs/RESULTS.md`` measures the agreement with the exact Hessian blocks.
+data labels (the *empirical* Fisher, defined for any per-sample loss).
 """
 
 from __future__ import annotations
@@ -56,13 +67,16 @@ FISHER_LABELS = ("sampled", "true")
 
 
 def layer_fisher_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: torch.Tensor, *,
-                             labels: str = "sampled", chunk_size: int = 16, memory_mb: float = 1024.0,
-                             seed: int = 0, task_labels: torch.Tensor | None = None,
+                             labels: str = "sampled", debias: bool = True, chunk_size: int = 16,
+                             memory_mb: float = 1024.0, seed: int = 0, task_labels: torch.Tensor | None = None,
                              layer_map: LayerMap | None = None) -> LayerSpectrum:
     """Top eigenvalue of every layer's Fisher block, exactly, from the Gram matrix of per-sample gradients.
 
-    .. math:: s_ℓ = λ_{\\max}\\Big(\\frac{1}{N} M_ℓ^\\top M_ℓ\\Big) = λ_{\\max}\\Big(\\frac{1}{N} M_ℓ M_ℓ^\\top\\Big),
-              \\qquad (M_ℓ)_{i\\cdot} = g_i^{(ℓ)}
+    .. math:: s_ℓ = \\frac{N}{N-1} λ_{\\max}\\big(K_ℓ - \\operatorname{diag} K_ℓ\\big),\\qquad
+              K_ℓ = \\frac{1}{N} M_ℓ M_ℓ^\\top,\\quad (M_ℓ)_{i\\cdot} = g_i^{(ℓ)}
+
+    (``debias=False``: ``s_ℓ = λ_max(K_ℓ) = λ_max(M_ℓᵀ M_ℓ / N)``, the top eigenvalue of the sample
+    Fisher block itself.)
 
     Args:
         model: any model of the layer map without recurrent layers (evaluated in eval mode; its
@@ -72,6 +86,7 @@ def layer_fisher_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, ta
             sample at a time, so any mean-reduced loss works.
         inputs, targets: the data; ``task_labels`` for multi-task models.
         labels: ``"sampled"`` (Monte-Carlo true Fisher = Gauss–Newton) or ``"true"`` (empirical Fisher).
+        debias: drop each sample's product with itself (see the module docstring); needs N >= 2.
         chunk_size: samples per ``vmap``-ed per-sample-gradient call (bounds activation memory).
         memory_mb: budget for the stored per-sample gradients of one group of layers; a single
             layer larger than the budget forms a group of its own.
@@ -96,6 +111,11 @@ def layer_fisher_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, ta
     check_int("chunk_size", chunk_size)
     check_positive("memory_mb", memory_mb)
     check_int("seed", seed, minimum=0)
+    if not isinstance(debias, bool):
+        raise ValueError(f"debias must be a bool, got {debias!r}")
+    if debias and inputs.shape[0] < 2:
+        raise ValueError(f"debias=True needs at least 2 samples (it drops each sample's self-product), got "
+                         f"{inputs.shape[0]}")
     if labels == "sampled" and not isinstance(loss_fn, nn.CrossEntropyLoss):
         raise ValueError(f"labels='sampled' draws labels from a softmax and needs nn.CrossEntropyLoss, got "
                          f"{type(loss_fn).__name__}; use labels='true' (empirical Fisher) or the exact "
@@ -113,7 +133,7 @@ def layer_fisher_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, ta
             gradients = _per_sample_gradients(model, loss_fn, inputs, targets, groups, layer_group,
                                               chunk_size, sampled=labels == "sampled")
             for layer in layer_group:
-                top[layer.index] = _top_gram_eigenvalue(torch.cat([gradients[k] for k in layer.params], dim=1))
+                top[layer.index] = _top_gram_eigenvalue([gradients[k] for k in layer.params], debias=debias)
     n = len(layer_map)
     return LayerSpectrum(names=layer_map.names, top=top, dominant=top.copy(), iterations=[1] * n,
                          converged=[True] * n, last_relative_change=[0.0] * n, method="fisher")
@@ -167,23 +187,25 @@ def _per_sample_gradients(model, loss_fn, inputs, targets, groups, layer_group, 
         loss_of = sample_loss(model, per_sample_loss, consts, label)
         per_sample = vmap(grad(loss_of), in_dims=(None, 0, 0))
         for s in iterate_batches(xs.shape[0], chunk_size):
-            rows = torch.arange(s.start, s.stop, device=inputs.device) if index is None else index[s]
+            rows = s if index is None else index[s]  # a slice copies contiguously
             for k, g in per_sample(params, xs[s], ys[s]).items():
                 out[k][rows] = g.reshape(g.shape[0], -1)
-    for k, g in out.items():
-        check_finite_loss(g.sum(), f"(per-sample gradient of {k}) while estimating the Fisher blocks")
-    return out
+    return out  # finiteness is checked on the (much smaller) Gram matrices
 
 
-def _top_gram_eigenvalue(m: torch.Tensor, block: int = 1 << 16) -> float:
-    """``λ_max(MᵀM / N)`` through the smaller of ``MᵀM`` and ``MMᵀ`` (same non-zero spectrum),
-    accumulated in float64 over column blocks (a float64 copy of ``M`` would double its memory)."""
-    n, p = m.shape
-    if p < n:
-        gram = (m.T @ m).double()
+def _top_gram_eigenvalue(parts: list[torch.Tensor], *, debias: bool) -> float:
+    """Top eigenvalue of the Gram ``K = MMᵀ / N`` of ``M = [parts]`` (columns side by side), hollow
+    and rescaled by ``N/(N-1)`` with ``debias``. ``MMᵀ = Σ_k P_k P_kᵀ``, so ``M`` is never
+    concatenated; products run in the gradients' dtype (one BLAS call each), the eigensolve in
+    float64. Without ``debias`` a narrow ``M`` uses ``MᵀM`` (the same non-zero spectrum)."""
+    n = parts[0].shape[0]
+    if not debias and sum(p.shape[1] for p in parts) < n:
+        m = torch.cat(parts, dim=1)
+        gram = (m.T @ m).double() / n
     else:
-        gram = torch.zeros((n, n), dtype=torch.float64, device=m.device)
-        for start in range(0, p, block):
-            part = m[:, start:start + block].double()
-            gram += part @ part.T
-    return float(torch.linalg.eigvalsh(gram / n)[-1].clamp_min(0.0))
+        gram = sum(p @ p.T for p in parts).double() / n
+    if not bool(torch.isfinite(gram).all()):
+        raise ValueError("a per-sample gradient is not finite while estimating the Fisher blocks")
+    if debias:
+        gram = (gram - torch.diag(torch.diagonal(gram))) * (n / (n - 1))
+    return float(torch.linalg.eigvalsh(gram)[-1].clamp_min(0.0))
