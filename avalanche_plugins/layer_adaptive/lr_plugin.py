@@ -48,7 +48,7 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
     :param curvature: ``fisher`` (default) or ``hessian``: how ``s_ℓ`` is measured (smoothed;
         see ``layer_adaptive.curvature``).
     :param spectrum_samples, spectrum_max_iter, spectrum_tol: measurement budget (smoothed;
-        samples None: 64 for ``fisher``, 256 for ``hessian``; iterations and tolerance: ``hessian``).
+        samples None: 128 for ``fisher``, 256 for ``hessian``; iterations and tolerance: ``hessian``).
     :param seed: seeds the measurement.
     """
 

@@ -32,7 +32,7 @@ __all__ = ["LayerSensitivityMetric"]
 class LayerSensitivityMetric(RecordingMetric[dict]):
     """Logs the per-layer Hessian spectrum after each training experience (see module docstring).
 
-    :param n_samples: samples of the experience used (random, seeded; None: 64 for ``fisher``,
+    :param n_samples: samples of the experience used (random, seeded; None: 128 for ``fisher``,
         256 for ``hessian``).
     :param chunk_size: samples per vectorised call (None: the method's default).
     :param max_iter, tol: power-iteration budget and tolerance (``hessian``).
