@@ -122,6 +122,13 @@ def test_required_strategy_argument_is_named():
         load_study(config)
 
 
+def test_data_root_fills_scenarios_that_name_none():
+    config = {"scenarios": [{"benchmark": "split_mnist", "data_root": None}, {"benchmark": "permuted_mnist",
+                                                                              "data_root": "mine"}],
+              "strategies": ["Naive"]}
+    assert [s["data_root"] for s in load_study(config, data_root="given").scenarios] == ["given", "mine"]
+
+
 def test_yaml_and_toml_give_the_same_study(tmp_path):
     (tmp_path / "s.yaml").write_text(textwrap.dedent("""
         name: same

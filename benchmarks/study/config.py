@@ -259,7 +259,7 @@ def _scenario(entry, path: str, data_root) -> dict:
     spec = _keys(entry, path, _SCENARIO, required=("benchmark",))
     benchmark = _string(spec["benchmark"], f"{path}.benchmark")
     out = {"name": _string(spec.get("name", benchmark.rpartition(":")[2]), f"{path}.name"), "benchmark": benchmark,
-           "n_experiences": None, "task_incremental": False, "data_root": spec.get("data_root", data_root),
+           "n_experiences": None, "task_incremental": False, "data_root": spec.get("data_root") or data_root,
            "kwargs": _kwargs(spec.get("kwargs", {}), f"{path}.kwargs")}
     if out["data_root"] is not None:
         _string(out["data_root"], f"{path}.data_root")
