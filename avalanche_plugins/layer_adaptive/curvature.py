@@ -24,9 +24,9 @@ from avalanche_plugins.layer_adaptive.hessian import LayerSpectrum, layer_top_ei
 __all__ = ["CURVATURE_METHODS", "DEFAULT_SAMPLES", "layer_curvature"]
 
 CURVATURE_METHODS = ("fisher", "hessian")
-# samples the adapters measure on by default: the Fisher blocks' cost grows with samples² (passes ×
-# samples per pass); 128 debiased samples agree with the exact blocks better than the exact blocks on
-# 64 (benchmarks.curvature_agreement, docs/RESULTS.md) at about a quarter epoch on a ResNet-18
+# samples the adapters measure on by default. The Fisher blocks' cost grows with samples² (passes ×
+# samples per pass): 128 debiased samples cost about a quarter epoch on a ResNet-18 and err more than
+# the exact blocks on 64 samples, 256 match them (benchmarks.curvature_agreement, docs/RESULTS.md)
 DEFAULT_SAMPLES = {"fisher": 128, "hessian": 256}
 
 
