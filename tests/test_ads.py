@@ -185,15 +185,16 @@ def math_attention():
 
 
 def test_stacked_group_jvps_equal_one_plain_jvp_per_group():
-    """All groups in one vmapped call (chunk_size=None), 3 per call (chunk_size=40: 40 // 12 inputs)
-    and 1–2 per call (chunk_size=5: input chunks of 5, 5, 2) all equal a plain jvp per group."""
+    """All groups in one vmapped call (chunk_size=None), runs of 4 on input chunks of 10 and 2
+    (chunk_size=40), of 4 on single inputs (chunk_size=5) and of 3 on single inputs (chunk_size=3)
+    all equal a plain jvp per group."""
     torch.manual_seed(0)
     net = TinyViT(image_size=8, patch=4, n_classes=4, dim=16, depth=2, heads=2).double()
     x, y = torch.randn(12, 1, 8, 8, dtype=torch.float64), torch.randint(0, 4, (12,))
     groups = layer_groups(net, discover_layers(net, x[:2]))
     direction, _, _ = update_direction(net, nn.CrossEntropyLoss(), x, y)
     params = {n: p.detach() for n, p in net.named_parameters()}
-    variants = [layer_logit_changes(net, x, direction, groups, chunk_size=c) for c in (None, 40, 5)]
+    variants = [layer_logit_changes(net, x, direction, groups, chunk_size=c) for c in (None, 40, 5, 3)]
     assert len(groups) > 3
     for g in groups:
         tangent = {n: direction[n] if n in g.params else torch.zeros_like(p) for n, p in params.items()}
@@ -201,6 +202,23 @@ def test_stacked_group_jvps_equal_one_plain_jvp_per_group():
             _, plain = jvp(lambda p: functional_call(net, p, (x,)), (params,), (tangent,))
         for changes in variants:
             torch.testing.assert_close(changes[g.name], plain, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("path", ["logit", "probe"])
+def test_ads_does_not_depend_on_chunk_size(path):
+    # the new-task gradients over chunks (sample-weighted) and the JVPs in any grouping give the
+    # values of one pass over everything
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    old, new = torch.randn(11, 5, dtype=torch.float64), torch.randn(13, 5, dtype=torch.float64)
+    y = torch.randint(0, 3, (13,))
+    results = [architecture_driven_shift(net, nn.CrossEntropyLoss(), old, new, y, lr=0.01, steps=50, path=path,
+                                         chunk_size=c) for c in (None, 1, 4, 64)]
+    for res in results[1:]:
+        assert res.ads == pytest.approx(results[0].ads, rel=1e-12)
+        assert res.new_loss == pytest.approx(results[0].new_loss, rel=1e-12)
+        assert res.data_terms == pytest.approx(results[0].data_terms, rel=1e-12)
+        assert res.path_factor == pytest.approx(results[0].path_factor, rel=1e-12)
 
 
 def test_transformer_groups_cover_every_parameter_and_topology_only_variant():

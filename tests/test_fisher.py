@@ -56,6 +56,19 @@ def test_estimators_match_direct_loops(make_model, kind):
         assert torch.allclose(fast[name], slow[name], rtol=1e-4, atol=1e-8), name
 
 
+@pytest.mark.parametrize("chunk_size", [1, 2, 4, 1000])
+def test_per_sample_fishers_do_not_depend_on_chunk_size(chunk_size):
+    # chunk 1 and 2 split one sample's 3 classes over passes, 4 holds one sample per pass
+    model = small_mlp()
+    torch.manual_seed(4)
+    x, y = torch.randn(7, 6), torch.randint(0, 3, (7,))
+    for kind in ("empirical", "expected"):
+        fast = fisher_diagonal(kind, model, CE, x, y, chunk_size=chunk_size)
+        slow = loop_fisher(model, x, y, kind)
+        for name in slow:
+            assert torch.allclose(fast[name], slow[name], rtol=1e-5, atol=1e-9), (kind, name)
+
+
 def test_expected_differs_from_empirical_and_all_nonnegative():
     model = small_mlp()
     x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))

@@ -195,6 +195,24 @@ def test_multitask_mixed_labels():
     assert zero.readiness == pytest.approx(same.readiness, rel=1e-12)
 
 
+@pytest.mark.parametrize("chunk_size", [1, 4, 1024])
+def test_mixed_task_minibatches_match_a_loop_over_the_drawn_batches(chunk_size):
+    # the sampled estimator on minibatches that mix tasks: mean over the drawn minibatches of
+    # ‖mean of their per-sample gradients‖², whatever the chunking of the per-sample gradients
+    from avalanche_plugins.readiness._common import _draw_batches
+
+    model = TwoHeads().double()
+    x = regression_data(10, seed=6)[0]
+    y = torch.tensor([0, 1, 1, 0, 1, 0, 0, 1, 1, 1])
+    t = torch.tensor([0, 1, 0, 1, 1, 0, 1, 0, 0, 1])
+    _, _, per_sample = loop_moments(model, CE, x, y, forward=lambda xb, i: model(xb, int(t[i])))
+    batches = _draw_batches(10, 3, 40, torch.Generator().manual_seed(2))
+    expected = float(torch.stack([per_sample[b].mean(0).pow(2).sum() for b in batches]).mean())
+    res = optimization_readiness(model, CE, x, y, batch_size=3, n_batches=40, seed=2, task_labels=t,
+                                 chunk_size=chunk_size)
+    assert res.second_moment == pytest.approx(expected, rel=1e-10)
+
+
 def test_zero_gradient_rule_exact():
     """Residual orthogonal to the columns of X: g = 0 exactly, OR = S = R = 0 (not NaN)."""
     model = nn.Linear(2, 1, bias=False).double()

@@ -198,16 +198,21 @@ def _tiny_pair(kind):
     if kind == "flat":
         make = lambda: nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))  # noqa: E731
         return make().eval(), make().eval(), torch.randn(12, 6), "1"
+    if kind == "strided":  # 6 channels on 2 x 2: a cross-channel key has more numbers (42) than h (24)
+        make = lambda: nn.Sequential(nn.Conv2d(1, 6, 3, stride=2), nn.Tanh(), nn.Flatten(), nn.Linear(24, 3))  # noqa: E731
+        return make().eval(), make().eval(), torch.randn(3, 1, 6, 6), "1"
     make = lambda: nn.Sequential(nn.Conv2d(1, 3, 3), nn.Tanh(), nn.Conv2d(3, 4, 3), nn.Tanh(),  # noqa: E731
                                  nn.Flatten(), nn.Linear(16, 3))
-    return make().eval(), make().eval(), torch.randn(5, 1, 6, 6), "1"
+    return make().eval(), make().eval(), torch.randn(3 if kind == "conv3" else 5, 1, 6, 6), "1"
 
 
-@pytest.mark.parametrize("kind", ["flat", "conv"])
+@pytest.mark.parametrize("kind", ["flat", "conv", "conv3", "strided"])
 @pytest.mark.parametrize("family", ["channel", "cross_channel"])
-def test_gauss_newton_step_matches_a_dense_jacobian_computation(kind, family):
+@pytest.mark.parametrize("chunk_size", [1, 5, 256])
+def test_gauss_newton_step_matches_a_dense_jacobian_computation(kind, family, chunk_size):
     """One accepted LM iteration equals the step solved from the dense Jacobian (jacrev), both in
-    the primal (channel key: few parameters) and the dual (cross-channel key: N·K < P) form."""
+    the primal (P ≤ N·K) and the dual (N·K < P: cross-channel keys on conv3 and strided) form, with
+    the Jacobian's rows in chunks of one row, of a few anchors' logits or all at once."""
     checkpoint, updated, x, stage = _tiny_pair(kind)
     key = fit_transport_key(stage_activations(updated, stage, x), stage_activations(checkpoint, stage, x), family,
                             ridge=1e-3)
@@ -215,12 +220,43 @@ def test_gauss_newton_step_matches_a_dense_jacobian_computation(kind, family):
     expected = _dense_gauss_newton_step(key, stitched, x, damping=0.1)
     with torch.no_grad():
         before = float(((stitched(x) - checkpoint(x)) ** 2).sum())
-    gauss_newton_key(key, stitched, x, iterations=1, damping=0.1, max_tries=1)
+    gauss_newton_key(key, stitched, x, iterations=1, damping=0.1, max_tries=1, chunk_size=chunk_size)
     got = torch.cat([p.flatten() for p in key.parameters()]).double()
     with torch.no_grad():
         after = float(((stitched(x) - checkpoint(x)) ** 2).sum())
     assert after < before  # the step was accepted ...
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)  # ... and is the dense one
+
+
+@pytest.mark.parametrize(("kind", "family", "form"), [
+    ("conv", "channel", "primal"), ("conv3", "cross_channel", "dual, J rows kept"),
+    ("strided", "cross_channel", "dual, stage gradients kept")])
+def test_gauss_newton_chunked_equals_unchunked(kind, family, form, monkeypatch):
+    # two LM iterations with J's rows one at a time, a few at a time or all at once: the same key
+    # (float64 sums in another order) in both forms and with either kind of kept rows; the dual
+    # Gram matrix is built from blocks of about two rows
+    from avalanche_plugins.transport.refine import _KeptRows
+
+    checkpoint, updated, x, stage = _tiny_pair(kind)
+    n_params = sum(
+        p.numel() for p in fit_transport_key(stage_activations(updated, stage, x), stage_activations(updated, stage, x),
+                                             family).parameters())
+    h_size = stage_activations(updated, stage, x)[0].numel()
+    rows = x.shape[0] * 3
+    assert form == ("primal" if n_params <= rows else "dual, J rows kept" if n_params <= h_size
+                    else "dual, stage gradients kept")
+    keys = []
+    for chunk_size in (1, 3, 1000):
+        if chunk_size == 1:
+            monkeypatch.setattr(_KeptRows, "block_bytes", 16 * n_params)
+        else:
+            monkeypatch.undo()
+        key = fit_transport_key(stage_activations(updated, stage, x), stage_activations(checkpoint, stage, x),
+                                family, ridge=1e-3)
+        gauss_newton_key(key, stitch(updated, checkpoint, stage, key), x, iterations=2, chunk_size=chunk_size)
+        keys.append(torch.cat([p.flatten() for p in key.parameters()]))
+    for other in keys[1:]:
+        torch.testing.assert_close(other, keys[0], rtol=1e-6, atol=1e-7)
 
 
 def test_gauss_newton_solves_a_linear_late_part_in_one_step():

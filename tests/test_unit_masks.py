@@ -286,3 +286,45 @@ def test_bad_input_raises_clear_errors():
         unit_scores(masks, "taylor")
     with pytest.raises(ValueError, match="needs the optimizer"):
         masks.grow({"0": torch.ones(10)}, {"0": 10}, interventions=Interventions(optimizer_state="zero"))
+
+
+class _CatNet(nn.Module):
+    """Concatenates a probed branch with an unprobed one: a batch of one cannot broadcast there."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(4, 3), nn.Linear(4, 2), nn.Linear(5, 2)
+
+    def forward(self, x):
+        return self.head(torch.relu(torch.cat([self.a(x), self.b(x)], dim=1)))
+
+
+def _probe_models():
+    import torchvision
+
+    torch.manual_seed(0)
+    resnet = torchvision.models.resnet18(num_classes=5)  # in-place residual adds, downsample branches
+    resnet.layer3, resnet.layer4, resnet.fc = nn.Identity(), nn.Identity(), nn.Linear(128, 5)
+    flat = nn.Sequential(nn.Conv2d(1, 3, 3), nn.ReLU(), nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(64, 2))
+    return [(resnet, torch.randn(2, 3, 16, 16)), (small_bn_cnn(0), torch.randn(2, 1, 8, 8)),
+            (flat, torch.randn(2, 1, 8, 8)), (_CatNet(), torch.randn(2, 4))]
+
+
+def test_broadcast_consumer_probe_matches_full_copies(monkeypatch):
+    # the fast probe (copies start at the probed layer, forward stopped at the consumer) must find
+    # the consumers and columns of the plain probe (2n+1 input copies through the whole model)
+    for model, x in _probe_models():
+        fast = UnitMasks(model, x)
+        remove_mask_hooks(model)
+        with monkeypatch.context() as patch:
+            patch.setattr(UnitMasks, "_probe_starts", lambda self, layer: [self.model])
+            full = UnitMasks(model, x)
+        remove_mask_hooks(model)
+        assert list(fast.layers) == list(full.layers)
+        for name, layer in full.layers.items():
+            other = fast.layers[name]
+            assert other.consumer == layer.consumer, name
+            if layer.outgoing is not None:
+                assert torch.equal(other.outgoing.columns, layer.outgoing.columns), name
+        if "layer2.0.downsample.0" in full.layers:
+            assert full.layers["layer2.0.downsample.0"].consumer == "layer2.1.conv1"

@@ -26,6 +26,7 @@ __all__ = ["UNASSIGNED", "LayerGroup", "layer_groups", "layer_logit_changes"]
 
 
 UNASSIGNED = "(unassigned)"
+_GROUPS_PER_CALL = 4  # consecutive layer groups per vmapped JVP call (layer_logit_changes)
 
 
 
@@ -86,9 +87,11 @@ def layer_logit_changes(model: nn.Module, old_inputs: torch.Tensor, direction: M
 
     The groups' tangents are stacked and pushed through one ``torch.func.vmap``-ed JVP, so the
     groups share the primal forward pass and the per-call overhead (small models and small
-    calibration sets are overhead-bound). At most ``max(1, chunk_size // inputs)`` groups go into
-    one call, which keeps the tangent activations within what ``chunk_size`` inputs of a single JVP
-    would hold.
+    calibration sets are overhead-bound). With ``chunk_size`` a call pushes at most ``chunk_size``
+    (input, group) tangents: runs of up to 4 consecutive groups (a run's tangents start at its
+    first layer; on a CIFAR ResNet-18 on CPU, 2–7 groups per call cost the same within 10 %,
+    1 group 1.5× and all 21 2.5× more) on chunks of ``max(1, chunk_size // groups per call)``
+    inputs. None: all inputs and all groups in one call.
 
     Returns ``{group name: (N, *output_shape) tensor}``; their sum over groups is ``J(x_a) u``.
     Multi-task inputs whose heads differ in width are zero-padded to the widest head.
@@ -100,11 +103,12 @@ def layer_logit_changes(model: nn.Module, old_inputs: torch.Tensor, direction: M
     groups = list(groups)
     pieces: dict[str, list] = {g.name: [] for g in groups}
     with eval_mode(model), math_attention():
+        per_call = len(groups) if chunk_size is None else max(1, min(_GROUPS_PER_CALL, len(groups), chunk_size))
+        inputs_per_call = None if chunk_size is None else max(1, chunk_size // per_call)
         for label, idx in tasks:
             xs = old_inputs if idx is None else old_inputs[idx]
-            for s in iterate_batches(xs.shape[0], chunk_size):
+            for s in iterate_batches(xs.shape[0], inputs_per_call):
                 xc = xs[s]
-                per_call = len(groups) if chunk_size is None else max(1, chunk_size // xc.shape[0])
                 for first in range(0, len(groups), per_call):
                     batch = groups[first:first + per_call]
                     for group, values in zip(batch, _stacked_jvp(model, params, consts, direction, batch, xc, label)):

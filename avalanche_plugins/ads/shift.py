@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch import nn
-from torch.func import grad, grad_and_value
+from torch.func import grad_and_value
 
 from avalanche_plugins.ads.layer_terms import (
     UNASSIGNED,
@@ -48,8 +48,9 @@ from avalanche_plugins.ads.layer_terms import (
     layer_logit_changes,
 )
 from avalanche_plugins.core.calls import (
+    batch_loss,
     eval_mode,
-    grouped_loss,
+    iterate_batches,
     split_params,
     stateless_forward,
     task_groups,
@@ -153,7 +154,7 @@ def _check_targets(model, params, consts, x, y, groups) -> torch.Tensor:
 
 
 def update_direction(model: nn.Module, loss_fn, new_inputs: torch.Tensor, new_targets: torch.Tensor, *,
-                     optimizer: str = "sgd", eps: float = 1e-8, task_labels=None
+                     optimizer: str = "sgd", eps: float = 1e-8, task_labels=None, chunk_size: int | None = 64
                      ) -> tuple[dict[str, torch.Tensor], float, float]:
     """The unit-lr update direction ``u`` of the first optimizer step on the new task.
 
@@ -161,7 +162,8 @@ def update_direction(model: nn.Module, loss_fn, new_inputs: torch.Tensor, new_ta
               u = -\\frac{g}{|g| + ε} \\;(\\text{first Adam step, fresh state})
 
     Returns ``(direction, loss, grad_norm)``; ``direction`` maps every trainable parameter name
-    to a detached tensor. The model is not changed.
+    to a detached tensor. The model is not changed. The gradient is taken over chunks of
+    ``chunk_size`` samples (memory knob; None: all at once).
 
     Example:
         >>> net = nn.Linear(2, 1)
@@ -170,22 +172,46 @@ def update_direction(model: nn.Module, loss_fn, new_inputs: torch.Tensor, new_ta
         (['bias', 'weight'], True)
     """
     return _first_step(model, loss_fn, new_inputs, new_targets, optimizer=optimizer, eps=eps,
-                       task_labels=task_labels)[:3]
+                       task_labels=task_labels, chunk_size=chunk_size)[:3]
+
+
+def _chunked_loss_and_grad(model, loss_fn, consts, x, y, groups, chunk_size):
+    """``f(params) -> (∇L, L)`` of the mean loss over ``(x, y)``, as the sample-weighted sum of the
+    batch losses of task groups split into chunks of ``chunk_size`` samples (memory: one chunk's
+    backward pass; the same value as one pass over all samples, for mean-reduced losses)."""
+    n = x.shape[0]
+
+    def f(params):
+        grads, loss = None, 0.0
+        for label, idx in groups:
+            xs, ys = (x, y) if idx is None else (x[idx], y[idx])
+            loss_and_grad = grad_and_value(batch_loss(model, loss_fn, consts, label))
+            for s in iterate_batches(xs.shape[0], chunk_size):
+                g, value = loss_and_grad(params, xs[s], ys[s])
+                weight = (s.stop - s.start) / n
+                loss = loss + weight * value.detach()
+                grads = {k: weight * v for k, v in g.items()} if grads is None else \
+                    {k: grads[k] + weight * v for k, v in g.items()}
+        return grads, loss
+
+    return f
 
 
 def _first_step(model: nn.Module, loss_fn, new_inputs: torch.Tensor, new_targets: torch.Tensor, *,
-                optimizer: str = "sgd", eps: float = 1e-8, task_labels=None
+                optimizer: str = "sgd", eps: float = 1e-8, task_labels=None, chunk_size: int | None = 64
                 ) -> tuple[dict[str, torch.Tensor], float, float, float]:
     """:func:`update_direction` plus the descent rate ``−⟨∇L, u⟩`` (first-order loss decrease
     per unit step)."""
     check_inputs(new_inputs, new_targets, name="new_inputs")
     check_choice("optimizer", optimizer, ADS_OPTIMIZERS)
+    if chunk_size is not None:
+        check_int("chunk_size", chunk_size)
     params, consts = split_params(model)
     groups = task_groups(model, new_inputs.shape[0], task_labels)
     with eval_mode(model):
         _check_targets(model, params, consts, new_inputs, new_targets, groups)
-        loss_of = grouped_loss(model, loss_fn, consts, new_inputs, new_targets, groups)
-        grads, loss = grad_and_value(loss_of)(params)
+        grads, loss = _chunked_loss_and_grad(model, loss_fn, consts, new_inputs, new_targets, groups,
+                                             chunk_size)(params)
         loss = float(loss)
     if not math.isfinite(loss):
         raise ValueError(f"the new-task loss is {loss} at the checkpoint; the model or data produce "
@@ -201,16 +227,16 @@ def _first_step(model: nn.Module, loss_fn, new_inputs: torch.Tensor, new_targets
 
 
 def _probe(model, loss_fn, new_inputs, new_targets, groups, *, lr, optimizer, probe_steps, eps,
-           betas=(0.9, 0.999)) -> list[float]:
+           betas=(0.9, 0.999), chunk_size=None) -> list[float]:
     """Update norms of ``probe_steps`` full-batch steps on the new-task sample (functional copy)."""
     params, consts = split_params(model)
-    loss_of = grouped_loss(model, loss_fn, consts, new_inputs, new_targets, groups)
+    loss_and_grad = _chunked_loss_and_grad(model, loss_fn, consts, new_inputs, new_targets, groups, chunk_size)
     theta = {n: p.clone() for n, p in params.items()}
     state = AdamState(theta, betas=betas, eps=eps) if optimizer == "adam" else None
     norms = []
     with eval_mode(model):
         for _ in range(probe_steps):
-            step = functional_step(theta, grad(loss_of)(theta), lr, optimizer=optimizer, state=state,
+            step = functional_step(theta, loss_and_grad(theta)[0], lr, optimizer=optimizer, state=state,
                                    in_place=False)
             norms.append(math.sqrt(sum(float((s.double() ** 2).sum()) for s in step.values())))
             theta = {n: (theta[n] - step[n]).detach() for n in theta}
@@ -255,7 +281,7 @@ def architecture_driven_shift(model: nn.Module, loss_fn, old_inputs: torch.Tenso
                               new_targets: torch.Tensor, *, lr: float, steps: int,
                               optimizer: str = "sgd", path: str = "budget", probe_steps: int = 10,
                               target_loss: float = 0.0, eps: float = 1e-8, old_task_labels=None,
-                              new_task_labels=None, chunk_size: int | None = 1024) -> ADSResult:
+                              new_task_labels=None, chunk_size: int | None = 64) -> ADSResult:
     """Predicted logit shift on old-task inputs when ``model`` trains ``steps`` steps on the new task.
 
     .. math::
@@ -285,7 +311,10 @@ def architecture_driven_shift(model: nn.Module, loss_fn, old_inputs: torch.Tenso
             ``L_new − target_loss``, capped by ``ηT``; one JVP more).
         target_loss: ``L*`` of the ``"loss"`` and ``"logit"`` paths (default 0: cross-entropy fitted).
         old_task_labels, new_task_labels: task labels for Avalanche multi-task models.
-        chunk_size: old inputs per JVP call (None: all at once).
+        chunk_size: memory knob (the result does not depend on it): the new-task gradients are
+            taken over chunks of ``chunk_size`` samples and every JVP call pushes at most
+            ``chunk_size`` (input, layer) tangents (:func:`~avalanche_plugins.ads.layer_terms.layer_logit_changes`);
+            None: all at once.
 
     Raises:
         ValueError: empty inputs, mismatched targets, integer targets outside the model's output
@@ -318,7 +347,7 @@ def architecture_driven_shift(model: nn.Module, loss_fn, old_inputs: torch.Tenso
     layer_map = discover_layers(model, example_input(model, new_inputs, new_task_labels))
     groups = layer_groups(model, layer_map)
     direction, loss, grad_norm, rate = _first_step(model, loss_fn, new_inputs, new_targets, optimizer=optimizer,
-                                                   eps=eps, task_labels=new_task_labels)
+                                                   eps=eps, task_labels=new_task_labels, chunk_size=chunk_size)
     changes = layer_logit_changes(model, old_inputs, direction, groups, task_labels=old_task_labels,
                                   chunk_size=chunk_size)
     data_terms = [mean_row_norm(changes[g.name]) / g.fan_in for g in groups]
@@ -336,7 +365,7 @@ def architecture_driven_shift(model: nn.Module, loss_fn, old_inputs: torch.Tenso
     else:
         tasks = task_groups(model, new_inputs.shape[0], new_task_labels)
         norms = _probe(model, loss_fn, new_inputs, new_targets, tasks, lr=lr, optimizer=optimizer,
-                       probe_steps=probe_steps, eps=eps)
+                       probe_steps=probe_steps, eps=eps, chunk_size=chunk_size)
         decay = _fit_decay(norms)
         path_factor = lr * _path_sum(decay, steps)
     unit = sum(g.fan_in * d for g, d in zip(groups, data_terms))

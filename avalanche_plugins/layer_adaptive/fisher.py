@@ -96,12 +96,14 @@ def _per_sample_setup(model):
 
 
 def empirical_fisher(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: torch.Tensor, *,
-                     task_labels: torch.Tensor | None = None, chunk_size: int = 256) -> dict[str, torch.Tensor]:
+                     task_labels: torch.Tensor | None = None, chunk_size: int = 16) -> dict[str, torch.Tensor]:
     """Empirical Fisher: mean of per-sample squared gradients with the true labels.
 
     .. math:: F = \\frac{1}{N} \\sum_{i=1}^{N} \\big(\\nabla_θ \\ell(f(x_i), y_i)\\big)^2
 
     ``loss_fn`` is applied to one sample at a time (a batch of one), so any mean-reduced loss works.
+    ``chunk_size`` samples' gradients are held at once (memory ``chunk_size × P`` floats for ``P``
+    parameters, whatever the number of samples; the result does not depend on it).
 
     Example:
         >>> net = nn.Linear(3, 2)
@@ -131,12 +133,17 @@ def empirical_fisher(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: t
 
 
 def expected_fisher(model: nn.Module, inputs: torch.Tensor, *, task_labels: torch.Tensor | None = None,
-                    chunk_size: int = 128) -> dict[str, torch.Tensor]:
+                    chunk_size: int = 16) -> dict[str, torch.Tensor]:
     """Diagonal of the true Fisher of a classifier: expectation over the predicted labels.
 
     .. math:: F = \\frac{1}{N} \\sum_{i} \\sum_{c} p_θ(c \\mid x_i) \\big(\\nabla_θ \\log p_θ(c \\mid x_i)\\big)^2
 
-    Computed exactly (no label sampling): per-sample, per-class gradients with a nested ``vmap``.
+    Computed exactly (no label sampling): per-sample, per-class gradients with a nested ``vmap``
+    (the forward pass of a sample is shared by its classes). ``chunk_size`` bounds the
+    (sample, class) gradients held at once: ``max(1, chunk_size // C)`` samples with all ``C``
+    classes per pass, or one sample with ``chunk_size`` classes when ``C > chunk_size``; memory
+    ``chunk_size × P`` floats whatever the number of samples and classes (the result does not
+    depend on it).
 
     Example:
         >>> net = nn.Linear(3, 2)
@@ -165,19 +172,24 @@ def expected_fisher(model: nn.Module, inputs: torch.Tensor, *, task_labels: torc
                 n_classes = model_forward(model, xs[:1], label).shape[-1]
             classes = torch.eye(n_classes, dtype=inputs.dtype, device=inputs.device)
             per_class = vmap(grad(class_log_prob), in_dims=(None, None, 0))
-            for s in iterate_batches(xs.shape[0], chunk_size):
+            per_pair = vmap(per_class, in_dims=(None, 0, None))
+            for s in iterate_batches(xs.shape[0], max(1, chunk_size // n_classes)):
                 x = xs[s]
                 probs = vmap(log_probs, in_dims=(None, 0))(params, x).exp().detach()  # (B, C)
-                grads = vmap(per_class, in_dims=(None, 0, None))(params, x, classes)  # (B, C, *shape)
-                for k, g in grads.items():
-                    weights = probs.view(*probs.shape, *[1] * (g.dim() - 2))
-                    total[k] += (weights * g.pow(2)).sum((0, 1))
+                for c in iterate_batches(n_classes, min(n_classes, chunk_size)):
+                    grads = per_pair(params, x, classes[c])  # (B, |c|, *shape)
+                    weights = probs[:, c]
+                    for k, g in grads.items():
+                        total[k] += (weights.view(*weights.shape, *[1] * (g.dim() - 2)) * g.pow(2)).sum((0, 1))
     return {k: v / n for k, v in total.items()}
 
 
 def fisher_diagonal(kind: str, model: nn.Module, loss_fn, inputs: torch.Tensor, targets: torch.Tensor, *,
-                    batch_size: int = 32, task_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """Dispatch to one of :data:`FISHER_KINDS` on tensors (``batched`` uses contiguous minibatches)."""
+                    batch_size: int = 32, task_labels: torch.Tensor | None = None,
+                    chunk_size: int = 16) -> dict[str, torch.Tensor]:
+    """Dispatch to one of :data:`FISHER_KINDS` on tensors (``batched`` uses contiguous minibatches;
+    ``chunk_size`` is the per-sample estimators' memory knob, see :func:`empirical_fisher` and
+    :func:`expected_fisher`)."""
     check_choice("fisher", kind, FISHER_KINDS)
     check_inputs(inputs, targets)
     if kind == "batched":
@@ -188,5 +200,5 @@ def fisher_diagonal(kind: str, model: nn.Module, loss_fn, inputs: torch.Tensor, 
         ]
         return batched_fisher(model, loss_fn, batches)
     if kind == "empirical":
-        return empirical_fisher(model, loss_fn, inputs, targets, task_labels=task_labels)
-    return expected_fisher(model, inputs, task_labels=task_labels)
+        return empirical_fisher(model, loss_fn, inputs, targets, task_labels=task_labels, chunk_size=chunk_size)
+    return expected_fisher(model, inputs, task_labels=task_labels, chunk_size=chunk_size)

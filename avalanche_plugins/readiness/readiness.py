@@ -27,7 +27,6 @@ from avalanche_plugins.core.checks import (
 )
 from avalanche_plugins.readiness._common import (
     _draw_batches,
-    _flat,
     _sq_norms,
     _take,
 )
@@ -111,20 +110,29 @@ def _minibatch_second_moment(model, loss_fn, params, consts, inputs, targets, ta
             total += sq.sum().cpu()
         return float(total) / n_batches
     # Minibatches that mix tasks: a minibatch-mean gradient is the mean of its per-sample gradients
-    # (mean-reduced loss), and per-sample gradients can be grouped by task.
-    labels = task_labels.reshape(-1)
+    # (mean-reduced loss), and per-sample gradients can be grouped by task. Each chunk of per-sample
+    # gradients is added into the minibatch sums through a (minibatches × samples) membership
+    # matrix, so no (samples × P) matrix is held.
+    device = inputs.device
+    labels = task_labels.reshape(-1).to(device)
     for s in iterate_batches(n_batches, per_chunk):
-        unique, inverse = torch.unique(batches[s], return_inverse=True)
-        unique = unique.to(inputs.device)
-        rows = torch.empty(unique.numel(), sum(p.numel() for p in params.values()),
-                           dtype=torch.float64, device=inputs.device)
+        unique, inverse = torch.unique(batches[s].to(device), return_inverse=True)
+        member = torch.zeros(inverse.shape[0], unique.numel(), dtype=torch.float64, device=device)
+        member.scatter_add_(1, inverse, torch.ones(inverse.shape, dtype=torch.float64, device=device))
+        sums = {k: torch.zeros(inverse.shape[0], v.numel(), dtype=torch.float64, device=v.device)
+                for k, v in params.items()}
         for task in torch.unique(labels[unique]):
             pos = (labels[unique] == task).nonzero().squeeze(1)
             which = unique[pos]
-            chunks = _per_sample_chunks(model, loss_fn, params, consts, inputs[which], targets[which],
-                                        int(task), chunk_size)
-            rows[pos] = torch.cat([_flat(g) for g, _ in chunks], dim=0)
-        sq = rows[inverse.to(rows.device)].mean(dim=1).pow(2).sum(1)
+            done = 0
+            for grads, _ in _per_sample_chunks(model, loss_fn, params, consts, inputs[which], targets[which],
+                                               int(task), chunk_size):
+                m = next(iter(grads.values())).shape[0]
+                weight = member[:, pos[done:done + m]]
+                for k, g in grads.items():
+                    sums[k] += weight @ g.double().reshape(m, -1)
+                done += m
+        sq = sum((v / batch_size).pow(2).sum(1) for v in sums.values())
         check_finite_loss(sq.sum(), "(gradient) while computing optimization readiness")
         total += sq.sum().cpu()
     return float(total) / n_batches
@@ -133,7 +141,7 @@ def _minibatch_second_moment(model, loss_fn, params, consts, inputs, targets, ta
 def optimization_readiness(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: torch.Tensor, *,
                            batch_size: int = 4, n_batches: int = 128, estimator: str = "sampled",
                            seed: int = 0, task_labels: torch.Tensor | None = None,
-                           chunk_size: int = 1024) -> ReadinessResult:
+                           chunk_size: int = 16) -> ReadinessResult:
     """Strength ``S``, reliability ``R`` and Optimization Readiness ``OR = S·R`` of ``model`` on a task.
 
     With ``N`` samples, mean loss ``L``, full-data mean gradient ``g`` and the minibatch-mean
@@ -173,7 +181,10 @@ def optimization_readiness(model: nn.Module, loss_fn, inputs: torch.Tensor, targ
         estimator: ``"sampled"`` or ``"per_sample"``.
         seed: seed of the ``torch.Generator`` drawing the minibatches.
         task_labels: per-sample task labels for multi-task models (ignored by plain models).
-        chunk_size: samples per vectorised pass (memory knob; results do not depend on it).
+        chunk_size: samples per vectorised pass (memory knob; results do not depend on it): the
+            batch gradients of ``chunk_size`` samples, ``max(1, chunk_size // batch_size)``
+            minibatch gradients or ``chunk_size`` per-sample gradients are held at once (each
+            gradient ``P`` floats; the default keeps a CIFAR ResNet-18 under 2.5 GB).
 
     Returns:
         A :class:`ReadinessResult`.

@@ -28,7 +28,9 @@ How a mask is applied (all exact, all cheap):
 
 Outgoing weights: the consumer of a layer is the first later layer of the layer map whose input
 changes when one of the layer's units is perturbed, measured once at construction by a
-vectorised probe (one batched forward pass per layer in eval mode). The probe maps each unit to
+vectorised probe (per layer, one forward pass in eval mode: one copy of the input up to the layer,
+its ``2n+1`` perturbed copies from there, stopped at the consumer; models that cannot broadcast
+a batch of one against them run ``2n+1`` input copies whole). The probe maps each unit to
 the consumer's input columns it feeds, so ``Flatten`` after a conv (one block of ``H·W`` columns
 per channel), pooling and CReLU (two columns per unit) are all handled. Only that one consumer
 is recorded (sequential models; in a residual block the skip path is not).
@@ -86,7 +88,8 @@ class _MaskHook:
             self.multiplier = self.multiplier.to(device=out.device, dtype=out.dtype)
         out = out * self.multiplier.view(self.shape_for(out))
         if self.probe is not None:
-            out = out + self.probe.view(out.shape[0], *self.shape_for(out)[1:])
+            # (2n+1, ...) probes; a batch-1 output broadcasts to them (UnitMasks._probe)
+            out = out + self.probe.view(self.probe.shape[0], *self.shape_for(out)[1:])
         return out
 
     def __getstate__(self):
@@ -94,6 +97,17 @@ class _MaskHook:
 
     def __setstate__(self, state):
         self.__init__(state["multiplier"], state["unit_dim"])
+
+
+class _ProbeDone(Exception):
+    """Stops a consumer probe's forward pass at the first layer the probes reach."""
+
+
+class _ProbeMismatch(Exception):
+    """A later layer saw a batch that is neither 1 nor the probes': the broadcast probe is unusable."""
+
+
+_INCONCLUSIVE = object()
 
 
 def remove_mask_hooks(model: nn.Module) -> int:
@@ -285,43 +299,89 @@ class UnitMasks:
         x = _example_tensor(example_input)[:1]
         for name, layer in self.layers.items():
             later = [layer_map[n] for n in order[order.index(name) + 1:]]
-            captured: dict[str, torch.Tensor] = {}
-            handles = [info.module.register_forward_pre_hook(
-                lambda m, inp, n=info.name, store=captured: store.__setitem__(n, inp[0].detach()))
-                for info in later]
-            hook_point = layer.norm if layer.norm is not None else layer.module
-            n = layer.size
-            eye = torch.eye(n, device=x.device) * 1e4  # ± a large step: passes ReLU/tanh/CReLU
-            delta = torch.cat([torch.zeros(1, n, device=x.device), eye, -eye])
-            layer.hook.probe = delta
-            handle = hook_point.register_forward_hook(layer.hook)
-            try:
-                with eval_mode(self.model):
-                    _forward(self.model, example_input, x.expand(2 * n + 1, *x.shape[1:]))
-            finally:
-                layer.hook.probe = None
-                handle.remove()
-                for h in handles:
-                    h.remove()
-            for info in later:
-                inp = captured.get(info.name)
-                if inp is None:
-                    continue
-                feature_dim = inp.dim() - 1 if info.kind == "linear" else 1
-                diff = (inp[1:] - inp[:1]).abs() > 1e-4 * (1 + inp[:1].abs())
-                reduce = [d for d in range(1, diff.dim()) if d != feature_dim]
-                touched = diff.any(dim=reduce) if reduce else diff  # (2n, features)
-                touched = touched[:n] | touched[n:]
-                if not touched.any():
-                    continue  # not reached yet: look at the next layer
-                counts = touched.sum(1)
-                groups = getattr(info.module, "groups", 1)
-                if info.kind in ("linear", "conv") and groups == 1 and bool((counts == counts[0]).all()) \
-                        and int(counts[0]) > 0 and bool((touched.sum(0) <= 1).all()):
-                    columns = touched.nonzero()[:, 1].reshape(n, int(counts[0]))
-                    found[name] = _Slot(info.module, "weight", 1, columns, root=self.model, path=info.name)
-                break
+            # Fast path: one copy of the input up to the probed layer, broadcast to the 2n+1 probes
+            # there. Where the model cannot broadcast a batch of one against them (an in-place
+            # residual add), the copies start at the input of the nearest enclosing module that
+            # works, and as a last resort at the model's input.
+            hit = _INCONCLUSIVE
+            for start in self._probe_starts(layer):
+                hit = self._probe(layer, later, example_input, x, start)
+                if hit is not _INCONCLUSIVE:
+                    break
+            if hit is None:
+                continue
+            info, touched = hit
+            counts = touched.sum(1)
+            groups = getattr(info.module, "groups", 1)
+            if info.kind in ("linear", "conv") and groups == 1 and bool((counts == counts[0]).all()) \
+                    and int(counts[0]) > 0 and bool((touched.sum(0) <= 1).all()):
+                columns = touched.nonzero()[:, 1].reshape(layer.size, int(counts[0]))
+                found[name] = _Slot(info.module, "weight", 1, columns, root=self.model, path=info.name)
         return found
+
+    def _probe_starts(self, layer: _Layer) -> list:
+        """Where the 2n+1 probe copies may start: the probed layer itself (None), its enclosing
+        modules from the innermost, then the model's input (the model itself)."""
+        point = layer.norm if layer.norm is not None else layer.module
+        path = next((n for n, m in self.model.named_modules() if m is point), "")
+        parts = path.split(".") if path else []
+        enclosing = [self.model.get_submodule(".".join(parts[:i])) for i in range(len(parts) - 1, 0, -1)]
+        return [None, *enclosing, self.model]
+
+    def _probe(self, layer: _Layer, later: list, example_input, x: torch.Tensor, start):
+        """``(consumer info, touched (n, features))`` of the first later layer whose input the ± probes
+        of ``layer``'s units change (the forward stops there: layers run in map order, once each),
+        None when none changes, ``_INCONCLUSIVE`` when the copies starting at ``start`` (None: the
+        probed layer's output, else that module's input) do not run or find nothing."""
+        n = layer.size
+        rows = 2 * n + 1
+        hit: list = []  # filled by the pre-hook that stops the forward
+
+        broadcast = start is not self.model
+
+        def expand(module, inputs):
+            first = inputs[0]
+            if isinstance(first, torch.Tensor) and first.shape[0] == 1:
+                return (first.expand(rows, *first.shape[1:]), *inputs[1:])
+            return None
+
+        def pre_hook(module, inputs, info):
+            inp = inputs[0].detach()
+            if broadcast and inp.shape[0] == 1:
+                return  # does not depend on the probed layer (not broadcast to the probes)
+            if broadcast and inp.shape[0] != rows:
+                raise _ProbeMismatch
+            feature_dim = inp.dim() - 1 if info.kind == "linear" else 1
+            diff = (inp[1:] - inp[:1]).abs() > 1e-4 * (1 + inp[:1].abs())
+            reduce = [d for d in range(1, diff.dim()) if d != feature_dim]
+            touched = diff.any(dim=reduce) if reduce else diff  # (2n, features)
+            touched = touched[:n] | touched[n:]
+            if touched.any():
+                hit.append((info, touched))
+                raise _ProbeDone  # the first layer reached: the rest of the forward is not needed
+
+        handles = [info.module.register_forward_pre_hook(lambda m, inp, info=info: pre_hook(m, inp, info))
+                   for info in later]
+        hook_point = layer.norm if layer.norm is not None else layer.module
+        eye = torch.eye(n, device=x.device) * 1e4  # ± a large step: passes ReLU/tanh/CReLU
+        layer.hook.probe = torch.cat([torch.zeros(1, n, device=x.device), eye, -eye])
+        handles.append(hook_point.register_forward_hook(layer.hook))
+        if start is not None and start is not self.model:
+            handles.append(start.register_forward_pre_hook(expand))
+        try:
+            with eval_mode(self.model):
+                _forward(self.model, example_input, x if broadcast else x.expand(rows, *x.shape[1:]))
+        except _ProbeDone:
+            return hit[0]
+        except (_ProbeMismatch, RuntimeError, ValueError):
+            if not broadcast:
+                raise
+            return _INCONCLUSIVE
+        finally:
+            layer.hook.probe = None
+            for h in handles:
+                h.remove()
+        return _INCONCLUSIVE if broadcast else None
 
     # ------------------------------------------------------------------------------- hooks
 

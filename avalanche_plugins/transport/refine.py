@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from avalanche_plugins.core.calls import eval_mode, model_forward
+from avalanche_plugins.core.calls import eval_mode, iterate_batches, model_forward
 from avalanche_plugins.core.checks import check_int, check_positive
 from avalanche_plugins.transport.keys import TransportKey
 from avalanche_plugins.transport.stitch import StitchedModel, stage_activations
@@ -53,7 +53,8 @@ def refine_key(key: TransportKey, stitched: StitchedModel, anchors: torch.Tensor
 
 
 def gauss_newton_key(key: TransportKey, stitched: StitchedModel, anchors: torch.Tensor, task_labels=None, *,
-                     iterations: int = 2, damping: float = 0.1, max_tries: int = 6) -> TransportKey:
+                     iterations: int = 2, damping: float = 0.1, max_tries: int = 6,
+                     chunk_size: int = 256) -> TransportKey:
     """Refine ``key`` in place without labels by Levenberg–Marquardt on the objective of
     :func:`refine_key`, ``Σ_i ‖z_late(x_i) − z_stitched(x_i)‖²`` over the anchors.
 
@@ -68,7 +69,16 @@ def gauss_newton_key(key: TransportKey, stitched: StitchedModel, anchors: torch.
     damping (up to ``max_tries``); an accepted one divides it by 3. Cost per iteration: one
     forward and ``K`` vectorised backward passes of the late layers on the anchors (``vmap``
     of one ``vjp``), plus the per-(anchor, logit) key gradients (``vmap`` of ``grad``): about
-    ``K + 1`` Adam steps of :func:`refine_key`, for what takes it tens of steps.
+    ``K + 1`` Adam steps of :func:`refine_key`, for what takes it tens of steps; and the Gram
+    matrix, ``min(N·K, P)² · max(N·K, P)`` multiply-adds.
+
+    Memory: the rows of ``J`` are computed ``chunk_size`` at a time (anchors in chunks of
+    ``chunk_size``, logits in chunks of ``chunk_size // anchors``). In the primal form
+    (``P ≤ N·K``) ``JᵀJ`` and ``Jᵀr`` are accumulated chunk by chunk and ``J`` is never held; in
+    the dual form (``N·K < P``) each row is kept as the smaller of its ``J`` row and its logit
+    gradient at the stage (float32), from which the row is recomputed. Peak: the Gram matrix,
+    ``8·min(N·K, P)²`` bytes, the dual form's kept rows, plus ``chunk_size`` rows; the result does
+    not depend on ``chunk_size`` (up to float64 rounding).
 
     Example:
         >>> torch.manual_seed(0) is not None
@@ -88,51 +98,77 @@ def gauss_newton_key(key: TransportKey, stitched: StitchedModel, anchors: torch.
     check_int("iterations", iterations, minimum=0)
     check_positive("damping", damping)
     check_int("max_tries", max_tries)
+    check_int("chunk_size", chunk_size)
     if key.family == "identity" or iterations == 0:
         return key
     target, u = _logit_targets(stitched, anchors, task_labels)
     names = [name for name, _ in key.named_parameters()]
+    n = anchors.shape[0]
 
     def key_at(params, inputs):
         return torch.func.functional_call(key, dict(zip(names, params)), (inputs,))
 
-    def logits_of(params):
-        return stitched.forward_from_stage(key_at(params, u), anchors, task_labels)
+    def late(h, a):
+        return stitched.forward_from_stage(h, anchors[a], _labels_of(task_labels, a, n))
+
+    def objective(params):  # Σ ‖z_late − z(θ)‖² over the anchors, chunk by chunk
+        with torch.no_grad():
+            return sum(float(((target[a] - late(key_at(params, u[a]), a)) ** 2).sum())
+                       for a in iterate_batches(n, chunk_size))
 
     def row_gradient(params, u_i, g_ik):  # ∇_θ ⟨g_ik, key_θ(u_i)⟩: one row of J
         return torch.func.grad(lambda p: (key_at(p, u_i[None]) * g_ik).sum())(params)
 
-    params = tuple(p.detach() for p in key.parameters())
-    lam_scale = damping
-    with torch.no_grad(), eval_mode(stitched.late_model):
-        loss = float(((target - logits_of(params)) ** 2).sum())
-    with eval_mode(stitched.late_model):
-        for _ in range(iterations):
-            z, pullback = torch.func.vjp(lambda h: stitched.forward_from_stage(h, anchors, task_labels),
-                                         key_at(params, u))
+    rows_of = torch.func.vmap(torch.func.vmap(row_gradient, in_dims=(None, None, 0)), in_dims=(None, 0, 1))
+
+    def jacobian_rows(params, a, dz_dh):  # (anchors · logits) × P rows of J, anchor-major, float64
+        rows = rows_of(params, u[a], dz_dh)
+        return torch.cat([r.detach().flatten(2) for r in rows], 2).flatten(0, 1).double()
+
+    def logit_gradients(params):
+        """``(anchors, dz/dh (logits, anchors, *h), residual (anchors · logits))`` chunk by chunk."""
+        for a in iterate_batches(n, chunk_size):
+            z, pullback = torch.func.vjp(lambda h, a=a: late(h, a), key_at(params, u[a]))
             n_logits = z.shape[-1]
-            cotangents = torch.eye(n_logits, dtype=z.dtype, device=z.device)[:, None, :].expand(n_logits, *z.shape)
-            (dz_dh,) = torch.func.vmap(pullback)(cotangents)            # (K, N, *h.shape[1:])
-            rows = torch.func.vmap(torch.func.vmap(row_gradient, in_dims=(None, None, 0)),
-                                   in_dims=(None, 0, 1))(params, u, dz_dh)
-            jac = torch.cat([r.detach().flatten(2) for r in rows], 2).flatten(0, 1).double()
-            res = (target - z.detach()).flatten().double()
-            dual = jac.shape[0] < jac.shape[1]
-            gram = jac @ jac.T if dual else jac.T @ jac
-            eye = torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
-            base = float(gram.diagonal().mean())
+            eye = torch.eye(n_logits, dtype=z.dtype, device=z.device)
+            for c in iterate_batches(n_logits, max(1, chunk_size // (a.stop - a.start))):
+                cotangents = eye[c][:, None, :].expand(c.stop - c.start, *z.shape)
+                (dz_dh,) = torch.func.vmap(pullback)(cotangents)        # (|c|, anchors, *h.shape[1:])
+                yield a, dz_dh.detach(), (target[a] - z.detach())[:, c].flatten().double()
+
+    params = tuple(p.detach() for p in key.parameters())
+    sizes = [p.numel() for p in params]
+    n_params = sum(sizes)
+    dual = n * target.shape[-1] < n_params  # solve the smaller Gram matrix
+    lam_scale = damping
+    with eval_mode(stitched.late_model):
+        loss = objective(params)
+        for _ in range(iterations):
+            if dual:
+                rows = _KeptRows()
+                for a, dz_dh, r in logit_gradients(params):
+                    rows.add(params, a, dz_dh, r, jacobian_rows, keep_rows=n_params <= dz_dh[0, 0].numel())
+                gram, res = rows.gram(n_params), rows.residual()
+            else:
+                gram = torch.zeros(n_params, n_params, dtype=torch.float64, device=target.device)
+                rhs = torch.zeros(n_params, dtype=torch.float64, device=target.device)
+                for a, dz_dh, r in logit_gradients(params):
+                    jac = jacobian_rows(params, a, dz_dh)
+                    gram += jac.T @ jac
+                    rhs += jac.T @ r
+            diagonal = gram.diagonal().clone()
+            base = float(diagonal.mean())
             if base == 0:
                 break  # the logits do not depend on the key here: nothing to fit
-            sizes = [p.numel() for p in params]
             for _ in range(max_tries):
                 lam = lam_scale * base
+                gram.diagonal().copy_(diagonal + lam)  # G + λI in place: no second Gram-sized matrix
                 if dual:
-                    step = jac.T @ torch.linalg.solve(gram + lam * eye, res)
+                    step = rows.transpose_times(torch.linalg.solve(gram, res))
                 else:
-                    step = torch.linalg.solve(gram + lam * eye, jac.T @ res)
+                    step = torch.linalg.solve(gram, rhs)
                 trial = tuple(p + d.view_as(p).to(p.dtype) for p, d in zip(params, step.split(sizes)))
-                with torch.no_grad():
-                    trial_loss = float(((target - logits_of(trial)) ** 2).sum())
+                trial_loss = objective(trial)
                 if trial_loss < loss:
                     params, loss, lam_scale = trial, trial_loss, lam_scale / 3
                     break
@@ -144,6 +180,72 @@ def gauss_newton_key(key: TransportKey, stitched: StitchedModel, anchors: torch.
             p.copy_(value)
     return key
 
+
+class _KeptRows:
+    """The dual form's Jacobian, chunk by chunk: each chunk keeps the smaller of its rows of ``J``
+    (float32) and its logit gradients at the stage (recomputed into rows when needed)."""
+
+    block_bytes = 1 << 27  # float64 rows per Gram block: recomputed rows are made in fewer, larger blocks
+
+    def __init__(self):
+        self.chunks, self.residuals, self.offsets = [], [], [0]
+
+    def add(self, params, anchors: slice, dz_dh, residual, jacobian_rows, *, keep_rows: bool) -> None:
+        value = jacobian_rows(params, anchors, dz_dh).float() if keep_rows else dz_dh
+        self.chunks.append((params, anchors, value, keep_rows, jacobian_rows))
+        self.residuals.append(residual)
+        self.offsets.append(self.offsets[-1] + residual.numel())
+
+    def rows(self, i: int) -> torch.Tensor:
+        params, anchors, value, is_rows, jacobian_rows = self.chunks[i]
+        return value.double() if is_rows else jacobian_rows(params, anchors, value)
+
+    def residual(self) -> torch.Tensor:
+        return torch.cat(self.residuals)
+
+    def _blocks(self, n_params: int) -> list[list[int]]:
+        """Consecutive chunks grouped into blocks of about ``block_bytes`` float64 rows."""
+        limit = max(1, self.block_bytes // (8 * n_params))
+        blocks, rows = [[]], 0
+        for i in range(len(self.chunks)):
+            size = self.offsets[i + 1] - self.offsets[i]
+            if blocks[-1] and rows + size > limit:
+                blocks.append([])
+                rows = 0
+            blocks[-1].append(i)
+            rows += size
+        return blocks
+
+    def _block_rows(self, chunks: list[int]) -> torch.Tensor:
+        return self.rows(chunks[0]) if len(chunks) == 1 else torch.cat([self.rows(c) for c in chunks])
+
+    def gram(self, n_params: int) -> torch.Tensor:
+        """``JJᵀ`` in float64, block by block."""
+        o = self.offsets
+        gram = torch.empty(o[-1], o[-1], dtype=torch.float64, device=self.residuals[0].device)
+        blocks = self._blocks(n_params)
+        for i, left_chunks in enumerate(blocks):
+            left = self._block_rows(left_chunks)
+            li = slice(o[left_chunks[0]], o[left_chunks[-1] + 1])
+            for right_chunks in blocks[:i + 1]:
+                right = left if right_chunks is left_chunks else self._block_rows(right_chunks)
+                ri = slice(o[right_chunks[0]], o[right_chunks[-1] + 1])
+                block = left @ right.T
+                gram[li, ri] = block
+                gram[ri, li] = block.T
+        return gram
+
+    def transpose_times(self, alpha: torch.Tensor) -> torch.Tensor:
+        """``Jᵀ α``."""
+        o = self.offsets
+        return sum(self.rows(i).T @ alpha[o[i]:o[i + 1]] for i in range(len(self.chunks)))
+
+
+def _labels_of(task_labels, rows: slice, n: int):
+    """The task labels of the anchors ``rows`` (per-anchor labels are sliced, one label is kept)."""
+    if isinstance(task_labels, torch.Tensor) and task_labels.dim() > 0 and task_labels.shape[0] == n:
+        return task_labels[rows]
+    return task_labels
 
 
 def optimize_key(key: TransportKey, loss_of_key, *, steps: int, lr: float) -> TransportKey:
