@@ -15,6 +15,7 @@ import io
 import pickle
 import re
 import struct
+import time
 from pathlib import Path
 
 import numpy as np
@@ -327,7 +328,7 @@ def _wandb_records(path: Path):
             pos += block - pos % block
             continue
         _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        if kind == 0:
+        if kind == 0 or pos + 7 + length > len(data):  # the end, or a tail still being written
             break
         pending += data[pos + 7:pos + 7 + length]
         pos += 7 + length
@@ -336,6 +337,17 @@ def _wandb_records(path: Path):
             record.ParseFromString(pending)
             pending = b""
             yield record
+
+
+def _finished_wandb_records(path: Path, timeout: float = 60.0) -> list:
+    """The records of a finished run. wandb-core may still be writing the file's tail (the last
+    history row, then the ``exit`` record) after ``wandb.finish()`` returns: wait for ``exit``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = list(_wandb_records(path))
+        if records and records[-1].WhichOneof("record_type") == "exit" or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
 
 
 @pytest.mark.slow
@@ -366,7 +378,7 @@ def test_wandb_logger_fixed_runs_offline_and_logs_values_and_images(tmp_path, mo
         wandb.finish()
 
     history = {}
-    for record in _wandb_records(next(run_dir.glob("run-*.wandb"))):
+    for record in _finished_wandb_records(next(run_dir.glob("run-*.wandb"))):
         if record.WhichOneof("record_type") == "history":
             step = {"/".join(item.nested_key) or item.key: json.loads(item.value_json)
                     for item in record.history.item}

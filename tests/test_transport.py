@@ -235,6 +235,7 @@ def test_gauss_newton_chunked_equals_unchunked(kind, family, form, monkeypatch):
     # two LM iterations with J's rows one at a time, a few at a time or all at once: the same key
     # (float64 sums in another order) in both forms and with either kind of kept rows; the dual
     # Gram matrix is built from blocks of about two rows
+    from avalanche_plugins.transport import refine
     from avalanche_plugins.transport.refine import _KeptRows
 
     checkpoint, updated, x, stage = _tiny_pair(kind)
@@ -246,17 +247,39 @@ def test_gauss_newton_chunked_equals_unchunked(kind, family, form, monkeypatch):
     assert form == ("primal" if n_params <= rows else "dual, J rows kept" if n_params <= h_size
                     else "dual, stage gradients kept")
     keys = []
-    for chunk_size in (1, 3, 1000):
+    for chunk_size, row_bytes in ((1, None), (3, None), (1000, None), (1000, 16 * n_params)):
+        monkeypatch.undo()
         if chunk_size == 1:
             monkeypatch.setattr(_KeptRows, "block_bytes", 16 * n_params)
-        else:
-            monkeypatch.undo()
+        if row_bytes is not None:  # long rows: two rows per pass whatever chunk_size says
+            monkeypatch.setattr(refine, "_ROW_BYTES", row_bytes)
         key = fit_transport_key(stage_activations(updated, stage, x), stage_activations(checkpoint, stage, x),
                                 family, ridge=1e-3)
         gauss_newton_key(key, stitch(updated, checkpoint, stage, key), x, iterations=2, chunk_size=chunk_size)
         keys.append(torch.cat([p.flatten() for p in key.parameters()]))
     for other in keys[1:]:
         torch.testing.assert_close(other, keys[0], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("family", ["channel", "cross_channel", "procrustes"])
+@pytest.mark.parametrize("shape", [(5, 4), (5, 3, 4), (5, 4, 3, 2)])
+def test_closed_form_key_rows_equal_autograd(family, shape):
+    # the rows ∇_θ ⟨g, key_θ(u)⟩ that Gauss–Newton builds in closed form, against autograd per row
+    from avalanche_plugins.transport.refine import _linear_key_rows
+
+    torch.manual_seed(0)
+    u = torch.randn(*shape, dtype=torch.float64)
+    key = fit_transport_key(u, u + 0.1 * torch.randn_like(u), family).double()
+    names = [n for n, _ in key.named_parameters()]
+    g = torch.randn(3, *key(u).shape, dtype=torch.float64)  # (logits, anchors, *h)
+    rows = _linear_key_rows(key, names, u, g)
+    for n in range(shape[0]):
+        for k in range(3):
+            params = tuple(p.detach().requires_grad_(True) for p in key.parameters())
+            out = torch.func.functional_call(key, dict(zip(names, params)), (u[n:n + 1],))
+            expected = torch.autograd.grad((out * g[k, n:n + 1]).sum(), params)
+            for got, want in zip(rows, expected):
+                torch.testing.assert_close(got[n, k], want.flatten(), rtol=1e-12, atol=1e-12)
 
 
 def test_gauss_newton_solves_a_linear_late_part_in_one_step():
