@@ -94,3 +94,13 @@ def test_tiniest_run_writes_table_csv_plot_and_report(tmp_path):
     assert (tmp_path / "scale.png").exists()
     assert scale.main(["--report", str(tmp_path / "results.json")])["report"] + "\n" == \
         (tmp_path / "report.md").read_text()
+
+
+def test_ads_measurement_uses_the_metric_defaults():
+    # the targets table times "ADS at the metric's defaults": keep the two in step
+    import inspect
+
+    from avalanche_plugins import ArchitectureDrivenShiftMetric
+
+    default = inspect.signature(ArchitectureDrivenShiftMetric).parameters["calibration_size"].default
+    assert Config().ads_samples == default

@@ -226,16 +226,21 @@ def test_layer_adaptive_ewc_per_sample_fisher_on_a_multi_head_model(fisher):
     from tests.fixtures import build_model, digits_stream, evaluator
 
     stream = digits_stream(5, task_incremental=True)
-    torch.manual_seed(0)
-    model = build_model("mlp", multihead=True)
-    plugin = LayerAdaptiveEWCPlugin(ewc_lambda=10.0, schedule="geometric", fisher=fisher, fisher_samples=32)
-    strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
-                     criterion=nn.CrossEntropyLoss(), train_mb_size=32, train_epochs=1,
-                     plugins=[plugin], evaluator=evaluator())
-    for experience in stream.benchmark.train_stream[:3]:
-        strategy.train(experience, num_workers=0)
-    assert len(plugin.profiles) == 3
-    assert float(plugin.penalty(model)) > 0
+    penalties = []
+    for chunk_size in (16, 5):  # the memory knob does not change the importances
+        torch.manual_seed(0)
+        model = build_model("mlp", multihead=True)
+        plugin = LayerAdaptiveEWCPlugin(ewc_lambda=10.0, schedule="geometric", fisher=fisher, fisher_samples=32,
+                                        fisher_chunk_size=chunk_size)
+        strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                         criterion=nn.CrossEntropyLoss(), train_mb_size=32, train_epochs=1,
+                         plugins=[plugin], evaluator=evaluator())
+        for experience in stream.benchmark.train_stream[:3]:
+            strategy.train(experience, num_workers=0)
+        assert len(plugin.profiles) == 3
+        penalties.append(float(plugin.penalty(model)))
+    assert penalties[0] > 0
+    assert penalties[1] == pytest.approx(penalties[0], rel=1e-5)
 
 
 def test_per_sample_fisher_with_mixed_task_labels_matches_each_task_alone():
@@ -412,6 +417,8 @@ def test_recurrent_layers_are_refused_up_front_where_torch_func_cannot_run_them(
 @pytest.mark.parametrize("name, base, bad", [
     ("LayerAdaptiveEWCPlugin", {"ewc_lambda": 1.0}, {"spectrum_chunk_size": 0}),
     ("LayerAdaptiveEWCPlugin", {"ewc_lambda": 1.0}, {"spectrum_max_iter": 0}),
+    ("LayerAdaptiveEWCPlugin", {"ewc_lambda": 1.0}, {"fisher_chunk_size": 0}),
+    ("ArchitectureDrivenShiftMetric", {}, {"calibration_size": 0}),
     ("LayerAdaptiveEWCPlugin", {"ewc_lambda": 1.0}, {"spectrum_tol": -1.0}),
     ("LayerAdaptiveEWCPlugin", {"ewc_lambda": 1.0}, {"seed": -1}),
     ("LayerAdaptiveEWCPlugin", {"ewc_lambda": 1.0}, {"seed": "0"}),

@@ -98,6 +98,9 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         ``fisher``, 32 for ``hessian``).
     :param spectrum_max_iter, spectrum_tol: power-iteration budget and tolerance (``hessian``).
     :param fisher_samples: cap on samples for the per-sample Fisher estimators (None: all).
+    :param fisher_chunk_size: samples per vectorised pass of the per-sample Fisher estimators
+        (memory knob; the result does not depend on it; ``expected`` holds ``chunk_size × classes``
+        gradients at once).
     :param log_profile: measure ``s_ℓ`` after every experience even for schedules that do not need
         it, and publish it (per-layer dict, κ, α̂, bar chart) through the strategy's evaluator.
     :param seed: seeds sample selection and power-iteration start vectors.
@@ -112,6 +115,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
                  curvature: str = "fisher", spectrum_samples: int | None = None,
                  spectrum_chunk_size: int | None = None,
                  spectrum_max_iter: int = 100, spectrum_tol: float = 1e-3, fisher_samples: int | None = None,
+                 fisher_chunk_size: int = 16,
                  log_profile: bool = False, seed: int = 0):
         super().__init__()
         check_positive("ewc_lambda", ewc_lambda, allow_zero=True)
@@ -138,6 +142,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
             check_int("fisher_samples", fisher_samples)
         if spectrum_chunk_size is not None:
             check_int("spectrum_chunk_size", spectrum_chunk_size)
+        check_int("fisher_chunk_size", fisher_chunk_size)
         check_int("seed", seed, minimum=0)
         self.ewc_lambda = float(ewc_lambda)
         self.schedule = schedule
@@ -151,6 +156,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         self.spectrum_max_iter = spectrum_max_iter
         self.spectrum_tol = spectrum_tol
         self.fisher_samples = fisher_samples
+        self.fisher_chunk_size = fisher_chunk_size
         self.log_profile = log_profile
         self.seed = seed
         self.profiles: list[EWCProfile] = []
@@ -240,8 +246,8 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         # Per-sample estimators read the same (train-transform) data as Avalanche's EWC.
         x, y, t = experience_tensors(strategy, n_samples=self.fisher_samples, seed=self.seed, eval_transforms=False)
         if self.fisher == "empirical":
-            return empirical_fisher(model, criterion, x, y, task_labels=t)
-        return expected_fisher(model, x, task_labels=t)
+            return empirical_fisher(model, criterion, x, y, task_labels=t, chunk_size=self.fisher_chunk_size)
+        return expected_fisher(model, x, task_labels=t, chunk_size=self.fisher_chunk_size)
 
     @torch.no_grad()
     def _fold(self, model, importances: dict, weight_of: dict) -> None:

@@ -15,7 +15,7 @@ full runs only), ``curvature_fisher`` / ``curvature_hessian`` (``layer_curvature
 Hessian only on models up to 3 M parameters, 32 samples, 10 iterations), ``fisher_expected`` /
 ``fisher_empirical`` (``fisher_diagonal``, 32 samples), ``readiness_sampled`` /
 ``readiness_per_sample`` (``optimization_readiness`` defaults, 256 samples), ``ads``
-(``architecture_driven_shift`` as the metric's defaults call it: 256 old + 256 new, logit path),
+(``architecture_driven_shift`` as the metric's defaults call it: 64 old + 64 new, logit path),
 ``key_channel`` / ``key_cross_channel`` (closed-form ``fit_transport_key`` at the middle stage,
 100 anchors), ``gauss_newton_key`` (100 anchors, 2 iterations), ``unit_masks`` (``UnitMasks``
 construction), ``masked_epoch`` (50 % units masked vs the dense epoch), ``ewc_penalty``

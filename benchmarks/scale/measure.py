@@ -48,7 +48,7 @@ class Config:
     hessian_max_params: int = 3_000_000
     fisher_samples: int = 32  # expected Fisher costs classes × samples backward passes
     readiness_samples: int = 256
-    ads_samples: int = 256
+    ads_samples: int = 64  # ArchitectureDrivenShiftMetric's default calibration_size (a test checks)
     anchors: int = 100
     gn_anchors: int = 100
     gn_iterations: int = 2
