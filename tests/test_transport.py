@@ -228,6 +228,42 @@ def test_gauss_newton_step_matches_a_dense_jacobian_computation(kind, family, ch
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)  # ... and is the dense one
 
 
+@pytest.mark.parametrize("kind", ["flat", "conv", "conv3", "strided"])
+@pytest.mark.parametrize("family", ["channel", "cross_channel", "procrustes"])
+@pytest.mark.parametrize("chunk_size", [1, 256])
+def test_gauss_newton_conjugate_gradient_step_matches_the_dense_solve(kind, family, chunk_size, monkeypatch):
+    """The matrix-free solver (CG on the damped system, ``J v`` and ``Jᵀ w`` from the kept logit
+    gradients or rows) gives the dense step in both forms; ``auto`` takes it above its cost bound."""
+    from avalanche_plugins.transport import refine
+
+    checkpoint, updated, x, stage = _tiny_pair(kind)
+    keys = []
+    for solver in ("cg", "auto"):
+        monkeypatch.setattr(refine, "_DIRECT_MULTIPLY_ADDS", 0.0)  # auto: CG for any size
+        key = fit_transport_key(stage_activations(updated, stage, x), stage_activations(checkpoint, stage, x),
+                                family, ridge=1e-3)
+        stitched = stitch(updated, checkpoint, stage, key)
+        expected = _dense_gauss_newton_step(key, stitched, x, damping=0.1)
+        gauss_newton_key(key, stitched, x, iterations=1, damping=0.1, max_tries=1, chunk_size=chunk_size,
+                         solver=solver, cg_tol=1e-12, cg_max_iter=10_000)
+        keys.append(torch.cat([p.flatten() for p in key.parameters()]).double())
+        torch.testing.assert_close(keys[-1], expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(keys[1], keys[0])
+
+
+def test_gauss_newton_conjugate_gradient_stops_at_its_iteration_cap():
+    # one CG iteration is a preconditioned steepest-descent step: a different, still accepted, key
+    checkpoint, updated, x, stage = _tiny_pair("conv3")
+    keys = []
+    for max_iter in (1, 10_000):
+        key = fit_transport_key(stage_activations(updated, stage, x), stage_activations(checkpoint, stage, x),
+                                "cross_channel", ridge=1e-3)
+        gauss_newton_key(key, stitch(updated, checkpoint, stage, key), x, iterations=1, solver="cg",
+                         cg_tol=1e-12, cg_max_iter=max_iter)
+        keys.append(torch.cat([p.flatten() for p in key.parameters()]))
+    assert not torch.allclose(keys[0], keys[1], rtol=1e-3, atol=1e-5)
+
+
 @pytest.mark.parametrize(("kind", "family", "form"), [
     ("conv", "channel", "primal"), ("conv3", "cross_channel", "dual, J rows kept"),
     ("strided", "cross_channel", "dual, stage gradients kept")])

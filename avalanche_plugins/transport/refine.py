@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from avalanche_plugins.core.calls import eval_mode, iterate_batches, model_forward
-from avalanche_plugins.core.checks import check_int, check_positive
+from avalanche_plugins.core.checks import check_choice, check_int, check_positive
 from avalanche_plugins.transport.keys import TransportKey
 from avalanche_plugins.transport.stitch import StitchedModel, stage_activations
 
@@ -54,7 +54,8 @@ def refine_key(key: TransportKey, stitched: StitchedModel, anchors: torch.Tensor
 
 def gauss_newton_key(key: TransportKey, stitched: StitchedModel, anchors: torch.Tensor, task_labels=None, *,
                      iterations: int = 2, damping: float = 0.1, max_tries: int = 6,
-                     chunk_size: int = 256) -> TransportKey:
+                     chunk_size: int = 256, solver: str = "auto", cg_tol: float = 1e-6,
+                     cg_max_iter: int = 500) -> TransportKey:
     """Refine ``key`` in place without labels by Levenberg–Marquardt on the objective of
     :func:`refine_key`, ``Σ_i ‖z_late(x_i) − z_stitched(x_i)‖²`` over the anchors.
 
@@ -73,6 +74,15 @@ def gauss_newton_key(key: TransportKey, stitched: StitchedModel, anchors: torch.
     it tens of steps; and the Gram matrix, ``min(N·K, P)² · max(N·K, P)`` multiply-adds (a
     cross-channel key at a 256-channel stage, 100 anchors × 100 classes: 6.6·10¹² per iteration,
     minutes on one CPU thread).
+
+    Solvers: ``"direct"`` forms the Gram matrix and solves it (Cholesky-class cost above);
+    ``"cg"`` never forms it: Jacobi-preconditioned conjugate gradients on the same damped system
+    in the same (smaller) space, stopped at relative residual ``cg_tol`` or ``cg_max_iter``
+    iterations, with matrix-free products ``J v`` (the key applied with parameters ``v``, dotted
+    with the kept logit gradients) and ``Jᵀ w`` (one ``vjp`` of the key): ``2·(N·K·|h| + cost of the
+    key on the anchors)`` per iteration. ``"auto"`` (default) takes ``"cg"`` when the Gram matrix
+    would cost over 10¹¹ multiply-adds (the 100 anchors × 100 classes × 256-channel case: seconds
+    instead of minutes), else ``"direct"``. The LM acceptance test applies to either.
 
     Memory: the rows of ``J`` are computed ``chunk_size`` at a time (anchors in chunks of
     ``chunk_size``, logits in chunks of ``chunk_size // anchors``; fewer rows when 128 MB of
@@ -102,6 +112,9 @@ def gauss_newton_key(key: TransportKey, stitched: StitchedModel, anchors: torch.
     check_positive("damping", damping)
     check_int("max_tries", max_tries)
     check_int("chunk_size", chunk_size)
+    check_choice("solver", solver, GN_SOLVERS)
+    check_positive("cg_tol", cg_tol)
+    check_int("cg_max_iter", cg_max_iter)
     if key.family == "identity" or iterations == 0:
         return key
     target, u = _logit_targets(stitched, anchors, task_labels)
@@ -136,35 +149,66 @@ def gauss_newton_key(key: TransportKey, stitched: StitchedModel, anchors: torch.
     params = tuple(p.detach() for p in key.parameters())
     sizes = [p.numel() for p in params]
     n_params = sum(sizes)
-    dual = n * target.shape[-1] < n_params  # solve the smaller Gram matrix
+    n_rows = n * target.shape[-1]
+    dual = n_rows < n_params  # solve the smaller Gram matrix
+    if solver == "auto":
+        solver = "cg" if min(n_rows, n_params) ** 2 * max(n_rows, n_params) > _DIRECT_MULTIPLY_ADDS else "direct"
     rows_per_pass = max(1, min(chunk_size, _ROW_BYTES // (8 * n_params)))  # long rows: fewer per pass
     lam_scale = damping
+
+    def key_products(a):  # J v and Jᵀ w of one chunk's rows from its logit gradients (float64)
+        u64 = u[a].double()
+
+        def times(dz_dh, v):  # v: the flat parameter direction, split per parameter
+            shaped = tuple(part.view(p.shape) for part, p in zip(v, params))
+            return torch.einsum("kn...,n...->nk", dz_dh.double(), key_at(shaped, u64)).flatten()
+
+        def transpose_times(dz_dh, w):
+            cotangent = torch.einsum("nk,kn...->n...", w.view(-1, dz_dh.shape[0]), dz_dh.double())
+            zero = tuple(torch.zeros_like(p, dtype=torch.float64) for p in params)
+            grads = torch.func.vjp(lambda q: key_at(q, u64), zero)[1](cotangent)[0]
+            return torch.cat([g.flatten() for g in grads])
+
+        return times, transpose_times
+
+    def damped_system(params):
+        """``(diag G, solve)`` of this iteration's linearisation: ``solve(λ)`` gives the step ``δ``."""
+        if solver == "cg":
+            rows = _KeptRows()
+            for a, dz_dh, r in logit_gradients(params):
+                rows.add(a, dz_dh, r, jacobian_rows, keep_rows=n_params <= dz_dh[0, 0].numel(),
+                         products=key_products(a))
+            return rows.cg_system(sizes, dual=dual, tol=cg_tol, max_iter=cg_max_iter)
+        if dual:
+            rows = _KeptRows()
+            for a, dz_dh, r in logit_gradients(params):
+                rows.add(a, dz_dh, r, jacobian_rows, keep_rows=n_params <= dz_dh[0, 0].numel())
+            gram, rhs = rows.gram(n_params), rows.residual()
+        else:
+            gram = torch.zeros(n_params, n_params, dtype=torch.float64, device=target.device)
+            rhs = torch.zeros(n_params, dtype=torch.float64, device=target.device)
+            for a, dz_dh, r in logit_gradients(params):
+                jac = jacobian_rows(a, dz_dh)
+                gram += jac.T @ jac
+                rhs += jac.T @ r
+        diagonal = gram.diagonal().clone()
+
+        def solve(lam):
+            gram.diagonal().copy_(diagonal + lam)  # G + λI in place: no second Gram-sized matrix
+            solution = torch.linalg.solve(gram, rhs)
+            return rows.transpose_times(solution) if dual else solution
+
+        return diagonal, solve
+
     with eval_mode(stitched.late_model):
         loss = objective(params)
         for _ in range(iterations):
-            if dual:
-                rows = _KeptRows()
-                for a, dz_dh, r in logit_gradients(params):
-                    rows.add(a, dz_dh, r, jacobian_rows, keep_rows=n_params <= dz_dh[0, 0].numel())
-                gram, res = rows.gram(n_params), rows.residual()
-            else:
-                gram = torch.zeros(n_params, n_params, dtype=torch.float64, device=target.device)
-                rhs = torch.zeros(n_params, dtype=torch.float64, device=target.device)
-                for a, dz_dh, r in logit_gradients(params):
-                    jac = jacobian_rows(a, dz_dh)
-                    gram += jac.T @ jac
-                    rhs += jac.T @ r
-            diagonal = gram.diagonal().clone()
+            diagonal, solve = damped_system(params)
             base = float(diagonal.mean())
             if base == 0:
                 break  # the logits do not depend on the key here: nothing to fit
             for _ in range(max_tries):
-                lam = lam_scale * base
-                gram.diagonal().copy_(diagonal + lam)  # G + λI in place: no second Gram-sized matrix
-                if dual:
-                    step = rows.transpose_times(torch.linalg.solve(gram, res))
-                else:
-                    step = torch.linalg.solve(gram, rhs)
+                step = solve(lam_scale * base)
                 trial = tuple(p + d.view_as(p).to(p.dtype) for p, d in zip(params, step.split(sizes)))
                 trial_loss = objective(trial)
                 if trial_loss < loss:
@@ -180,6 +224,8 @@ def gauss_newton_key(key: TransportKey, stitched: StitchedModel, anchors: torch.
 
 
 _ROW_BYTES = 1 << 27  # float64 rows of J held at once (per pass, per Gram block): 128 MB
+_DIRECT_MULTIPLY_ADDS = 1e11  # "auto": above this a Gram matrix costs more than CG (seconds on one thread)
+GN_SOLVERS = ("auto", "direct", "cg")
 
 
 class _KeptRows:
@@ -191,15 +237,48 @@ class _KeptRows:
     def __init__(self):
         self.chunks, self.residuals, self.offsets = [], [], [0]
 
-    def add(self, anchors: slice, dz_dh, residual, jacobian_rows, *, keep_rows: bool) -> None:
+    def add(self, anchors: slice, dz_dh, residual, jacobian_rows, *, keep_rows: bool, products=None) -> None:
         value = jacobian_rows(anchors, dz_dh).float() if keep_rows else dz_dh
-        self.chunks.append((anchors, value, keep_rows, jacobian_rows))
+        self.chunks.append((anchors, value, keep_rows, jacobian_rows, products))
         self.residuals.append(residual)
         self.offsets.append(self.offsets[-1] + residual.numel())
 
     def rows(self, i: int) -> torch.Tensor:
-        anchors, value, is_rows, jacobian_rows = self.chunks[i]
+        anchors, value, is_rows, jacobian_rows, _ = self.chunks[i]
         return value.double() if is_rows else jacobian_rows(anchors, value)
+
+    def gram_diagonal(self, n_params: int, *, dual: bool) -> torch.Tensor:
+        """``diag(JJᵀ)`` (squared row norms, ``dual``) or ``diag(JᵀJ)`` (squared column norms),
+        from the rows made chunk by chunk."""
+        if dual:
+            return torch.cat([self.rows(i).pow(2).sum(1) for i in range(len(self.chunks))])
+        return sum(self.rows(i).pow(2).sum(0) for i in range(len(self.chunks)))
+
+    def cg_system(self, sizes: list[int], *, dual: bool, tol: float, max_iter: int):
+        """``(diag G, solve)``; ``solve(λ)``: the step ``δ`` of the damped system by :func:`_conjugate_gradient`, in the
+        dual (``(JJᵀ + λI) α = r``, ``δ = Jᵀα``) or primal (``(JᵀJ + λI) δ = Jᵀr``) space, never
+        forming the Gram matrix."""
+        res = self.residual()
+        diagonal = self.gram_diagonal(sum(sizes), dual=dual)
+        rhs = res if dual else self.transpose_times(res)
+
+        def solve(lam):
+            if dual:
+                alpha = _conjugate_gradient(lambda v: self.times(self.transpose_times(v), sizes) + lam * v,
+                                            rhs, diagonal + lam, tol=tol, max_iter=max_iter)
+                return self.transpose_times(alpha)
+            return _conjugate_gradient(lambda v: self.transpose_times(self.times(v, sizes)) + lam * v,
+                                       rhs, diagonal + lam, tol=tol, max_iter=max_iter)
+
+        return diagonal, solve
+
+    def times(self, v: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        """``J v`` (matrix-free where the chunk keeps logit gradients)."""
+        parts = v.split(sizes)
+        out = []
+        for _, value, is_rows, _, products in self.chunks:
+            out.append(value.double() @ v if is_rows else products[0](value, parts))
+        return torch.cat(out)
 
     def residual(self) -> torch.Tensor:
         return torch.cat(self.residuals)
@@ -237,9 +316,44 @@ class _KeptRows:
         return gram
 
     def transpose_times(self, alpha: torch.Tensor) -> torch.Tensor:
-        """``Jᵀ α``."""
+        """``Jᵀ α`` (matrix-free where the chunk keeps logit gradients and knows its products)."""
         o = self.offsets
-        return sum(self.rows(i).T @ alpha[o[i]:o[i + 1]] for i in range(len(self.chunks)))
+        total = 0
+        for i, (_, value, is_rows, _, products) in enumerate(self.chunks):
+            part = alpha[o[i]:o[i + 1]]
+            if is_rows:
+                total = total + value.double().T @ part
+            elif products is not None:
+                total = total + products[1](value, part)
+            else:
+                total = total + self.rows(i).T @ part
+        return total
+
+
+def _conjugate_gradient(matvec, rhs: torch.Tensor, diagonal: torch.Tensor, *, tol: float, max_iter: int
+                        ) -> torch.Tensor:
+    """Solve ``A x = rhs`` for symmetric positive definite ``A`` (given by ``matvec``) by
+    conjugate gradients with the Jacobi preconditioner ``diagonal``; stops at
+    ``‖A x − rhs‖ ≤ tol · ‖rhs‖`` or after ``max_iter`` iterations."""
+    x = torch.zeros_like(rhs)
+    scale = float(rhs.norm())
+    if scale == 0:
+        return x
+    residual = rhs.clone()
+    z = residual / diagonal
+    direction = z.clone()
+    rz = residual @ z
+    for _ in range(max_iter):
+        a_dir = matvec(direction)
+        step = rz / (direction @ a_dir)
+        x += step * direction
+        residual -= step * a_dir
+        if float(residual.norm()) <= tol * scale:
+            break
+        z = residual / diagonal
+        rz, previous = residual @ z, rz
+        direction = z + (rz / previous) * direction
+    return x
 
 
 def _linear_key_rows(key: TransportKey, names: list[str], u: torch.Tensor, dz_dh: torch.Tensor) -> list[torch.Tensor]:

@@ -77,7 +77,8 @@ PROCESS_OVERHEAD_S = 2.0
 
 
 def config_for(args) -> Config:
-    cfg = Config(quick=args.quick, threads=args.threads)
+    cfg = Config(quick=args.quick, threads=args.threads,
+                 hessian_max_params=int(getattr(args, "hessian_max_params", Config.hessian_max_params)))
     if args.quick:
         cfg = replace(cfg, ref_images=64, hessian_samples=8, hessian_max_iter=3, fisher_samples=8,
                       readiness_samples=64, ads_samples=32, anchors=50, gn_anchors=10, ewc_samples=16,
@@ -121,6 +122,10 @@ def _parser():
     parser.add_argument("--estimators", default=None, help="comma-separated subset of the estimators")
     parser.add_argument("--timeout", type=float, default=None,
                         help="most seconds one measurement may run (default 600; 30 with --quick)")
+    parser.add_argument("--hessian-max-params", type=float, default=3e6,
+                        help="run the exact Hessian (curvature_hessian) only on models with at most this many "
+                             "parameters (default 3e6; it takes hours on a ResNet-18 and is stopped at its "
+                             "timeout, which still records its peak memory)")
     parser.add_argument("--max-rss-gb", type=float, default=6.0,
                         help="memory cap per measurement process, GB (default 6): past it the measurement "
                              "is recorded as out_of_memory")
