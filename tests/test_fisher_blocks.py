@@ -155,3 +155,44 @@ def test_hessian_layer_chunks_give_the_same_spectrum():
     with pytest.warns(RuntimeWarning, match="did not reach"):
         chunked = layer_top_eigenvalues(model, CE, x, y, layer_chunk_size=1, chunk_size=8, tol=1e-12, max_iter=15)
     np.testing.assert_allclose(chunked.top, whole.top, rtol=1e-5)
+
+
+def _multi_head_model():
+    from avalanche.models.dynamic_modules import avalanche_model_adaptation
+
+    model = build_model("mlp", multihead=True, hidden=(8,))
+    for experience in digits_stream(5, task_incremental=True).benchmark.train_stream[:2]:
+        avalanche_model_adaptation(model, experience)  # heads for tasks 0 and 1
+    return model
+
+
+@pytest.mark.parametrize("case", ["mlp", "frozen_first_layer", "multi_head", "vit"])
+def test_linear_layers_gram_from_activations_equals_per_sample_gradients(case, monkeypatch):
+    """Sampled labels: Linear layers on (samples, features) inputs take their Gram from
+    activations and output gradients; it equals the per-sample-gradient path (itself checked
+    against dense loops above). Linear layers on tokens (ViT) fall back to per-sample gradients."""
+    from avalanche_plugins.layer_adaptive import fisher_blocks
+
+    torch.manual_seed(2)
+    t = None
+    if case == "multi_head":
+        model, x, t = _multi_head_model(), torch.randn(24, 1, 8, 8), torch.tensor([0, 1] * 12)
+    elif case == "vit":
+        model, x = build_model("vit"), torch.randn(24, 1, 8, 8)
+    else:
+        model, x = small_mlp(), torch.randn(24, 6)
+        if case == "frozen_first_layer":
+            model[0].requires_grad_(False)
+    y = torch.zeros(24, dtype=torch.long)
+    layers = discover_layers(model, x[:2] if t is None else x[:2])
+    fast = fisher_blocks._linear_layer_grams(model.eval(), x, y, fisher_blocks.task_groups(model, 24, t), layers, 5)
+    linear = [layer.name for layer in layers if isinstance(layer.module, nn.Linear)]
+    if case == "vit":  # only the head sees (samples, features); the token layers fall back
+        assert 0 < len(fast) < len(linear)
+    else:
+        assert sorted(fast) == sorted(linear)
+    spec = layer_fisher_eigenvalues(model, CE, x, y, task_labels=t, chunk_size=5, seed=1)
+    monkeypatch.setattr(fisher_blocks, "_linear_layer_grams", lambda *args: {})
+    reference = layer_fisher_eigenvalues(model, CE, x, y, task_labels=t, chunk_size=5, seed=1)
+    np.testing.assert_allclose(spec.top, reference.top, rtol=1e-5)
+    assert (spec.top > 0).all()

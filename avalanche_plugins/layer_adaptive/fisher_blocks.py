@@ -15,7 +15,10 @@ so with ``M_ℓ`` the ``N × P_ℓ`` matrix of per-sample gradients its non-zero
 the small Gram matrix ``K_ℓ = M_ℓ M_ℓᵀ / N`` (``N × N``): one symmetric eigendecomposition, no
 iteration and no convergence question. One ``vmap``-ed per-sample-gradient pass serves every
 layer at once; layers are grouped so that the stored gradients of a group fit in ``memory_mb``
-(more groups, more passes, bounded memory).
+(more groups, more passes, bounded memory). A ``Linear`` layer on ``(samples, features)`` inputs
+needs no per-sample gradients (with sampled labels): sample ``i``'s gradient is ``δ_i a_iᵀ``, so
+``K_ℓ = ((ΔΔᵀ) ⊙ (AAᵀ) + ΔΔᵀ) / N`` from its inputs ``A`` and output gradients ``Δ`` of ordinary
+batched backward passes.
 
 **Small-sample bias.** With ``P_ℓ ≫ N`` the per-sample gradients are nearly orthogonal and
 ``λ_max(K_ℓ)`` is dominated by the largest single ``‖g_i‖² / N`` — each sample's product with
@@ -129,7 +132,14 @@ def layer_fisher_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, ta
         if labels == "sampled":
             targets = _sample_labels(model, inputs, groups, chunk_size, seed)
         top = np.zeros(len(layer_map))
-        for layer_group in _layer_groups(layer_map, inputs.shape[0], memory_mb):
+        # Linear layers on (samples, features) inputs: the Gram from activations and output
+        # gradients of batched passes (sampled labels: the loss is a plain sum over samples)
+        grams = _linear_layer_grams(model, inputs, targets, groups, layer_map, chunk_size) if labels == "sampled" \
+            else {}
+        for name, gram in grams.items():
+            top[layer_map[name].index] = _top_eigenvalue(gram, debias=debias)
+        rest = [layer for layer in layer_map if layer.name not in grams]
+        for layer_group in _layer_groups(rest, inputs.shape[0], memory_mb):
             gradients = _per_sample_gradients(model, loss_fn, inputs, targets, groups, layer_group,
                                               chunk_size, sampled=labels == "sampled")
             for layer in layer_group:
@@ -154,8 +164,68 @@ def _sample_labels(model, inputs, groups, chunk_size, seed) -> torch.Tensor:
     return sampled.to(inputs.device)
 
 
-def _layer_groups(layer_map: LayerMap, n_samples: int, memory_mb: float) -> list[list]:
-    """Consecutive layers whose ``n_samples × P`` stored gradients (float32) fit in ``memory_mb``."""
+def _linear_layer_grams(model, inputs, targets, groups, layer_map, chunk_size) -> dict[str, torch.Tensor]:
+    """``{layer name: M Mᵀ}`` (``N × N``, float64) for every ``nn.Linear`` layer whose own parameters
+    are its weight (and bias) and whose input is ``(samples, features)``, without per-sample
+    gradients: sample ``i``'s weight gradient is ``δ_i a_iᵀ`` (input ``a_i``, output gradient ``δ_i``
+    of the summed cross-entropy of the sampled labels; the samples are independent in eval
+    mode), so ``⟨g_i, g_j⟩ = (δ_i·δ_j)(a_i·a_j) + δ_i·δ_j`` (the last term for the bias):
+    ``N²·(fan_in + fan_out)`` multiply-adds instead of ``N·fan_in·fan_out``. Other layers are
+    left out (per-sample gradients)."""
+    candidates = {layer.name: layer for layer in layer_map
+                  if isinstance(layer.module, nn.Linear)
+                  and set(layer.params) == {n for n in layer.params if n.rsplit(".", 1)[-1] in ("weight", "bias")}
+                  and len(layer.params) == len(list(layer.module.parameters()))}
+    if not candidates:
+        return {}
+    n = inputs.shape[0]
+    captured = {name: (torch.zeros(n, layer.module.in_features, dtype=torch.float64, device=inputs.device),
+                       torch.zeros(n, layer.module.out_features, dtype=torch.float64, device=inputs.device))
+                for name, layer in candidates.items()}
+    unsupported: set[str] = set()
+    outputs: dict[str, tuple] = {}
+
+    def capture(name):
+        def hook(module, args, output):
+            if args[0].dim() != 2 or not output.requires_grad:
+                unsupported.add(name)  # token / sequence inputs: positions mix in the Gram
+            else:
+                outputs[name] = (args[0].detach(), output)
+        return hook
+
+    handles = [layer.module.register_forward_hook(capture(name)) for name, layer in candidates.items()]
+    try:
+        for label, index in groups:
+            rows_of_group = torch.arange(n, device=inputs.device) if index is None else index
+            for s in iterate_batches(rows_of_group.shape[0], chunk_size):
+                rows = rows_of_group[s]
+                outputs.clear()
+                x = inputs[rows].detach().requires_grad_(inputs.is_floating_point())
+                with torch.enable_grad():
+                    logits = model_forward(model, x, label)
+                    loss = nn.functional.cross_entropy(logits, targets[rows], reduction="sum")
+                    check_finite_loss(loss, "while estimating the Fisher blocks")
+                    names = [k for k in outputs if k not in unsupported]
+                    deltas = torch.autograd.grad(loss, [outputs[k][1] for k in names], allow_unused=True)
+                for name, delta in zip(names, deltas):
+                    if delta is not None:
+                        captured[name][0][rows] = outputs[name][0].double()
+                        captured[name][1][rows] = delta.double()
+    finally:
+        for handle in handles:
+            handle.remove()
+    grams = {}
+    for name, (a, delta) in captured.items():
+        if name in unsupported:
+            continue
+        outer = delta @ delta.T
+        grams[name] = outer * (a @ a.T) + (outer if candidates[name].module.bias is not None else 0.0)
+    return grams
+
+
+def _layer_groups(layer_map, n_samples: int, memory_mb: float) -> list[list]:
+    """Consecutive layers (of a layer map or a list of its layers) whose ``n_samples × P`` stored
+    gradients (float32) fit in ``memory_mb``."""
     budget = memory_mb * 2**20
     groups, current, used = [], [], 0.0
     for layer in layer_map:
@@ -201,11 +271,21 @@ def _top_gram_eigenvalue(parts: list[torch.Tensor], *, debias: bool) -> float:
     n = parts[0].shape[0]
     if not debias and sum(p.shape[1] for p in parts) < n:
         m = torch.cat(parts, dim=1)
-        gram = (m.T @ m).double() / n
-    else:
-        gram = sum(p @ p.T for p in parts).double() / n
-    if not bool(torch.isfinite(gram).all()):
-        raise ValueError("a per-sample gradient is not finite while estimating the Fisher blocks")
+        return float(torch.linalg.eigvalsh(_finite((m.T @ m).double() / n))[-1].clamp_min(0.0))
+    return _top_eigenvalue(sum(p @ p.T for p in parts).double(), debias=debias)
+
+
+def _top_eigenvalue(products: torch.Tensor, *, debias: bool) -> float:
+    """``λ_max`` of ``K = products / N`` (``products = M Mᵀ``), hollow and rescaled by ``N/(N-1)``
+    with ``debias``."""
+    n = products.shape[0]
+    gram = _finite(products.double() / n)
     if debias:
         gram = (gram - torch.diag(torch.diagonal(gram))) * (n / (n - 1))
     return float(torch.linalg.eigvalsh(gram)[-1].clamp_min(0.0))
+
+
+def _finite(gram: torch.Tensor) -> torch.Tensor:
+    if not bool(torch.isfinite(gram).all()):
+        raise ValueError("a per-sample gradient is not finite while estimating the Fisher blocks")
+    return gram
