@@ -146,10 +146,12 @@ def layer_top_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targe
         tol: relative change of the Rayleigh quotient at which a layer stops.
         chunk_size: split the data into minibatches (HVP averaged, weighted by batch size; None:
             all samples at once).
-        layer_chunk_size: layers' tangents pushed through one ``vmap``-ed HVP at a time (None: all
-            at once). Memory grows with ``chunk_size × layer_chunk_size``, never with the number of
-            samples or layers.
-        seed: seeds the random start vectors.
+        layer_chunk_size: layers iterated together, their tangents pushed through one
+            ``vmap``-ed HVP (None: all at once). Memory grows with ``chunk_size × layer_chunk_size``
+            (activations) and ``layer_chunk_size × parameters`` (tangents), never with the number
+            of samples or layers.
+        seed: seeds the random start vectors (one CPU generator per layer: the result does not
+            depend on ``layer_chunk_size`` or the device, up to float summation order).
         layer_map: reuse a :func:`discover_layers` result.
 
     Raises:
@@ -223,12 +225,20 @@ def _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map, ma
         shift = shift.to(device)
         return {k: mask[k] * total[k] - shift.view(-1, *[1] * (total[k].dim() - 1)) * tangents[k] for k in total}
 
-    def run(layer_ids: torch.Tensor, shift: torch.Tensor, generator):
+    def start_vectors(layer_ids: torch.Tensor, phase: int) -> dict:
+        """Random unit vectors on each layer's own parameters, from a CPU generator per (seed,
+        layer, phase): the same on every device and whatever the layers' grouping."""
+        v = {name: torch.zeros((len(layer_ids), *primal[name].shape), dtype=primal[name].dtype, device=device)
+             for name in block_names}
+        for row, layer in enumerate(layer_ids.tolist()):
+            generator = torch.Generator().manual_seed((seed * 1_000_003 + layer) * 2 + phase)
+            for name in layer_map[layer].params:
+                v[name][row] = torch.randn(primal[name].shape, generator=generator, dtype=primal[name].dtype)
+        return v
+
+    def run(layer_ids: torch.Tensor, shift: torch.Tensor, phase: int):
         k = len(layer_ids)
-        mask = block_mask(layer_ids)
-        # start vectors from a CPU generator (the same on every device), then moved
-        v = {name: mask[name] * torch.randn((k, *primal[name].shape), generator=generator,
-                                             dtype=primal[name].dtype).to(device) for name in block_names}
+        v = start_vectors(layer_ids, phase)
         norm = _dot(v, v).sqrt()
         v = {name: t / norm.view(-1, *[1] * (t.dim() - 1)) for name, t in v.items()}
         estimate = torch.zeros(k, dtype=torch.float64)
@@ -264,18 +274,22 @@ def _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map, ma
                 break
         return estimate, iterations, change, residual
 
-    generator = torch.Generator().manual_seed(seed)
-    all_ids = torch.arange(n_layers)
-    dominant, iterations, change, residual = run(all_ids, torch.zeros(n_layers), generator)
-    top = dominant.clone()
-    negative = (dominant < 0).nonzero().flatten()
-    if len(negative):
-        mu = dominant[negative]
-        shifted, it2, ch2, res2 = run(all_ids[negative], mu.float(), generator)
-        top[negative] = shifted + mu
-        iterations[negative] += it2
-        change[negative] = ch2
-        residual[negative] = res2
+    # layers in groups of layer_chunk_size: the tangents (one model-sized vector per layer, a few
+    # copies per iteration) of one group are held at a time
+    dominant, top = torch.zeros(n_layers, dtype=torch.float64), torch.zeros(n_layers, dtype=torch.float64)
+    iterations = torch.zeros(n_layers, dtype=torch.long)
+    change, residual = torch.zeros(n_layers, dtype=torch.float64), torch.zeros(n_layers, dtype=torch.float64)
+    for group in torch.arange(n_layers).split(layer_chunk_size or n_layers):
+        dominant[group], iterations[group], change[group], residual[group] = run(group, torch.zeros(len(group)), 0)
+        top[group] = dominant[group]
+        negative = group[dominant[group] < 0]
+        if len(negative):
+            mu = dominant[negative]
+            shifted, it2, ch2, res2 = run(negative, mu.float(), 1)
+            top[negative] = shifted + mu
+            iterations[negative] += it2
+            change[negative] = ch2
+            residual[negative] = res2
 
     converged = [bool(c < tol and r <= math.sqrt(tol)) or abs(float(d)) < 1e-30
                  for c, r, d in zip(change, residual, dominant)]
