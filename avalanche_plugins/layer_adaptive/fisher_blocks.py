@@ -136,8 +136,8 @@ def layer_fisher_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, ta
         # gradients of batched passes (sampled labels: the loss is a plain sum over samples)
         grams = _linear_layer_grams(model, inputs, targets, groups, layer_map, chunk_size) if labels == "sampled" \
             else {}
-        for name, gram in grams.items():
-            top[layer_map[name].index] = _top_eigenvalue(gram, debias=debias)
+        for name, parts in grams.items():
+            top[layer_map[name].index] = _linear_top_eigenvalue(*parts, debias=debias)
         rest = [layer for layer in layer_map if layer.name not in grams]
         for layer_group in _layer_groups(rest, inputs.shape[0], memory_mb):
             gradients = _per_sample_gradients(model, loss_fn, inputs, targets, groups, layer_group,
@@ -164,8 +164,9 @@ def _sample_labels(model, inputs, groups, chunk_size, seed) -> torch.Tensor:
     return sampled.to(inputs.device)
 
 
-def _linear_layer_grams(model, inputs, targets, groups, layer_map, chunk_size) -> dict[str, torch.Tensor]:
-    """``{layer name: M Mᵀ}`` (``N × N``, float64) for every ``nn.Linear`` layer whose own parameters
+def _linear_layer_grams(model, inputs, targets, groups, layer_map, chunk_size) -> dict[str, tuple]:
+    """``{layer name: (inputs A, output gradients Δ, has bias)}`` (float64), from which
+    :func:`_linear_top_eigenvalue` gets ``M Mᵀ``, for every ``nn.Linear`` layer whose own parameters
     are its weight (and bias) and whose input is ``(samples, features)``, without per-sample
     gradients: sample ``i``'s weight gradient is ``δ_i a_iᵀ`` (input ``a_i``, output gradient ``δ_i``
     of the summed cross-entropy of the sampled labels; the samples are independent in eval
@@ -214,13 +215,20 @@ def _linear_layer_grams(model, inputs, targets, groups, layer_map, chunk_size) -
     finally:
         for handle in handles:
             handle.remove()
-    grams = {}
-    for name, (a, delta) in captured.items():
-        if name in unsupported:
-            continue
-        outer = delta @ delta.T
-        grams[name] = outer * (a @ a.T) + (outer if candidates[name].module.bias is not None else 0.0)
-    return grams
+    return {name: (a, delta, candidates[name].module.bias is not None)
+            for name, (a, delta) in captured.items() if name not in unsupported}
+
+
+def _linear_top_eigenvalue(a: torch.Tensor, delta: torch.Tensor, bias: bool, *, debias: bool) -> float:
+    """:func:`_top_gram_eigenvalue` of a Linear layer from its inputs ``a`` and output gradients
+    ``delta``: through the Gram ``(ΔΔᵀ) ⊙ (AAᵀ) (+ ΔΔᵀ)``, or, for a layer with fewer parameters
+    than samples, through its per-sample gradients ``δ_i ⊗ a_i`` formed explicitly."""
+    n, n_params = a.shape[0], delta.shape[1] * (a.shape[1] + int(bias))
+    if n_params < n:
+        parts = [torch.einsum("no,ni->noi", delta, a).flatten(1)] + ([delta] if bias else [])
+        return _top_gram_eigenvalue(parts, debias=debias)
+    outer = delta @ delta.T
+    return _top_eigenvalue(outer * (a @ a.T) + (outer if bias else 0.0), debias=debias)
 
 
 def _layer_groups(layer_map, n_samples: int, memory_mb: float) -> list[list]:
