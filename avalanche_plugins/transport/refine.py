@@ -176,6 +176,7 @@ def gauss_newton_key(key: TransportKey, stitched: StitchedModel, anchors: torch.
             for a, dz_dh, r in logit_gradients(params):
                 rows.add(a, dz_dh, r, jacobian_rows, keep_rows=n_params <= dz_dh[0, 0].numel())
             rows.key_times, rows.key_transpose_times = key_times, key_transpose_times
+            rows.merge_logit_gradients()
             return rows.cg_system(n_params, dual=dual, tol=cg_tol, max_iter=cg_max_iter)
         if dual:
             rows = _KeptRows()
@@ -234,6 +235,25 @@ class _KeptRows:
 
     def __init__(self):
         self.chunks, self.residuals, self.offsets = [], [], [0]
+        self.merged = None  # (anchors, logits, |h|): every chunk's logit gradients in one tensor
+
+    def merge_logit_gradients(self) -> None:
+        """When every chunk keeps the logit gradients of all logits for consecutive anchors, move
+        them into one (anchors, logits, |h|) tensor (chunk by chunk: one chunk's copy at a time),
+        so that ``J v`` and ``Jᵀ α`` are one batched product each instead of one per chunk."""
+        if not self.chunks or any(c[2] for c in self.chunks):
+            return
+        n_logits = {c[1].shape[1] for c in self.chunks}
+        starts = [c[0].start for c in self.chunks]
+        stops = [c[0].stop for c in self.chunks]
+        if len(n_logits) != 1 or starts != [0] + stops[:-1]:
+            return  # logits split across chunks (very large keys): products stay per chunk
+        first = self.chunks[0][1]
+        merged = torch.empty((stops[-1], *first.shape[1:]), dtype=first.dtype, device=first.device)
+        for i, (anchors, value, is_rows, jacobian_rows, shape) in enumerate(self.chunks):
+            merged[anchors] = value
+            self.chunks[i] = (anchors, merged[anchors], is_rows, jacobian_rows, shape)
+        self.merged = merged
 
     # matrix-free products through the key (set for the CG solver): ∂h/∂θ · v on every anchor, and
     # its transpose ∇_θ ⟨cotangent, h(θ)⟩
@@ -284,6 +304,9 @@ class _KeptRows:
         """``J v``: kept rows times ``v``; elsewhere the kept logit gradients dotted with the key's
         change ``∂h/∂θ · v`` (one pass of the key over every anchor)."""
         change = None if all(c[2] for c in self.chunks) else self.key_times(v)
+        if self.merged is not None:
+            dh = change.reshape(self.merged.shape[0], -1, 1).to(self.merged.dtype)
+            return torch.bmm(self.merged, dh).double().flatten()
         out = []
         for anchors, value, is_rows, _, _ in self.chunks:
             if is_rows:
@@ -332,6 +355,11 @@ class _KeptRows:
         """``Jᵀ α``: kept rows transposed times ``α``; elsewhere (with the key's products set) the
         logit gradients weighted by ``α`` summed into one cotangent at the stage, pulled back
         through the key once; else rows made chunk by chunk."""
+        if self.merged is not None and self.key_transpose_times is not None:
+            n, n_logits = self.merged.shape[:2]
+            weights = alpha.view(n, 1, n_logits).to(self.merged.dtype)
+            cotangent = torch.bmm(weights, self.merged).view(n, *self.chunks[0][4][2:]).double()
+            return self.key_transpose_times(cotangent)
         o = self.offsets
         total, cotangent = 0, None
         for i, (anchors, value, is_rows, _, shape) in enumerate(self.chunks):
