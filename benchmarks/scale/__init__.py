@@ -74,6 +74,7 @@ EXPECTED_EPOCHS = {"epoch": 0.0, "epoch_5000": 1.0, "curvature_fisher": 1.0, "cu
                    "readiness_per_sample": 0.1, "ads": 0.25, "key_channel": 0.05, "key_cross_channel": 0.05,
                    "gauss_newton_key": 0.25, "unit_masks": 0.1, "masked_epoch": 0.05, "ewc_penalty": 0.1}
 PROCESS_OVERHEAD_S = 2.0
+SYNTHETIC_DATA = {"name": "synthetic CIFAR-shaped tensors", "shape": [3, 32, 32], "classes": 100, "seeded": True}
 
 
 def config_for(args) -> Config:
@@ -234,7 +235,8 @@ def main(argv=None) -> dict:
                                                 "timeout_cap_s": cap, "max_rss_gb": args.max_rss_gb,
                                                 "start_method": args.start_method},
                         rows=rows, summary=slopes(rows), wall_seconds=time.perf_counter() - start,
-                        extra={"timeouts_s": {f"{m}/{e}": t for (m, e), t in timeouts.items()},
+                        extra={"data": SYNTHETIC_DATA,
+                               "timeouts_s": {f"{m}/{e}": t for (m, e), t in timeouts.items()},
                                "expected_minutes": expected / 60, "params": params,
                                "load_average": {"start": load_start, "end": _load_average()}})
     plot(rows, out / "scale.png")
