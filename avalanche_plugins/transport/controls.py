@@ -77,6 +77,7 @@ def correspondence_break(u: torch.Tensor, v: torch.Tensor, family: str = "channe
         if labels is None or labels.shape[0] != n:
             raise ValueError("mode='within_class' needs labels with one entry per anchor")
         perm = torch.arange(n)
+        labels = labels.cpu()  # the permutation is built on the CPU (seeded generator), then moved
         for c in labels.unique():
             idx = (labels == c).nonzero().flatten()
             perm[idx] = idx[torch.randperm(len(idx), generator=g)]
