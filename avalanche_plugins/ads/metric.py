@@ -67,9 +67,9 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
     """Logs ADS before each experience after the first, and the realised shift and ECE after it.
 
     :param calibration_size: samples kept per trained experience, samples of the old set and of
-        the incoming experience used by ADS (default 64: cost is one JVP per layer per sample, about
-        0.2 of a 5,000-image epoch on a CIFAR ResNet-18; the ADS zoo's rankings hold from 16 to 128,
-        docs/RESULTS.md).
+        the incoming experience used by ADS (default 64: cost is one JVP per layer per sample,
+        0.085 of a 5,000-image epoch on a CIFAR ResNet-18 by ``benchmarks.scale``; the ADS zoo's
+        rankings hold from 16 to 128, docs/RESULTS.md).
     :param lr, steps, optimizer: ADS's step size, step budget and ``"sgd"``/``"adam"``; None
         reads them from the strategy (module docstring).
     :param path: ``"logit"`` (default; ``P = min(lr·steps, L_new / mean_b ‖J(x_b) u‖)``, the

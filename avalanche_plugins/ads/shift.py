@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch import nn
-from torch.func import grad_and_value
 
 from avalanche_plugins.ads.layer_terms import (
     UNASSIGNED,
@@ -48,9 +47,8 @@ from avalanche_plugins.ads.layer_terms import (
     layer_logit_changes,
 )
 from avalanche_plugins.core.calls import (
-    batch_loss,
     eval_mode,
-    iterate_batches,
+    grouped_loss_and_grad,
     split_params,
     stateless_forward,
     task_groups,
@@ -175,28 +173,6 @@ def update_direction(model: nn.Module, loss_fn, new_inputs: torch.Tensor, new_ta
                        task_labels=task_labels, chunk_size=chunk_size)[:3]
 
 
-def _chunked_loss_and_grad(model, loss_fn, consts, x, y, groups, chunk_size):
-    """``f(params) -> (∇L, L)`` of the mean loss over ``(x, y)``, as the sample-weighted sum of the
-    batch losses of task groups split into chunks of ``chunk_size`` samples (memory: one chunk's
-    backward pass; the same value as one pass over all samples, for mean-reduced losses)."""
-    n = x.shape[0]
-
-    def f(params):
-        grads, loss = None, 0.0
-        for label, idx in groups:
-            xs, ys = (x, y) if idx is None else (x[idx], y[idx])
-            loss_and_grad = grad_and_value(batch_loss(model, loss_fn, consts, label))
-            for s in iterate_batches(xs.shape[0], chunk_size):
-                g, value = loss_and_grad(params, xs[s], ys[s])
-                weight = (s.stop - s.start) / n
-                loss = loss + weight * value.detach()
-                grads = {k: weight * v for k, v in g.items()} if grads is None else \
-                    {k: grads[k] + weight * v for k, v in g.items()}
-        return grads, loss
-
-    return f
-
-
 def _first_step(model: nn.Module, loss_fn, new_inputs: torch.Tensor, new_targets: torch.Tensor, *,
                 optimizer: str = "sgd", eps: float = 1e-8, task_labels=None, chunk_size: int | None = 64
                 ) -> tuple[dict[str, torch.Tensor], float, float, float]:
@@ -210,8 +186,9 @@ def _first_step(model: nn.Module, loss_fn, new_inputs: torch.Tensor, new_targets
     groups = task_groups(model, new_inputs.shape[0], task_labels)
     with eval_mode(model):
         _check_targets(model, params, consts, new_inputs, new_targets, groups)
-        grads, loss = _chunked_loss_and_grad(model, loss_fn, consts, new_inputs, new_targets, groups,
-                                             chunk_size)(params)
+        grads, loss = grouped_loss_and_grad(model, loss_fn, consts, new_inputs, new_targets, groups,
+                                            chunk_size)(params)
+        grads = {k: g.to(params[k].dtype) for k, g in grads.items()}
         loss = float(loss)
     if not math.isfinite(loss):
         raise ValueError(f"the new-task loss is {loss} at the checkpoint; the model or data produce "
@@ -230,13 +207,14 @@ def _probe(model, loss_fn, new_inputs, new_targets, groups, *, lr, optimizer, pr
            betas=(0.9, 0.999), chunk_size=None) -> list[float]:
     """Update norms of ``probe_steps`` full-batch steps on the new-task sample (functional copy)."""
     params, consts = split_params(model)
-    loss_and_grad = _chunked_loss_and_grad(model, loss_fn, consts, new_inputs, new_targets, groups, chunk_size)
+    loss_and_grad = grouped_loss_and_grad(model, loss_fn, consts, new_inputs, new_targets, groups, chunk_size)
     theta = {n: p.clone() for n, p in params.items()}
     state = AdamState(theta, betas=betas, eps=eps) if optimizer == "adam" else None
     norms = []
     with eval_mode(model):
         for _ in range(probe_steps):
-            step = functional_step(theta, loss_and_grad(theta)[0], lr, optimizer=optimizer, state=state,
+            grads = {k: g.to(theta[k].dtype) for k, g in loss_and_grad(theta)[0].items()}
+            step = functional_step(theta, grads, lr, optimizer=optimizer, state=state,
                                    in_place=False)
             norms.append(math.sqrt(sum(float((s.double() ** 2).sum()) for s in step.values())))
             theta = {n: (theta[n] - step[n]).detach() for n in theta}

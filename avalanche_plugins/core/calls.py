@@ -6,13 +6,13 @@ import contextlib
 
 import torch
 from torch import nn
-from torch.func import functional_call
+from torch.func import functional_call, grad_and_value
 
 from avalanche_plugins.core.checks import check_output_targets
 
 __all__ = ["is_multitask", "model_forward", "stateless_forward", "iterate_batches", "eval_mode",
            "split_params", "task_groups", "check_task_labels", "first_tensor", "batch_loss",
-           "sample_loss", "grouped_loss", "math_attention"]
+           "sample_loss", "grouped_loss_and_grad", "math_attention"]
 
 
 def is_multitask(model: nn.Module) -> bool:
@@ -147,17 +147,38 @@ def sample_loss(model: nn.Module, loss_fn, consts: dict, task_label=None):
     return f
 
 
-def grouped_loss(model: nn.Module, loss_fn, consts: dict, x: torch.Tensor, y: torch.Tensor, groups):
-    """``f(params)``: the loss of all of ``(x, y)`` with samples split by task (``groups`` from
-    :func:`task_groups`), each group weighted by its share of the samples."""
+def grouped_loss_and_grad(model: nn.Module, loss_fn, consts: dict, x: torch.Tensor, y: torch.Tensor, groups,
+                          chunk_size: int | None = None):
+    """``f(params) -> (∇L, L)``: the mean loss of all of ``(x, y)`` and its gradient, from the
+    batch losses of the task groups (``groups`` from :func:`task_groups`) split into chunks of
+    ``chunk_size`` samples, each weighted by its share of the samples (for mean-reduced losses the
+    value of one pass over everything; memory: one chunk's backward pass). Sums in float64
+    (``L`` a 0-d tensor, ``∇L`` a dict of float64 tensors).
+
+    Example:
+        >>> net = nn.Linear(2, 1)
+        >>> params, consts = split_params(net)
+        >>> x, y = torch.randn(5, 2), torch.randn(5, 1)
+        >>> f = grouped_loss_and_grad(net, nn.MSELoss(), consts, x, y, task_groups(net, 5, None), 2)
+        >>> grads, loss = f(params)
+        >>> bool(torch.isclose(loss, nn.MSELoss()(net(x), y).double()))
+        True
+    """
     n = x.shape[0]
 
     def f(params):
-        total = 0.0
+        grads = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in params.items()}
+        loss = torch.zeros((), dtype=torch.float64, device=x.device)
         for label, idx in groups:
             xs, ys = (x, y) if idx is None else (x[idx], y[idx])
-            total = total + xs.shape[0] / n * batch_loss(model, loss_fn, consts, label)(params, xs, ys)
-        return total
+            loss_and_grad = grad_and_value(batch_loss(model, loss_fn, consts, label))
+            for s in iterate_batches(xs.shape[0], chunk_size):
+                g, value = loss_and_grad(params, xs[s], ys[s])
+                weight = (s.stop - s.start) / n
+                loss += weight * value.detach().double()
+                for k, v in g.items():
+                    grads[k] += weight * v.detach().double()
+        return grads, loss
 
     return f
 

@@ -173,10 +173,9 @@ def _linear_layer_grams(model, inputs, targets, groups, layer_map, chunk_size) -
     mode), so ``⟨g_i, g_j⟩ = (δ_i·δ_j)(a_i·a_j) + δ_i·δ_j`` (the last term for the bias):
     ``N²·(fan_in + fan_out)`` multiply-adds instead of ``N·fan_in·fan_out``. Other layers are
     left out (per-sample gradients)."""
-    candidates = {layer.name: layer for layer in layer_map
+    candidates = {layer.name: layer for layer in layer_map  # the layer's parameters are its own weight (and bias)
                   if isinstance(layer.module, nn.Linear)
-                  and set(layer.params) == {n for n in layer.params if n.rsplit(".", 1)[-1] in ("weight", "bias")}
-                  and len(layer.params) == len(list(layer.module.parameters()))}
+                  and {id(p) for p in layer.params.values()} == {id(p) for p in layer.module.parameters()}}
     if not candidates:
         return {}
     n = inputs.shape[0]

@@ -20,11 +20,6 @@ def _sq_norms(grads: dict) -> torch.Tensor:
     return total
 
 
-def _flat(grads: dict) -> torch.Tensor:
-    """``(m, P)`` float64 matrix from a dict of batched tensors ``{name: (m, *shape)}``."""
-    return torch.cat([g.double().reshape(g.shape[0], -1) for g in grads.values()], dim=1)
-
-
 def _draw_batches(n: int, batch_size: int, n_batches: int, generator: torch.Generator) -> torch.Tensor:
     """``(n_batches, batch_size)`` indices: each row a uniform random subset of ``range(n)``
     (without replacement within a row, rows independent). Uses only ``generator``."""

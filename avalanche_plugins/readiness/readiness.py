@@ -13,6 +13,7 @@ from avalanche_plugins.core.calls import (
     batch_loss,
     check_task_labels,
     eval_mode,
+    grouped_loss_and_grad,
     iterate_batches,
     sample_loss,
     split_params,
@@ -66,23 +67,12 @@ class ReadinessResult:
 
 
 def _full_gradient(model, loss_fn, params, consts, inputs, targets, groups, chunk_size):
-    """Mean loss and ``‖g‖²`` over all samples, as sample-count-weighted chunk losses/gradients."""
-    n = inputs.shape[0]
-    loss_sum = torch.zeros((), dtype=torch.float64)
-    g_sum = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in params.items()}
-    for label, index in groups:
-        x, y = _take(inputs, index), _take(targets, index)
-        value_and_grad = grad_and_value(batch_loss(model, loss_fn, consts, label))
-        for s in iterate_batches(x.shape[0], chunk_size):
-            grads, value = value_and_grad(params, x[s], y[s])
-            check_finite_loss(value.detach(), "while computing optimization readiness")
-            weight = s.stop - s.start
-            loss_sum += value.detach().double().cpu() * weight
-            for k, g in grads.items():
-                g_sum[k] += g.double() * weight
-    grad_norm_sq = sum(float((g / n).pow(2).sum()) for g in g_sum.values())
+    """Mean loss and ``‖g‖²`` over all samples, from chunks of ``chunk_size`` samples."""
+    grads, loss = grouped_loss_and_grad(model, loss_fn, consts, inputs, targets, groups, chunk_size)(params)
+    check_finite_loss(loss, "while computing optimization readiness")
+    grad_norm_sq = sum(float(g.pow(2).sum()) for g in grads.values())
     check_finite_loss(torch.tensor(grad_norm_sq), "(gradient) while computing optimization readiness")
-    return float(loss_sum) / n, grad_norm_sq
+    return float(loss), grad_norm_sq
 
 
 def _per_sample_chunks(model, loss_fn, params, consts, x, y, label, chunk_size):
