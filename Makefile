@@ -15,7 +15,7 @@ $(VENV)/.installed: $(VENV)/bin/python setup.cfg pyproject.toml
 	$(PY) -m pip install -q -e .
 	touch $@
 
-# Benchmarks and tests need the extras; benchmarks/ runs from the checkout (not in the wheel).
+# The study runner needs [study]; benchmarks/ (run from the checkout, not in the wheel) add GEM's QP solver.
 $(VENV)/.installed-bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[bench]'
 	touch $@
@@ -26,9 +26,9 @@ $(VENV)/.installed-test: $(VENV)/.installed-bench
 
 install: $(VENV)/.installed
 
-# The demo study (studies/demo.yaml): table printed, demo_out/report.md with its figures.
+# The demo study (studies/demo.yaml): table printed, out/study/demo/report.md with its figures.
 demo: $(VENV)/.installed-bench
-	$(PY) -m benchmarks.demo --workers 2
+	$(VENV)/bin/avalanche-study run studies/demo.yaml --workers 2
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
@@ -37,4 +37,4 @@ test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) demo_out out *.egg-info
+	rm -rf $(VENV) out *.egg-info build dist

@@ -1,11 +1,11 @@
-"""Benchmarks of the five results (run from a checkout; not part of the installed package).
+"""Experiments that reproduce the five results (run from a checkout; not part of the wheel).
 
-* :mod:`benchmarks.common` — the shared contract: one command line, one job protocol with a
-  resumable executor, results files and ``--report``, data, the model zoo, training loops.
+* :mod:`avalanche_plugins.study.harness` (installed with the package) — the shared contract: one
+  command line, one job protocol with a resumable executor, results files and ``--report``, data,
+  the model zoo, training loops. The comparative-study runner is ``avalanche-study``.
 * One module or package per study: :mod:`benchmarks.baselines`, :mod:`benchmarks.layer_adaptive_ewc`,
   :mod:`benchmarks.grow_prune`, :mod:`benchmarks.plasticity_ranking` (with the SCR task source
-  :mod:`benchmarks.scr`), :mod:`benchmarks.ads_zoo`, :mod:`benchmarks.transport_keys`;
-  :mod:`benchmarks.demo` is the quick start.
+  :mod:`benchmarks.scr`), :mod:`benchmarks.ads_zoo`, :mod:`benchmarks.transport_keys`.
 
 ``python -m benchmarks.NAME --help`` lists a study's options on top of the shared ones.
 """

@@ -17,22 +17,22 @@ import time
 from dataclasses import asdict, dataclass
 
 from avalanche_plugins import fix_synaptic_intelligence_on_cpu
-from benchmarks.common.cli import (
+from avalanche_plugins.study.harness.cli import (
     benchmark_parser,
     is_skipped,
     make_executor,
     parse_args,
     split_list,
 )
-from benchmarks.common.jobs import run_jobs
-from benchmarks.common.results import (
+from avalanche_plugins.study.harness.jobs import run_jobs
+from avalanche_plugins.study.harness.results import (
     format_table,
     plot_final_accuracy,
     print_report,
     summarize,
     write_results,
 )
-from benchmarks.common.training import TrainConfig, config_stream, run_strategy
+from avalanche_plugins.study.harness.training import TrainConfig, config_stream, run_strategy
 
 STRATEGIES = ("naive", "ewc", "si", "gem", "replay")
 

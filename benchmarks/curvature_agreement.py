@@ -36,18 +36,23 @@ from avalanche_plugins.core.stats import spearman
 from avalanche_plugins.layer_adaptive.curvature import layer_curvature
 from avalanche_plugins.layer_adaptive.hessian import condition_number, geometric_fit
 from avalanche_plugins.layer_adaptive.schedules import layer_weights
-from benchmarks.common.cli import (
+from avalanche_plugins.study.harness.cli import (
     benchmark_parser,
     is_skipped,
     make_executor,
     parse_args,
     split_list,
 )
-from benchmarks.common.data import load_digits_arrays, load_mnist_arrays
-from benchmarks.common.jobs import run_jobs, seed_everything
-from benchmarks.common.models import build_model
-from benchmarks.common.results import format_table, print_report, summarize, write_results
-from benchmarks.common.training import train_minibatches
+from avalanche_plugins.study.harness.data import load_digits_arrays, load_mnist_arrays
+from avalanche_plugins.study.harness.jobs import run_jobs, seed_everything
+from avalanche_plugins.study.harness.models import build_model
+from avalanche_plugins.study.harness.results import (
+    format_table,
+    print_report,
+    summarize,
+    write_results,
+)
+from avalanche_plugins.study.harness.training import train_minibatches
 
 MODELS = ("mlp", "cnn", "vit")
 CHECKPOINTS = ("init", "early", "trained")

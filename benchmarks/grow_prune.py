@@ -20,7 +20,7 @@ cycles). Cost: time per training epoch of the masked model (fixed mask at c) ove
 model, measured in the same process. ``--quick``: one seed, c = 30 %, fewer methods.
 
 Every (setting, method, compactness, seed) run and every timing measurement is one job of
-:func:`benchmarks.common.jobs.run_jobs`: finished jobs are appended to ``OUT/jobs.jsonl`` and reused
+:func:`avalanche_plugins.study.harness.jobs.run_jobs`: finished jobs are appended to ``OUT/jobs.jsonl`` and reused
 when the same command is run again, so an interrupted run resumes where it stopped. To fit a
 budget: ``--settings`` (a subset of the settings by name), ``--epochs`` / ``--iid-epochs`` (epochs
 per experience of the split / IID settings), ``--cnn-methods`` / ``--iid-methods`` (fewer methods
@@ -49,18 +49,23 @@ from avalanche_plugins import (
     retrain_ticket,
     stream_accuracy,
 )
-from benchmarks.common.cli import (
+from avalanche_plugins.study.harness.cli import (
     benchmark_parser,
     is_skipped,
     make_executor,
     parse_args,
     split_list,
 )
-from benchmarks.common.data import make_stream
-from benchmarks.common.jobs import Timer, run_jobs, seed_everything
-from benchmarks.common.models import build_model
-from benchmarks.common.results import format_table, print_report, summarize, write_results
-from benchmarks.common.training import quiet_deprecations, quiet_evaluator
+from avalanche_plugins.study.harness.data import make_stream
+from avalanche_plugins.study.harness.jobs import Timer, run_jobs, seed_everything
+from avalanche_plugins.study.harness.models import build_model
+from avalanche_plugins.study.harness.results import (
+    format_table,
+    print_report,
+    summarize,
+    write_results,
+)
+from avalanche_plugins.study.harness.training import quiet_deprecations, quiet_evaluator
 
 GROW_VARIANTS = {  # method -> GrowPlugin interventions
     "grow": {},

@@ -15,7 +15,7 @@ SGD 0.001, 10 epochs, batch 256, λ=1 on Permuted MNIST) run on the same data.
 
 Method: "Layers Matter" (Moser et al., 2026): λ_ℓ ∝ the top Hessian eigenvalue s_ℓ of layer ℓ, or
 its geometric proxy λ_ℓ = c / α^(ℓ−1). Every run is one job of the shared executor
-(:mod:`benchmarks.common.jobs`; resumable, ``--workers N``).
+(:mod:`avalanche_plugins.study.harness.jobs`; resumable, ``--workers N``).
 """
 
 from __future__ import annotations
@@ -29,19 +29,24 @@ import numpy as np
 import torch
 
 from avalanche_plugins.layer_adaptive import layer_curvature, layer_top_eigenvalues
-from benchmarks.common.cli import (
+from avalanche_plugins.study.harness.cli import (
     benchmark_parser,
     is_skipped,
     make_executor,
     parse_args,
     split_list,
 )
-from benchmarks.common.data import make_stream
-from benchmarks.common.jobs import Timer, run_jobs, seed_everything, torch_threads
-from benchmarks.common.models import build_model
-from benchmarks.common.protocol import TUNE_SEED, expand_grid, select_best
-from benchmarks.common.results import format_table, print_report, summarize, write_results
-from benchmarks.common.training import TrainConfig, accuracy_evaluator, run_strategy
+from avalanche_plugins.study.harness.data import make_stream
+from avalanche_plugins.study.harness.jobs import Timer, run_jobs, seed_everything, torch_threads
+from avalanche_plugins.study.harness.models import build_model
+from avalanche_plugins.study.harness.protocol import TUNE_SEED, expand_grid, select_best
+from avalanche_plugins.study.harness.results import (
+    format_table,
+    print_report,
+    summarize,
+    write_results,
+)
+from avalanche_plugins.study.harness.training import TrainConfig, accuracy_evaluator, run_strategy
 
 ANCHOR = "anchor_permuted"
 LAMBDA_METHODS = ("ewc", "lae_geometric", "lae_measured", "lae_smoothed", "ewc_replay")

@@ -27,7 +27,7 @@ running statistics); ``bn_mode`` is recorded with each row.
 Writes ``results.json`` / ``results.csv`` (one row per pair, model, seed, stage, anchors and
 variant), ``recovery.png``, and prints the tables quoted in docs/RESULTS.md (``--report`` re-prints
 them from a saved ``results.json``). Every (pair, model, seed) is one job of the shared executor
-(:mod:`benchmarks.common.jobs`; resumable, ``--workers N``).
+(:mod:`avalanche_plugins.study.harness.jobs`; resumable, ``--workers N``).
 """
 
 from __future__ import annotations
@@ -42,6 +42,23 @@ import numpy as np
 import torch
 from torch import nn
 
+from avalanche_plugins.study.harness.cli import (
+    benchmark_parser,
+    is_skipped,
+    make_executor,
+    parse_args,
+    split_list,
+)
+from avalanche_plugins.study.harness.data import load_digits_arrays, load_mnist_arrays
+from avalanche_plugins.study.harness.jobs import Timer, run_jobs, seed_everything
+from avalanche_plugins.study.harness.models import TaskHeadsNet, build_model
+from avalanche_plugins.study.harness.results import (
+    format_table,
+    print_report,
+    summarize,
+    write_results,
+)
+from avalanche_plugins.study.harness.training import batched_accuracy, train_minibatches
 from avalanche_plugins.transport import (
     CONTROLS,
     TransportKey,
@@ -56,18 +73,6 @@ from avalanche_plugins.transport import (
     stitch,
     stitched_accuracy,
 )
-from benchmarks.common.cli import (
-    benchmark_parser,
-    is_skipped,
-    make_executor,
-    parse_args,
-    split_list,
-)
-from benchmarks.common.data import load_digits_arrays, load_mnist_arrays
-from benchmarks.common.jobs import Timer, run_jobs, seed_everything
-from benchmarks.common.models import TaskHeadsNet, build_model
-from benchmarks.common.results import format_table, print_report, summarize, write_results
-from benchmarks.common.training import batched_accuracy, train_minibatches
 
 PAIRS = ("split", "domain")
 MODELS = ("cnn", "resnet", "vit")

@@ -1,6 +1,6 @@
 """A comparative study from Python instead of the CLI: one config dict → tuned runs, tables, report.
 
-``run_study`` takes the same config as ``python -m benchmarks.study CONFIG`` (YAML/TOML there, a
+``run_study`` takes the same config as ``python -m avalanche_plugins.study CONFIG`` (YAML/TOML there, a
 dict here; format in README "Comparative studies"): scenarios, a model, strategies (any Avalanche
 strategy class by name, or Naive + plugins), hyper-parameter grids, metrics, seeds. Each grid is
 tuned on a validation split with one seed; every strategy then runs at its chosen setting on the
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's root, which holds benchmarks/
-from benchmarks.study import run_study  # noqa: E402
+from avalanche_plugins.study import run_study  # noqa: E402
 
 STUDY = {
     "name": "regularisers_on_split_digits",

@@ -9,10 +9,10 @@ from avalanche.training.plugins import SynapticIntelligencePlugin
 from avalanche.training.supervised import Naive
 
 from avalanche_plugins import fix_synaptic_intelligence_on_cpu
+from avalanche_plugins.study.harness.data import make_stream
+from avalanche_plugins.study.harness.models import build_model
+from avalanche_plugins.study.harness.training import accuracy_evaluator, average_forgetting
 from benchmarks import baselines
-from benchmarks.common.data import make_stream
-from benchmarks.common.models import build_model
-from benchmarks.common.training import accuracy_evaluator, average_forgetting
 
 
 class LossProbe(SupervisedPlugin):

@@ -7,17 +7,17 @@ from dataclasses import dataclass
 
 import pytest
 
-from benchmarks import baselines
-from benchmarks.common import jobs
-from benchmarks.common.cli import (
+from avalanche_plugins.study.harness import jobs
+from avalanche_plugins.study.harness.cli import (
     DEFAULT_SEEDS,
     QUICK_SEEDS,
     benchmark_parser,
     is_skipped,
     parse_args,
 )
-from benchmarks.common.jobs import job_key, run_jobs
-from benchmarks.common.results import command_line, load_results, write_results
+from avalanche_plugins.study.harness.jobs import job_key, run_jobs
+from avalanche_plugins.study.harness.results import command_line, load_results, write_results
+from benchmarks import baselines
 
 
 def _parse(argv):

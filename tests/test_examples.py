@@ -122,7 +122,7 @@ def test_06_all_metrics_to_tensorboard(tmp_path, capsys):
 
 
 def test_07_comparative_study(tmp_path, capsys):
-    pytest.importorskip("yaml")  # benchmarks.study's config reader; installed with the [bench] extra
+    pytest.importorskip("yaml")  # avalanche_plugins.study's config reader; installed with the [bench] extra
     result = load("07_comparative_study").main(quick=True, out_dir=tmp_path)
     assert [r["strategy"] for r in result.rows] == ["Naive", "EWC", "LwF", "LayerAdaptiveEWC"]
     assert all(0.0 <= r["acc"] <= 1.0 and r["seed"] == 0 for r in result.rows)

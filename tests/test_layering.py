@@ -1,7 +1,7 @@
 """The package's architecture rules, enforced on the source tree.
 
-* Only modules named ``*plugin*.py`` / ``*metric*.py`` and the ``_avalanche`` package import
-  ``avalanche`` (the estimators need only PyTorch).
+* Only modules named ``*plugin*.py`` / ``*metric*.py``, the ``_avalanche`` package and the study
+  runner ``study/`` import ``avalanche`` (the estimators need only PyTorch).
 * Nothing in ``avalanche_plugins`` imports ``benchmarks``.
 * No import cycles between the package's modules (imports under ``if TYPE_CHECKING:`` excluded:
   they never run).
@@ -26,7 +26,8 @@ def _module_name(path: Path) -> str:
 
 
 def _may_import_avalanche(path: Path) -> bool:
-    return "plugin" in path.stem or "metric" in path.stem or "_avalanche" in path.relative_to(PACKAGE).parts
+    parts = path.relative_to(PACKAGE).parts
+    return "plugin" in path.stem or "metric" in path.stem or parts[0] in ("_avalanche", "study")
 
 
 def _runtime_imports(path: Path) -> set[str]:

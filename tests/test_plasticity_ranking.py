@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from avalanche_plugins.study.harness.models import MLP
 from benchmarks import plasticity_ranking as pr
-from benchmarks.common.models import MLP
 from benchmarks.scr import SlowlyChangingRegression, ltu_thresholds, scr_benchmark, scr_period
 
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from benchmarks.common import jobs
-from benchmarks.common.cli import benchmark_parser, make_executor, parse_args
-from benchmarks.common.jobs import LocalExecutor, RayExecutor, run_jobs
+from avalanche_plugins.study.harness import jobs
+from avalanche_plugins.study.harness.cli import benchmark_parser, make_executor, parse_args
+from avalanche_plugins.study.harness.jobs import LocalExecutor, RayExecutor, run_jobs
 
 ray = pytest.importorskip("ray")
 

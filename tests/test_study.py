@@ -1,4 +1,4 @@
-"""``benchmarks.study``: config validation, a tiny study checked against independent statistics,
+"""``avalanche_plugins.study``: config validation, a tiny study checked against independent statistics,
 resuming from the cache, the CLI, and the demo study in its quick form."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from benchmarks.study import ConfigError, load_study, run_study
-from benchmarks.study.stats import holm, summarize_study
+from avalanche_plugins.study import ConfigError, load_study, run_study
+from avalanche_plugins.study.stats import holm, summarize_study
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,7 @@ USER_MODULE = textwrap.dedent('''
     import torch
     from torch import nn
 
-    from benchmarks.common.data import make_stream
+    from avalanche_plugins.study.harness.data import make_stream
 
 
     def tiny_mlp(input_shape, n_classes, width=16):
@@ -270,20 +270,20 @@ def test_rerun_reuses_the_cache(tiny_study, user_module):
 
 
 def test_cli_report_reprints_a_saved_study(tiny_study, capsys):
-    from benchmarks.study.__main__ import main
+    from avalanche_plugins.study.cli import main
 
     _, out = tiny_study
-    main(["--report", str(out / "results.json")])
+    main(["report", str(out / "results.json")])
     printed = capsys.readouterr().out
     assert "| Naive | default |" in printed and "Chosen on the validation split (seed 0)" in printed
 
 
 def test_cli_rejects_a_bad_config_with_the_key(tmp_path, capsys):
-    from benchmarks.study.__main__ import main
+    from avalanche_plugins.study.cli import main
 
     (tmp_path / "bad.yaml").write_text("scenarios: [split_digits]\nstrategies: [{name: EWC, kwargs: {ewc_lambda: x}}]\n")
     with pytest.raises(SystemExit):
-        main([str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "o")])
+        main(["run", str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "o")])
     assert "strategies[0].kwargs.ewc_lambda: expected a number, got 'x'" in capsys.readouterr().err
 
 
@@ -319,9 +319,9 @@ def test_shipped_studies_are_valid():
 
 @pytest.mark.slow
 def test_demo_study_quick(tmp_path, capsys):
-    from benchmarks.demo import main
+    from avalanche_plugins.study.cli import main
 
-    result = main(["--quick", "--out", str(tmp_path), "--no-progress"])
+    result = main(["run", str(ROOT / "studies" / "demo.yaml"), "--quick", "--out", str(tmp_path), "--no-progress"])
     printed = capsys.readouterr().out
     for name in ("Naive", "EWC", "Replay", "LayerAdaptiveEWC", "Grow"):
         assert f"| {name} |" in printed

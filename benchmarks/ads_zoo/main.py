@@ -6,20 +6,20 @@ import time
 from dataclasses import asdict
 
 import benchmarks.ads_zoo as package
-from benchmarks.ads_zoo.job import Job, run_job, warmup
-from benchmarks.ads_zoo.report import plot, report
-from benchmarks.ads_zoo.scoring import analyse
-from benchmarks.ads_zoo.settings import SCENARIOS, parse_overrides, scenario_config
-from benchmarks.ads_zoo.zoo import build_zoo, quick_zoo
-from benchmarks.common.cli import (
+from avalanche_plugins.study.harness.cli import (
     benchmark_parser,
     is_skipped,
     make_executor,
     parse_args,
     split_list,
 )
-from benchmarks.common.jobs import run_jobs
-from benchmarks.common.results import print_report, write_results
+from avalanche_plugins.study.harness.jobs import run_jobs
+from avalanche_plugins.study.harness.results import print_report, write_results
+from benchmarks.ads_zoo.job import Job, run_job, warmup
+from benchmarks.ads_zoo.report import plot, report
+from benchmarks.ads_zoo.scoring import analyse
+from benchmarks.ads_zoo.settings import SCENARIOS, parse_overrides, scenario_config
+from benchmarks.ads_zoo.zoo import build_zoo, quick_zoo
 
 
 def main(argv=None) -> dict:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from avalanche_plugins.study.harness.data import load_digits_arrays, load_mnist_arrays
 from benchmarks.ads_zoo.settings import SCENARIOS
-from benchmarks.common.data import load_digits_arrays, load_mnist_arrays
 
 _DATA: dict = {}
 

@@ -81,8 +81,13 @@ def torch_threads(threads: int | None):
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
-    """``git:<commit>`` of the checkout holding ``benchmarks``, else ``avalanche_plugins <version>``."""
-    root = Path(__file__).resolve().parents[2]
+    """``git:<commit>`` of the checkout this package runs from (an editable install), else
+    ``avalanche_plugins <version>`` (an installed wheel)."""
+    root = Path(__file__).resolve().parents[3]
+    if not (root / ".git").exists() or not (root / "setup.cfg").exists():
+        import avalanche_plugins
+
+        return f"avalanche_plugins {avalanche_plugins.__version__}"
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                                 timeout=10, check=True).stdout.strip()
@@ -179,7 +184,6 @@ class LocalExecutor:
                 yield futures[future], future.result()
 
 
-REPO_ROOT = Path(__file__).resolve().parents[2]  # holds the ``benchmarks`` package
 _warmed_up: set = set()  # per Ray worker process: the warm-ups already run
 
 
@@ -199,10 +203,11 @@ class RayExecutor:
     """Jobs as Ray tasks, each holding ``threads`` CPUs; rows are yielded as they finish.
 
     ``address`` given (``"auto"``, ``"HOST:PORT"``, ``"ray://HOST:10001"``): joins that cluster
-    and ships this checkout as the tasks' ``working_dir`` (the nodes need the same Python packages;
+    and ships the working directory (the user's folder: their model and benchmark modules) as the
+    tasks' ``working_dir`` (the nodes need the same Python packages, this one included;
     ``--data-root`` must exist on them). Otherwise it starts a local instance on first use with
     ``num_cpus`` CPUs (``None``: Ray counts them), no dashboard and an object store of
-    ``object_store_memory`` bytes, and puts the checkout on the workers' ``PYTHONPATH``. If Ray is
+    ``object_store_memory`` bytes, and puts the working directory on the workers' ``PYTHONPATH``. If Ray is
     already initialised in this process it uses that and leaves it running. :meth:`close` (or
     leaving a ``with`` block) shuts down a Ray it started; Ray also does so at exit.
     """
@@ -239,11 +244,11 @@ class RayExecutor:
             return ray
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # offline machines: no usage reports
         if self.address is not None:
-            env = self.runtime_env or {"working_dir": str(REPO_ROOT),
+            env = self.runtime_env or {"working_dir": str(Path.cwd()),
                                        "excludes": [".git", ".venv", "out", "*.pt", "*.pth"]}
             ray.init(address=self.address, runtime_env=env, logging_level="warning")
         else:
-            path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+            path = os.pathsep.join(p for p in (str(Path.cwd()), os.environ.get("PYTHONPATH")) if p)
             env = self.runtime_env or {"env_vars": {"PYTHONPATH": path}}
             ray.init(num_cpus=self.num_cpus, include_dashboard=False, runtime_env=env,
                      object_store_memory=self.object_store_memory, logging_level="warning")

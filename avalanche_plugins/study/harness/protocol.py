@@ -7,7 +7,7 @@
    finite validation score; a setting whose run diverged (NaN score) is never chosen.
 3. The chosen setting runs on the test stream with every seed; only those runs are reported.
 
-Used by ``benchmarks.layer_adaptive_ewc`` (λ and α grids) and ``benchmarks.study`` (any grid).
+Used by ``benchmarks.layer_adaptive_ewc`` (λ and α grids) and ``avalanche_plugins.study`` (any grid).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from benchmarks.study.stats import HIGHER_IS_BETTER, METRICS
+from avalanche_plugins.study.stats import HIGHER_IS_BETTER, METRICS
 
 __all__ = ["COLUMN_TITLES", "format_cell", "latex_tables", "markdown_tables"]
 

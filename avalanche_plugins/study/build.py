@@ -4,7 +4,7 @@ Called inside the job's process (local pool or Ray worker), so every object is b
 runs. What the study supplies that a config cannot:
 
 * a dotted **benchmark factory** gets ``seed`` (and ``validation=True`` for tuning runs) when it
-  accepts them; it may return a ``benchmarks.common.data.Stream`` or an Avalanche benchmark
+  accepts them; it may return a ``avalanche_plugins.study.harness.data.Stream`` or an Avalanche benchmark
   (input shape read from its first sample, classes from ``n_classes`` or the targets);
 * a dotted **model** callable gets ``input_shape`` ``(C, H, W)``, ``n_classes`` and ``multihead``
   (task-incremental scenario) when it accepts them, on top of its kwargs;
@@ -27,8 +27,8 @@ from avalanche.evaluation.metric_results import MetricValue
 from avalanche.evaluation.metric_utils import get_metric_name
 from torch import nn
 
-from benchmarks.study.config import BUILTIN_SCENARIOS
-from benchmarks.study.registry import (
+from avalanche_plugins.study.config import BUILTIN_SCENARIOS
+from avalanche_plugins.study.registry import (
     metric_factory,
     parameters,
     plugin_class,
@@ -42,7 +42,7 @@ __all__ = ["CompactnessMetric", "auto_stages", "build_evaluator", "build_model",
 
 def build_stream(scenario: dict, seed: int, validation: bool):
     """The scenario's ``Stream`` for ``seed`` (class order, permutations, validation split)."""
-    from benchmarks.common.data import Stream, make_stream
+    from avalanche_plugins.study.harness.data import Stream, make_stream
 
     if ":" not in scenario["benchmark"]:
         dataset, kind = BUILTIN_SCENARIOS[scenario["benchmark"]]
@@ -72,7 +72,7 @@ def build_stream(scenario: dict, seed: int, validation: bool):
 
 
 def build_model(spec: dict, stream) -> nn.Module:
-    from benchmarks.common.models import build_model as zoo
+    from avalanche_plugins.study.harness.models import build_model as zoo
 
     if ":" not in spec["name"]:
         kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["kwargs"].items()}

@@ -2,7 +2,7 @@
 
 1. Every strategy with a ``grid`` runs each setting once on the validation split with the
    study's ``tune_seed`` (diagnostics left out: accuracy, forgetting and BWT only); the setting
-   with the best final average accuracy is chosen (:mod:`benchmarks.common.protocol`).
+   with the best final average accuracy is chosen (:mod:`avalanche_plugins.study.harness.protocol`).
 2. Every strategy (at its chosen setting) runs on the test stream with seeds ``0..seeds-1``,
    every configured metric attached.
 3. ``OUT/`` receives ``metrics.csv`` (every value every metric logged, tidy long format, tuning
@@ -20,14 +20,14 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.common.cli import is_skipped
-from benchmarks.common.jobs import Timer, run_jobs
-from benchmarks.common.protocol import expand_grid, select_best, setting_label
-from benchmarks.common.results import print_report, write_results
-from benchmarks.study.config import Study, load_study
-from benchmarks.study.runner import CONTEXT, StudyJob, apply_setting, run_job
-from benchmarks.study.stats import summarize_study
-from benchmarks.study.tables import latex_tables, markdown_tables
+from avalanche_plugins.study.config import Study, load_study
+from avalanche_plugins.study.harness.cli import is_skipped
+from avalanche_plugins.study.harness.jobs import Timer, run_jobs
+from avalanche_plugins.study.harness.protocol import expand_grid, select_best, setting_label
+from avalanche_plugins.study.harness.results import print_report, write_results
+from avalanche_plugins.study.runner import CONTEXT, StudyJob, apply_setting, run_job
+from avalanche_plugins.study.stats import summarize_study
+from avalanche_plugins.study.tables import latex_tables, markdown_tables
 
 __all__ = ["StudyResult", "make_study_executor", "plan_test_jobs", "plan_tuning_jobs", "report", "run_study",
            "write_outputs"]
@@ -58,9 +58,9 @@ class StudyResult:
 
 
 def make_study_executor(executor: str = "local", *, workers: int = 1, threads: int = 1, address: str | None = None):
-    """The job executor (``benchmarks.common.cli.make_executor``): a local pool of ``workers``
+    """The job executor (``avalanche_plugins.study.harness.cli.make_executor``): a local pool of ``workers``
     processes, or Ray (started locally with ``workers × threads`` CPUs, or joined at ``address``)."""
-    from benchmarks.common.cli import make_executor
+    from avalanche_plugins.study.harness.cli import make_executor
 
     return make_executor(argparse.Namespace(executor=executor, address=address, workers=workers, threads=threads))
 
@@ -143,7 +143,7 @@ def run_study(config, *, out, quick: bool = False, seeds: int | None = None, exe
 def write_outputs(study: Study, out: Path, test_rows, tuning_rows, chosen, wall_seconds: float, *, args=None,
                   echo: bool = False) -> StudyResult:
     """Tidy CSV, results.json, tables, figures and report of finished runs."""
-    from benchmarks.study.figures import make_figures
+    from avalanche_plugins.study.figures import make_figures
 
     csv_path = out / "metrics.csv"
     with open(csv_path, "w", newline="") as f:
@@ -186,7 +186,7 @@ def _failed_lines(saved: dict) -> list[str]:
 
 def terminal_summary(results) -> str:
     """The paper-style tables and chosen settings of a saved study (what the CLI prints)."""
-    from benchmarks.common.results import load_results
+    from avalanche_plugins.study.harness.results import load_results
 
     saved = load_results(results)
     chosen = _chosen_lines(saved)

@@ -29,9 +29,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from avalanche_plugins import quiet_evaluator
-from benchmarks.common.data import make_stream
-from benchmarks.common.jobs import Timer, seed_everything
-from benchmarks.common.models import build_model
+from avalanche_plugins.study.harness.data import make_stream
+from avalanche_plugins.study.harness.jobs import Timer, seed_everything
+from avalanche_plugins.study.harness.models import build_model
 
 __all__ = [
     "TrainConfig",

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common.jobs import Timer, seed_everything
-from benchmarks.study.config import plugin_index
-from benchmarks.study.stats import run_scores
+from avalanche_plugins.study.config import plugin_index
+from avalanche_plugins.study.harness.jobs import Timer, seed_everything
+from avalanche_plugins.study.stats import run_scores
 
 __all__ = ["CONTEXT", "StudyJob", "accuracy_matrix", "apply_setting", "run_job"]
 
@@ -104,14 +104,14 @@ def run_job(job: StudyJob, log_dir: str | None = None) -> dict:
 
 
 def _train(job: StudyJob, log_dir: str | None) -> dict:
-    from benchmarks.common.training import quiet_deprecations
-    from benchmarks.study.build import (
+    from avalanche_plugins.study.build import (
         build_evaluator,
         build_model,
         build_plugins,
         build_strategy,
         build_stream,
     )
+    from avalanche_plugins.study.harness.training import quiet_deprecations
 
     stream = build_stream(job.scenario, job.seed, validation=job.split == "validation")
     seed_everything(job.seed)  # after the stream: Avalanche's generators reseed torch

@@ -27,7 +27,7 @@ import argparse
 import sys
 from collections.abc import Iterable, Sequence
 
-__all__ = ["DEFAULT_SEEDS", "EXECUTORS", "QUICK_SEEDS", "benchmark_parser", "make_executor", "parse_args",
+__all__ = ["DEFAULT_SEEDS", "EXECUTORS", "QUICK_SEEDS", "add_run_arguments", "benchmark_parser", "make_executor", "parse_args",
            "is_skipped", "split_list"]
 
 DEFAULT_SEEDS = 3
@@ -48,6 +48,14 @@ def benchmark_parser(name: str, description: str, *, skip_help: str = "") -> arg
     ``skip_help`` names what ``--skip`` can leave out in this benchmark.
     """
     parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{name}", description=description)
+    add_run_arguments(parser, default_out=f"out/{name}", skip_help=skip_help)
+    parser.add_argument("--report", default=None, metavar="RESULTS_JSON",
+                        help="re-print the tables of a saved results.json and exit (runs nothing)")
+    return parser
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, *, default_out: str, skip_help: str = "") -> None:
+    """The shared flags (all but ``--report``) on ``parser``: what ``avalanche-study run`` takes."""
     parser.add_argument("--data-root", default=None,
                         help="folder holding MNIST/raw/*-ubyte (e.g. ../shared/data); scikit-learn digits "
                              "when absent")
@@ -68,14 +76,11 @@ def benchmark_parser(name: str, description: str, *, skip_help: str = "") -> arg
                         help="Ray cluster to join (e.g. auto, HOST:6379, ray://HOST:10001); only with "
                              "--executor ray")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.add_argument("--out", default=f"out/{name}",
+    parser.add_argument("--out", default=default_out,
                         help="output folder: results.json/csv, plots and the resumable job cache "
-                             f"jobs.jsonl (default out/{name})")
+                             f"jobs.jsonl (default {default_out})")
     parser.add_argument("--skip", default="", metavar="NAMES",
                         help="comma-separated parts to leave out" + (f": {skip_help}" if skip_help else ""))
-    parser.add_argument("--report", default=None, metavar="RESULTS_JSON",
-                        help="re-print the tables of a saved results.json and exit (runs nothing)")
-    return parser
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -90,7 +95,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
         >>> sorted(parse_args(p, ["--skip", "permuted/cnn, anchor"]).skip)
         ['anchor', 'permuted/cnn']
     """
-    from benchmarks.common.results import command_line
+    from avalanche_plugins.study.harness.results import command_line
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
@@ -104,8 +109,8 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
 
 
 def make_executor(args, *, warmup=None):
-    """The executor the flags ask for: a :class:`~benchmarks.common.jobs.LocalExecutor` with
-    ``args.workers`` processes, or (``--executor ray``) a :class:`~benchmarks.common.jobs.RayExecutor`
+    """The executor the flags ask for: a :class:`~avalanche_plugins.study.harness.jobs.LocalExecutor` with
+    ``args.workers`` processes, or (``--executor ray``) a :class:`~avalanche_plugins.study.harness.jobs.RayExecutor`
     at ``args.address``, or started locally with ``workers × threads`` CPUs. ``args.threads``
     torch threads per job; ``warmup`` runs once per worker process. Missing attributes take the
     parser's defaults, so any namespace works.
@@ -118,7 +123,7 @@ def make_executor(args, *, warmup=None):
         >>> type(ex).__name__, ex.num_cpus, ex.threads, ex.address
         ('RayExecutor', 4, 2, None)
     """
-    from benchmarks.common.jobs import LocalExecutor, RayExecutor
+    from avalanche_plugins.study.harness.jobs import LocalExecutor, RayExecutor
 
     kind = getattr(args, "executor", "local") or "local"
     workers, threads = getattr(args, "workers", 1), getattr(args, "threads", 1)

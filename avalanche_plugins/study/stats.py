@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from benchmarks.common.training import average_accuracy, average_forgetting
+from avalanche_plugins.study.harness.training import average_accuracy, average_forgetting
 
 __all__ = ["METRICS", "HIGHER_IS_BETTER", "backward_transfer", "describe", "holm", "paired_test",
            "run_scores", "summarize_study"]

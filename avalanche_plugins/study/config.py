@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.study.registry import (
+from avalanche_plugins.study.registry import (
     ConfigError,
     check_arguments,
     check_value,
@@ -274,14 +274,14 @@ def _scenario(entry, path: str, data_root) -> dict:
                         injected=[n for n in ("seed", "validation") if n in params],
                         label=benchmark)
         return out
-    from benchmarks.common.data import DATASETS
+    from avalanche_plugins.study.harness.data import DATASETS
 
     if benchmark not in BUILTIN_SCENARIOS:
         raise ConfigError(f"{path}.benchmark: expected one of {', '.join(BUILTIN_SCENARIOS)} or "
                           f"'package.module:callable', got {benchmark!r}")
     if BUILTIN_SCENARIOS[benchmark][0] not in DATASETS:
         raise ConfigError(f"{path}.benchmark: {benchmark!r} needs dataset {BUILTIN_SCENARIOS[benchmark][0]!r}, "
-                          f"which this checkout's benchmarks.common.data does not provide ({', '.join(DATASETS)})")
+                          f"which this checkout's avalanche_plugins.study.harness.data does not provide ({', '.join(DATASETS)})")
     if out["kwargs"]:
         raise ConfigError(f"{path}.kwargs: only a 'package.module:callable' benchmark takes kwargs")
     if spec.get("n_experiences") is not None:
@@ -304,7 +304,7 @@ def _model(entry) -> dict:
     spec = _named(entry, "model")
     factory = model_factory(spec["name"], "model.name")
     if factory is None:
-        from benchmarks.common import models
+        from avalanche_plugins.study.harness import models
 
         target, injected = _ZOO_CLASSES.get(spec["name"], (None, ()))
         if target is not None and hasattr(models, target):

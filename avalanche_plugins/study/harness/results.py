@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.common.data import data_fingerprint
-from benchmarks.common.jobs import code_version, jsonable
+from avalanche_plugins.study.harness.data import data_fingerprint
+from avalanche_plugins.study.harness.jobs import code_version, jsonable
 
 __all__ = [
     "command_line",
@@ -132,7 +132,7 @@ def write_results(out_dir, args=None, *, config: dict, rows: Sequence[dict], sum
                   wall_seconds: float, extra: dict | None = None) -> Path:
     """Write ``results.json`` and ``results.csv`` into ``out_dir``; return the folder.
 
-    ``args`` is the parsed command line (:func:`benchmarks.common.cli.parse_args`): its command,
+    ``args`` is the parsed command line (:func:`avalanche_plugins.study.harness.cli.parse_args`): its command,
     and its ``--data-root`` for the data checksum.
     """
     out = Path(out_dir)
