@@ -27,7 +27,12 @@ from avalanche_plugins.study.harness.protocol import expand_grid, select_best, s
 from avalanche_plugins.study.harness.results import print_report, write_results
 from avalanche_plugins.study.runner import CONTEXT, StudyJob, apply_setting, run_job
 from avalanche_plugins.study.stats import summarize_study
-from avalanche_plugins.study.tables import latex_tables, markdown_tables
+from avalanche_plugins.study.tables import (
+    accuracy_matrix_tables,
+    failed_runs_table,
+    latex_tables,
+    markdown_tables,
+)
 
 __all__ = ["StudyResult", "make_study_executor", "plan_test_jobs", "plan_tuning_jobs", "report", "run_study",
            "write_outputs"]
@@ -62,7 +67,8 @@ def make_study_executor(executor: str = "local", *, workers: int = 1, threads: i
     processes, or Ray (started locally with ``workers × threads`` CPUs, or joined at ``address``)."""
     from avalanche_plugins.study.harness.cli import make_executor
 
-    return make_executor(argparse.Namespace(executor=executor, address=address, workers=workers, threads=threads))
+    return make_executor(argparse.Namespace(executor=executor, address=address, workers=workers, threads=threads),
+                         isolate=True)
 
 
 def _label(setting: dict) -> str:
@@ -156,8 +162,9 @@ def write_outputs(study: Study, out: Path, test_rows, tuning_rows, chosen, wall_
     tuning = [{k: v for k, v in row.items() if k != "metrics"} for row in tuning_rows]
     names = [s["name"] for s in study.strategies]
     summary = summarize_study(runs, study.reference, names)
-    tables = {"markdown": markdown_tables(summary, study.reference), "latex": latex_tables(summary, study.reference)}
-    (out / "tables.md").write_text(tables["markdown"] + "\n")
+    tables = {"markdown": markdown_tables(summary, study.reference), "latex": latex_tables(summary, study.reference),
+              "failed": failed_runs_table(summary), "matrices": accuracy_matrix_tables(summary)}
+    (out / "tables.md").write_text(_tables_md(tables) + "\n")
     (out / "tables.tex").write_text(tables["latex"] + "\n")
     figures = make_figures(runs, metrics, out / "figures", names)
     write_results(out, args, config=study.as_dict(), rows=runs, summary=summary, wall_seconds=wall_seconds,
@@ -171,6 +178,16 @@ def write_outputs(study: Study, out: Path, test_rows, tuning_rows, chosen, wall_
                        wall_seconds)
 
 
+def _tables_md(tables: dict) -> str:
+    """tables.md: the main tables, the failed runs (if any) and the accuracy matrices."""
+    parts = [tables["markdown"]]
+    if tables.get("failed"):
+        parts += ["## Failed runs", "Not scored: left out of every mean, interval and test.", tables["failed"]]
+    if tables.get("matrices"):
+        parts += ["## Final accuracy matrices", tables["matrices"]]
+    return "\n\n".join(parts)
+
+
 def _chosen_lines(saved: dict) -> list[str]:
     lines = []
     for scenario, strategies in saved.get("chosen", {}).items():
@@ -179,9 +196,9 @@ def _chosen_lines(saved: dict) -> list[str]:
     return lines
 
 
-def _failed_lines(saved: dict) -> list[str]:
-    return [f"- {r['split']}: {r['scenario']} / {r['strategy']} / {r['setting']} / seed {r['seed']}: {r['error']}"
-            for r in [*saved.get("tuning", []), *saved.get("runs", [])] if r.get("error")]
+def _failed_tuning_lines(saved: dict) -> list[str]:
+    return [f"- {r['scenario']} / {r['strategy']} / {r['setting']}: {r.get('status', 'error')}: {r['error']}"
+            for r in saved.get("tuning", []) if r.get("error")]
 
 
 def terminal_summary(results) -> str:
@@ -193,9 +210,9 @@ def terminal_summary(results) -> str:
     text = saved["tables"]["markdown"]
     if chosen:
         text += f"\n\nChosen on the validation split (seed {saved['config']['tune_seed']}):\n" + "\n".join(chosen)
-    failed = [line for line in _failed_lines(saved) if line.startswith("- test")]
+    failed = saved["tables"].get("failed")
     if failed:
-        text += "\n\nDiverged test runs (left out of the table):\n" + "\n".join(failed)
+        text += "\n\nFailed runs (not scored):\n\n" + failed
     return text
 
 
@@ -217,15 +234,20 @@ def report(saved: dict) -> str:
     if chosen:
         lines += ["## Chosen hyper-parameters", "", *chosen, ""]
     lines += ["## Results", "", saved["tables"]["markdown"], ""]
+    if saved["tables"].get("failed"):
+        lines += ["## Failed runs", "", "Not scored: left out of every mean, interval, test and figure.", "",
+                  saved["tables"]["failed"], ""]
+    tuning_failed = _failed_tuning_lines(saved)
+    if tuning_failed:
+        lines += ["Failed tuning runs (the grid setting was not chosen):", "", *tuning_failed, ""]
     figures = saved.get("figures", [])
     if figures:
         lines += ["## Figures", ""]
         for path in figures:
             title = Path(path).stem.replace("_", " ")
             lines += [f"### {title}", "", f"![{title}]({path})", ""]
-    failed = _failed_lines(saved)
-    if failed:
-        lines += ["## Failed runs", "", "Left out of the tables (a diverged run has no scores).", "", *failed, ""]
+    if saved["tables"].get("matrices"):
+        lines += ["## Final accuracy matrices", "", saved["tables"]["matrices"], ""]
     lines += ["Files: `metrics.csv` (every logged value, tidy long format), `results.json`, `tables.md`, "
               "`tables.tex`, `figures/`, `runs/` (per-run CSVs and images)."]
     return "\n".join(lines)

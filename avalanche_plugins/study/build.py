@@ -187,16 +187,22 @@ def _example(stream, n: int = 8):
 
 
 def build_evaluator(metric_specs: list[dict], stream, model, plugins, *, tidy_path, context: dict,
-                    images: bool, loggers=(), log_dir=None, run_name: str = "run", project: str = "study"):
-    """One ``EvaluationPlugin``: accuracy / forgetting / BWT, the configured metrics, and a
-    ``TidyCSVLogger`` (plus the configured TensorBoard / W&B / text loggers)."""
+                    images: bool, loggers=(), log_dir=None, run_name: str = "run", project: str = "study",
+                    task_il: bool = False):
+    """One ``EvaluationPlugin``: accuracy / forgetting / BWT (and task-incremental accuracy with
+    ``task_il``), the configured metrics, and a ``TidyCSVLogger`` (plus the configured
+    TensorBoard / W&B / text loggers). Returns ``(evaluator, loggers, configured metrics)``."""
     from avalanche.evaluation.metrics import accuracy_metrics, bwt_metrics, forgetting_metrics
     from avalanche.training.plugins import EvaluationPlugin
 
     from avalanche_plugins import TidyCSVLogger
+    from avalanche_plugins.study.task_il_metric import TaskILAccuracyMetric
 
-    metrics = [accuracy_metrics(experience=True, stream=True), forgetting_metrics(experience=True, stream=True),
-               bwt_metrics(experience=True, stream=True)]
+    metrics = [*accuracy_metrics(experience=True, stream=True), *forgetting_metrics(experience=True, stream=True),
+               *bwt_metrics(experience=True, stream=True)]
+    if task_il:
+        metrics.append(TaskILAccuracyMetric())
+    configured = []
     editing = [p for p in plugins if hasattr(p, "masks") and hasattr(p, "clock")]
     for spec in metric_specs:
         kwargs = {k: _value(v) for k, v in spec["kwargs"].items()}
@@ -214,11 +220,11 @@ def build_evaluator(metric_specs: list[dict], stream, model, plugins, *, tidy_pa
         elif name == "TransportKeyMetric" and kwargs.get("stages", "auto") == "auto":
             kwargs["stages"] = auto_stages(model, *_example(stream))
         made = metric_factory(name, "metric")(**kwargs)
-        metrics += list(made) if isinstance(made, (list, tuple)) else [made]
-    metrics += [CompactnessMetric(p) for p in editing]
+        configured += list(made) if isinstance(made, (list, tuple)) else [made]
+    metrics += [*configured, *(CompactnessMetric(p) for p in editing)]
     tidy = TidyCSVLogger(tidy_path, context=context, images=images)
     all_loggers = [tidy, *_extra_loggers(loggers, log_dir, run_name, project)]
-    return EvaluationPlugin(*metrics, loggers=all_loggers, collect_all=False), all_loggers
+    return EvaluationPlugin(*metrics, loggers=all_loggers, collect_all=False), all_loggers, configured
 
 
 def _extra_loggers(names, log_dir, run_name: str, project: str) -> list:

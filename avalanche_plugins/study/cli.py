@@ -90,8 +90,16 @@ def _report(args) -> dict:
     return {"report": text}
 
 
-def main(argv=None):
-    """Entry point of ``avalanche-study`` (and ``python -m avalanche_plugins.study``)."""
+def main(argv=None) -> int:
+    """Entry point of ``avalanche-study`` (and ``python -m avalanche_plugins.study``); exit status 0
+    (a bad config exits with 2 and its errors on stderr)."""
+    run_command(argv)
+    return 0
+
+
+def run_command(argv=None):
+    """:func:`main` returning what the command made: the ``StudyResult`` of ``run``, the ``Study``
+    of ``check``, ``{"report": text}`` of ``report``."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     name = parser.parse_known_args(argv)[0].command_name

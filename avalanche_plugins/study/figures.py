@@ -51,15 +51,25 @@ def _integer_x(ax, axis: str = "x") -> None:
     getattr(ax, f"{axis}axis").set_major_locator(MaxNLocator(integer=True))
 
 
+_missing_note: list[str] = [""]  # what the figures being drawn leave out (failed runs), set per scenario
+
+
+def _annotate_missing(fig) -> None:
+    if _missing_note[0]:
+        fig.text(0.005, 0.002, _missing_note[0], fontsize=6, color="firebrick", ha="left", va="bottom")
+
+
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
+    _annotate_missing(fig)
     fig.savefig(path, dpi=90)
     _plt().close(fig)
     return path
 
 
 def make_figures(runs: Sequence[Mapping], metrics: Sequence[Mapping], out_dir, strategies: Sequence[str]) -> list[Path]:
-    """Write every figure the data allows (test runs only); return their paths."""
+    """Write every figure the data allows (test runs only; failed runs are left out, and every
+    figure of the scenario names them); return their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     colors = _colors(strategies)
@@ -67,6 +77,9 @@ def make_figures(runs: Sequence[Mapping], metrics: Sequence[Mapping], out_dir, s
     for scenario in dict.fromkeys(r["scenario"] for r in runs):
         slug = _UNSAFE.sub("_", scenario)
         part = [r for r in runs if r["scenario"] == scenario and r["split"] == "test" and not r.get("error")]
+        missing = [f"{r['strategy']} seed {r['seed']}" for r in runs
+                   if r["scenario"] == scenario and r["split"] == "test" and r.get("error")]
+        _missing_note[0] = f"missing (failed, not scored): {', '.join(missing)}" if missing else ""
         order = [s for s in strategies if any(r["strategy"] == s for r in part)]
         rows = [m for m in metrics if m["scenario"] == scenario and m["split"] == "test"]
         paths.append(_accuracy_matrices(part, order, out / f"accuracy_matrix_{slug}.png", scenario))
@@ -79,6 +92,7 @@ def make_figures(runs: Sequence[Mapping], metrics: Sequence[Mapping], out_dir, s
             path = plot(by_metric, order, colors, out / f"{name}_{slug}.png", scenario)
             if path is not None:
                 paths.append(path)
+    _missing_note[0] = ""
     return paths
 
 
@@ -107,6 +121,7 @@ def _accuracy_matrices(runs, order, path, scenario) -> Path:
         row[0].set_ylabel("after training experience")
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="accuracy")
     fig.suptitle(f"{scenario}: accuracy matrix (mean over seeds)", fontsize=10)
+    _annotate_missing(fig)
     fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -14,14 +14,14 @@ import csv
 import math
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from avalanche_plugins.study.config import plugin_index
 from avalanche_plugins.study.harness.jobs import Timer, seed_everything
-from avalanche_plugins.study.stats import run_scores
+from avalanche_plugins.study.stats import SCORES, run_scores
 
 __all__ = ["CONTEXT", "StudyJob", "accuracy_matrix", "apply_setting", "run_job"]
 
@@ -43,6 +43,8 @@ class StudyJob:
     loggers: list
     seed: int
     split: str  # "validation" (tuning) or "test"
+    sources: dict = field(default_factory=dict)  # user module → hash of its source (in the cache key)
+    paths: tuple = field(default=(), metadata={"cache_key": False})  # where user modules are imported from
 
     @property
     def run_name(self) -> str:
@@ -70,12 +72,12 @@ def apply_setting(strategy: dict, training: dict, setting: dict) -> tuple[dict, 
     return spec, training
 
 
-def accuracy_matrix(rows, n_experiences: int | None = None) -> np.ndarray:
-    """``R[i, j]`` from tidy rows: ``Top1_Acc_Exp`` on the evaluation stream, ``i`` the training
-    experience, ``j`` the evaluated one (NaN where nothing was logged)."""
+def accuracy_matrix(rows, n_experiences: int | None = None, metric: str = "Top1_Acc_Exp") -> np.ndarray:
+    """``R[i, j]`` from tidy rows: ``metric`` (per-experience accuracy) on the evaluation stream,
+    ``i`` the training experience, ``j`` the evaluated one (NaN where nothing was logged)."""
     cells = {}
     for row in rows:
-        if row["metric"] == "Top1_Acc_Exp" and row["phase"] == "eval" and row["training_experience"] not in ("", None):
+        if row["metric"] == metric and row["phase"] == "eval" and row["training_experience"] not in ("", None):
             cells[int(row["training_experience"]), int(row["experience"])] = float(row["value"])
     n = n_experiences or (1 + max((max(i, j) for i, j in cells), default=-1))
     acc = np.full((n, n), np.nan)
@@ -85,22 +87,76 @@ def accuracy_matrix(rows, n_experiences: int | None = None) -> np.ndarray:
     return acc
 
 
-_DIVERGED = re.compile(r"\bnan\b|\binf\b|non-finite|diverg", re.IGNORECASE)
-
-
 def run_job(job: StudyJob, log_dir: str | None = None) -> dict:
-    """Train and evaluate one run; return its row (module docstring). A run that diverges (an
-    error about NaN / non-finite values) returns NaN scores and the error, so do tuning runs that
-    fail in any way (a grid outcome); other errors of a test run are raised."""
+    """Train and evaluate one run; return its row (module docstring).
+
+    A run that fails in any way is returned, never raised, and never scored: ``status`` is
+    ``"diverged"`` (a non-finite loss, gradient or model output: :class:`~.watch.Diverged` names
+    the experience, epoch and iteration), ``"callback"`` (an exception in an attached plugin's or
+    metric's callback, named with its class, the callback and the experience) or ``"error"``
+    (anything else); ``error`` says what happened and the scores are NaN.
+    """
+    from avalanche_plugins.study.watch import CallbackFailed, Diverged
+
     row = {"scenario": job.scenario["name"], "strategy": job.strategy["name"], "setting": job.setting,
            "seed": job.seed, "split": job.split}
+    add_import_paths(job.paths)
     try:
-        return {**row, **_train(job, log_dir)}
-    except (ValueError, RuntimeError, FloatingPointError) as error:
-        if job.split == "test" and not _DIVERGED.search(str(error)):
-            raise
-        return {**row, **{m: float("nan") for m in ("acc", "forgetting", "bwt")}, "wall_s": float("nan"),
-                "accuracy_matrix": [], "metrics": [], "error": f"{type(error).__name__}: {error}"}
+        return {**row, **_train(job, log_dir), "status": "ok"}
+    except Diverged as error:
+        status, cause = "diverged", str(error)
+    except CallbackFailed as error:
+        status, cause = "callback", str(error)
+    except Exception as error:  # noqa: BLE001 - a failed run is recorded, the study goes on
+        status, cause = "error", f"{type(error).__name__}: {error}"
+    return {**row, **{m: float("nan") for m in SCORES}, "wall_s": float("nan"), "train_s": float("nan"),
+            "diagnostics_s": float("nan"), "peak_memory_mb": float("nan"), "callback_s": {},
+            "accuracy_matrix": [], "til_matrix": [], "baseline_accuracy": [], "metrics": [],
+            "status": status, "error": cause}
+
+
+def add_import_paths(paths) -> None:
+    """Put the folders a study's user modules live in on ``sys.path`` (first, once each)."""
+    import sys
+
+    for path in reversed(list(paths or ())):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+
+
+def _disjoint_classes(stream) -> bool:
+    """Whether the training experiences' class sets are pairwise disjoint (a split scenario)."""
+    seen: set = set()
+    experiences = list(stream.benchmark.train_stream)
+    for experience in experiences:
+        classes = set(int(c) for c in experience.classes_in_this_experience)
+        if classes & seen:
+            return False
+        seen |= classes
+    return len(experiences) > 1
+
+
+def _initial_accuracy(strategy, experience) -> float:
+    """Accuracy of the untrained model on ``experience`` (NaN where it cannot predict yet, e.g.
+    a multi-head model without that task's head): the b̄ of forward transfer."""
+    from avalanche_plugins import stream_accuracy
+
+    try:
+        return stream_accuracy(strategy, [experience])
+    except (KeyError, IndexError, RuntimeError, ValueError):
+        return float("nan")
+
+
+def _peak_memory_mb(device: str) -> float:
+    """Peak memory of this process: ``torch.cuda.max_memory_allocated`` on a GPU, else the RSS
+    high-water mark (``ru_maxrss``, KiB on Linux)."""
+    import resource
+
+    import torch
+
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _train(job: StudyJob, log_dir: str | None) -> dict:
@@ -112,21 +168,29 @@ def _train(job: StudyJob, log_dir: str | None) -> dict:
         build_stream,
     )
     from avalanche_plugins.study.harness.training import quiet_deprecations
+    from avalanche_plugins.study.watch import DivergenceWatch, time_callbacks
 
     stream = build_stream(job.scenario, job.seed, validation=job.split == "validation")
     seed_everything(job.seed)  # after the stream: Avalanche's generators reseed torch
     model = build_model(job.model, stream)
     plugins = build_plugins(job.strategy["plugins"])
+    task_il = not stream.task_incremental and _disjoint_classes(stream)
     context = {"scenario": job.scenario["name"], "strategy": job.strategy["name"], "setting": job.setting,
                "seed": job.seed, "split": job.split}
+    ledger: dict = {}
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(log_dir) if log_dir is not None else Path(scratch)
         tidy_path = root / "runs" / f"{job.run_name}.csv"
-        evaluator, loggers = build_evaluator(job.metrics, stream, model, plugins, tidy_path=tidy_path,
-                                             context=context, images=log_dir is not None, loggers=job.loggers,
-                                             log_dir=root, run_name=job.run_name, project=job.study)
-        strategy = build_strategy(job.strategy, model, job.training, plugins, evaluator)
+        evaluator, loggers, metrics = build_evaluator(job.metrics, stream, model, plugins, tidy_path=tidy_path,
+                                                      context=context, images=log_dir is not None,
+                                                      loggers=job.loggers, log_dir=root, run_name=job.run_name,
+                                                      project=job.study, task_il=task_il)
+        timed_metrics = time_callbacks(metrics, ledger)
+        time_callbacks(plugins, ledger)
+        strategy = build_strategy(job.strategy, model, job.training, [DivergenceWatch(), *plugins], evaluator)
         benchmark = stream.benchmark
+        model.to(strategy.device)
+        baseline = [_initial_accuracy(strategy, experience) for experience in benchmark.test_stream]
         try:
             with Timer() as timer, quiet_deprecations():
                 for experience in benchmark.train_stream:
@@ -135,12 +199,18 @@ def _train(job: StudyJob, log_dir: str | None) -> dict:
         finally:
             _close(loggers)
         with open(tidy_path, newline="") as f:
-            metrics = list(csv.DictReader(f))
-    acc = accuracy_matrix(metrics, len(benchmark.train_stream))
-    scores = run_scores(acc)
-    if job.split == "test" and not math.isfinite(scores["acc"]):
+            rows = list(csv.DictReader(f))
+    n = len(benchmark.train_stream)
+    acc = accuracy_matrix(rows, n)
+    til = accuracy_matrix(rows, n, metric="Top1_TaskIL_Acc_Exp") if task_il else np.zeros((0, 0))
+    scores = run_scores(acc, baseline=baseline, task_il=til if task_il else None)
+    if not math.isfinite(scores["acc"]):
         raise RuntimeError(f"{job.run_name}: the accuracy matrix has holes: {acc.tolist()}")
-    return {**scores, "wall_s": timer.seconds, "accuracy_matrix": acc.tolist(), "metrics": metrics}
+    diagnostics = sum(ledger[label] for label in timed_metrics)
+    return {**scores, "wall_s": timer.seconds, "train_s": timer.seconds - diagnostics, "diagnostics_s": diagnostics,
+            "callback_s": dict(ledger), "peak_memory_mb": _peak_memory_mb(job.training["device"]),
+            "accuracy_matrix": acc.tolist(), "til_matrix": til.tolist(), "baseline_accuracy": baseline,
+            "metrics": rows}
 
 
 def _close(loggers) -> None:

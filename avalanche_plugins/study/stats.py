@@ -1,16 +1,27 @@
-"""Statistics of a study: per-run ACC / forgetting / BWT from the accuracy matrix, summaries over
-seeds with t-intervals, paired t-tests against a reference strategy, Holm's correction.
+"""Statistics of a study: per-run scores from the accuracy matrix, summaries over seeds with
+intervals that respect each metric's range, paired t-tests against a reference strategy with
+Holm's correction.
 
-``R[i, j]`` is the test accuracy on experience ``j`` after training experience ``i``:
+``R[i, j]`` is the test accuracy on experience ``j`` after training experience ``i`` (``T``
+experiences); ``b_j`` the accuracy of the same run's untrained (randomly initialised) model:
 
-* ``ACC = mean_j R[T-1, j]`` (final average accuracy);
-* ``forgetting = mean_{j<T-1} (max_{j<=i<T-1} R[i, j] - R[T-1, j])`` (Chaudhry et al., 2018);
+* ``ACC = mean_j R[T-1, j]`` (final average accuracy; ``acc_til``: the same from the
+  task-incremental matrix, logits masked to each experience's classes);
+* ``forgetting = mean_{j<T-1} f_j``, ``f_j = max_{j<=i<T-1} R[i, j] - R[T-1, j]`` (Chaudhry et al.,
+  2018);
 * ``BWT = mean_{j<T-1} (R[T-1, j] - R[j, j])`` (Lopez-Paz & Ranzato, 2017; Avalanche's
-  ``StreamBWT``).
+  ``StreamBWT``);
+* ``FWT = mean_{j>=1} (R[j-1, j] - b_j)`` (Lopez-Paz & Ranzato, 2017).
+
+Intervals: a 95 % percentile bootstrap of the mean over seeds — every resample of the seeds
+enumerated exactly for up to 6 seeds, 10,000 seeded resamples above — so an interval never
+leaves the range the metric's values lie in. Paired t-tests need at least
+:data:`MIN_SEEDS_FOR_TESTS` seeds; with fewer there is no p-value (the tables say why).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -18,11 +29,18 @@ import numpy as np
 
 from avalanche_plugins.study.harness.training import average_accuracy, average_forgetting
 
-__all__ = ["METRICS", "HIGHER_IS_BETTER", "backward_transfer", "describe", "holm", "paired_test",
-           "run_scores", "summarize_study"]
+__all__ = ["METRICS", "HIGHER_IS_BETTER", "MIN_SEEDS_FOR_TESTS", "SCORES", "TESTED", "backward_transfer",
+           "bootstrap_interval", "describe", "forgetting_per_experience", "forward_transfer", "holm",
+           "paired_test", "run_scores", "summarize_study", "describe_columns"]
 
-METRICS = ("acc", "forgetting", "bwt")
-HIGHER_IS_BETTER = {"acc": True, "forgetting": False, "bwt": True}
+SCORES = ("acc", "acc_til", "forgetting", "bwt", "fwt")  # from the accuracy matrices of one run
+COSTS = ("train_s", "diagnostics_s", "peak_memory_mb")  # what the run cost
+METRICS = (*SCORES, *COSTS)
+TESTED = SCORES  # paired tests against the reference (costs are reported, not tested)
+HIGHER_IS_BETTER = {"acc": True, "acc_til": True, "forgetting": False, "bwt": True, "fwt": True,
+                    "train_s": False, "diagnostics_s": False, "peak_memory_mb": False}
+MIN_SEEDS_FOR_TESTS = 3
+_EXACT_UP_TO = 6  # seeds whose bootstrap resamples are enumerated exactly (6**6 = 46,656)
 
 
 def backward_transfer(acc: np.ndarray) -> float:
@@ -38,42 +56,102 @@ def backward_transfer(acc: np.ndarray) -> float:
     return float(np.mean([acc[last, j] - acc[j, j] for j in range(last)]))
 
 
-def run_scores(acc: np.ndarray) -> dict:
-    """ACC, forgetting and BWT of one run's accuracy matrix (NaN when it has holes)."""
+def forward_transfer(acc: np.ndarray, baseline: Sequence[float]) -> float:
+    """``mean_{j>=1} (R[j-1, j] - b_j)``: accuracy on each experience before training on it, over
+    the untrained model's (NaN with one experience or a missing ``b_j``).
+
+    Example:
+        >>> round(forward_transfer(np.array([[0.9, 0.3], [0.6, 0.8]]), [0.1, 0.1]), 3)
+        0.2
+    """
+    if acc.shape[0] < 2 or len(baseline) < acc.shape[1]:
+        return float("nan")
+    gains = [acc[j - 1, j] - baseline[j] for j in range(1, acc.shape[0])]
+    return float(np.mean(gains)) if all(math.isfinite(g) for g in gains) else float("nan")
+
+
+def forgetting_per_experience(acc: np.ndarray) -> list[float]:
+    """``f_j = max_{j<=i<T-1} R[i, j] - R[T-1, j]`` for every ``j < T-1``.
+
+    Example:
+        >>> [round(f, 3) for f in forgetting_per_experience(np.array([[0.9, 0.1, 0.0], [0.7, 0.8, 0.1],
+        ...                                                            [0.5, 0.6, 0.9]]))]
+        [0.4, 0.2]
+    """
+    last = acc.shape[0] - 1
+    return [float(np.nanmax(acc[j:last, j]) - acc[last, j]) for j in range(last)]
+
+
+def run_scores(acc: np.ndarray, baseline: Sequence[float] | None = None,
+               task_il: np.ndarray | None = None) -> dict:
+    """ACC, task-incremental ACC, forgetting, BWT and FWT of one run (NaN where the matrix has
+    holes, or where there is no task-incremental matrix / untrained baseline)."""
+    nan = float("nan")
     if acc.size == 0 or np.isnan(acc[-1]).any() or np.isnan(np.diag(acc)).any():
-        return {m: float("nan") for m in METRICS}
-    return {"acc": average_accuracy(acc), "forgetting": average_forgetting(acc), "bwt": backward_transfer(acc)}
+        return {m: nan for m in SCORES}
+    til = nan
+    if task_il is not None and task_il.size and not np.isnan(task_il[-1]).any():
+        til = average_accuracy(task_il)
+    return {"acc": average_accuracy(acc), "acc_til": til, "forgetting": average_forgetting(acc),
+            "bwt": backward_transfer(acc), "fwt": forward_transfer(acc, baseline) if baseline is not None else nan}
+
+
+def bootstrap_interval(values: Sequence[float], confidence: float = 0.95, *, resamples: int = 10_000,
+                       seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean. Up to 6 values every one of the ``n**n``
+    resamples is enumerated (exact, no randomness); above, ``resamples`` seeded draws. The interval
+    lies within ``[min(values), max(values)]``, so it never leaves a metric's range.
+
+    Example:
+        >>> [round(v, 4) for v in bootstrap_interval([0.0, 1.0])]  # resample means 0, .5, .5, 1
+        [0.0375, 0.9625]
+        >>> [round(v, 3) for v in bootstrap_interval([0.5, 0.7, 0.6])]
+        [0.522, 0.678]
+    """
+    xs = np.asarray(values, dtype=float)
+    n = len(xs)
+    if n < 2:
+        return float("nan"), float("nan")
+    if n <= _EXACT_UP_TO:
+        index = np.array(list(itertools.product(range(n), repeat=n)))
+    else:
+        index = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    means = xs[index].mean(axis=1)
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(means, [tail, 1 - tail])
+    return float(low), float(high)
 
 
 def describe(values: Sequence[float], confidence: float = 0.95) -> dict:
-    """Mean, sample std, n and the two-sided t-interval of the mean (NaN interval for n < 2).
+    """Mean, sample std, n and the percentile-bootstrap interval of the mean (NaN for n < 2);
+    non-finite values are left out.
 
     Example:
         >>> d = describe([0.5, 0.7, 0.6])
         >>> round(d["mean"], 3), round(d["std"], 3), round(d["ci_low"], 3), round(d["ci_high"], 3)
-        (0.6, 0.1, 0.352, 0.848)
+        (0.6, 0.1, 0.522, 0.678)
     """
-    from scipy import stats
-
     xs = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
     n = len(xs)
     mean = float(xs.mean()) if n else float("nan")
     std = float(xs.std(ddof=1)) if n > 1 else float("nan")
-    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * std / math.sqrt(n)) if n > 1 else float("nan")
-    return {"mean": mean, "std": std, "n": n, "ci_low": mean - half, "ci_high": mean + half}
+    low, high = bootstrap_interval(xs, confidence)
+    return {"mean": mean, "std": std, "n": n, "ci_low": low, "ci_high": high}
 
 
 def paired_test(values: Mapping[int, float], reference: Mapping[int, float]) -> dict:
-    """Paired t-test over the seeds both have: ``{"t", "p", "n", "mean_diff"}`` (NaN for n < 2;
-    p = 1 when every difference is 0)."""
+    """Paired t-test over the seeds both have: ``{"t", "p", "n", "mean_diff"}``. No test (NaN
+    ``t`` and ``p``, ``reason`` set) with fewer than :data:`MIN_SEEDS_FOR_TESTS` paired seeds;
+    p = 1 when every difference is 0."""
     from scipy import stats
 
     seeds = sorted(s for s in values if s in reference and math.isfinite(values[s]) and math.isfinite(reference[s]))
     diffs = np.array([values[s] - reference[s] for s in seeds])
     out = {"n": len(seeds), "mean_diff": float(diffs.mean()) if len(seeds) else float("nan"),
            "t": float("nan"), "p": float("nan")}
-    if len(seeds) < 2:
-        return out
+    if len(seeds) < MIN_SEEDS_FOR_TESTS:
+        return {**out, "reason": f"{len(seeds)} paired seed{'s' if len(seeds) != 1 else ''} "
+                                 f"(a test needs >= {MIN_SEEDS_FOR_TESTS})"}
     if np.all(diffs == 0):
         return {**out, "t": 0.0, "p": 1.0}
     result = stats.ttest_rel([values[s] for s in seeds], [reference[s] for s in seeds])
@@ -96,31 +174,64 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return adjusted
 
 
+def _ok(row: Mapping) -> bool:
+    return row.get("status", "ok") == "ok" and not row.get("error")
+
+
+def _matrix_summary(matrices: list[np.ndarray]) -> dict | None:
+    """Mean and std over seeds of each cell of equally shaped matrices."""
+    matrices = [m for m in matrices if m.size]
+    if not matrices or len({m.shape for m in matrices}) != 1:
+        return None
+    stack = np.stack(matrices)
+    std = stack.std(axis=0, ddof=1) if len(matrices) > 1 else np.full(stack.shape[1:], np.nan)
+    return {"mean": stack.mean(axis=0).tolist(), "std": std.tolist(), "n": len(matrices)}
+
+
 def summarize_study(rows: Sequence[Mapping], reference: str, strategies: Sequence[str]) -> list[dict]:
-    """Per (scenario, strategy): ``{metric: describe(...)}`` over seeds and, for every strategy but
-    ``reference``, the paired test of each metric against it with Holm's correction across the
-    scenario's comparisons of that metric. Order: scenarios as they appear, strategies as given."""
+    """Per (scenario, strategy): ``{metric: describe(...)}`` over the seeds that finished, the mean
+    ± std accuracy matrices (``matrix``, ``til_matrix``) and forgetting per experience, the seeds
+    that failed (``failed``: ``[{seed, status, error}]``; every seed failed: ``all_failed``) and,
+    for every strategy but ``reference``, the paired test of each score against it with Holm's
+    correction across the scenario's comparisons of that score. Order: scenarios as they
+    appear, strategies as given."""
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
     summary = []
     for scenario in scenarios:
         part = [r for r in rows if r["scenario"] == scenario]
-        by_strategy = {name: {r["seed"]: r for r in part if r["strategy"] == name} for name in strategies}
+        by_strategy = {name: {r["seed"]: r for r in part if r["strategy"] == name and _ok(r)} for name in strategies}
         entries = []
         for name in strategies:
             runs = by_strategy[name]
-            if not runs:
+            failed = [{"seed": r["seed"], "status": r.get("status", "error"), "error": r.get("error", "")}
+                      for r in part if r["strategy"] == name and not _ok(r)]
+            if not runs and not failed:
                 continue
-            entry = {"scenario": scenario, "strategy": name, "setting": next(iter(runs.values()))["setting"],
-                     "seeds": sorted(runs), "tests": {}}
+            setting = next(iter(runs.values()), None) or next(r for r in part if r["strategy"] == name)
+            entry = {"scenario": scenario, "strategy": name, "setting": setting["setting"], "seeds": sorted(runs),
+                     "failed": sorted(failed, key=lambda f: f["seed"]), "all_failed": not runs, "tests": {}}
             for metric in METRICS:
-                entry[metric] = describe([r[metric] for r in runs.values()])
+                entry[metric] = describe([r.get(metric, float("nan")) for r in runs.values()])
+            matrices = [np.asarray(r.get("accuracy_matrix", []), dtype=float) for r in runs.values()]
+            entry["matrix"] = _matrix_summary(matrices)
+            entry["til_matrix"] = _matrix_summary([np.asarray(r.get("til_matrix", []), dtype=float)
+                                                   for r in runs.values()])
+            per_exp = [forgetting_per_experience(m) for m in matrices if m.size]
+            entry["forgetting_per_experience"] = describe_columns(per_exp)
             entries.append(entry)
         ref_runs = by_strategy.get(reference, {})
-        for metric in METRICS:
-            compared = [e for e in entries if e["strategy"] != reference and ref_runs]
-            tests = [paired_test({s: by_strategy[e["strategy"]][s][metric] for s in e["seeds"]},
-                                 {s: r[metric] for s, r in ref_runs.items()}) for e in compared]
+        for metric in TESTED:
+            compared = [e for e in entries if e["strategy"] != reference and ref_runs and not e["all_failed"]]
+            tests = [paired_test({s: by_strategy[e["strategy"]][s].get(metric, math.nan) for s in e["seeds"]},
+                                 {s: r.get(metric, math.nan) for s, r in ref_runs.items()}) for e in compared]
             for entry, test, p_holm in zip(compared, tests, holm([t["p"] for t in tests])):
                 entry["tests"][metric] = {**test, "p_holm": p_holm}
         summary += entries
     return summary
+
+
+def describe_columns(rows: Sequence[Sequence[float]]) -> list[dict]:
+    """:func:`describe` of each column of equally long rows (``[]`` when there are none)."""
+    if not rows or len({len(r) for r in rows}) != 1:
+        return []
+    return [describe([r[j] for r in rows]) for j in range(len(rows[0]))]

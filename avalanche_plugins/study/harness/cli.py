@@ -108,11 +108,12 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
     return args
 
 
-def make_executor(args, *, warmup=None):
+def make_executor(args, *, warmup=None, isolate: bool = False):
     """The executor the flags ask for: a :class:`~avalanche_plugins.study.harness.jobs.LocalExecutor` with
     ``args.workers`` processes, or (``--executor ray``) a :class:`~avalanche_plugins.study.harness.jobs.RayExecutor`
     at ``args.address``, or started locally with ``workers × threads`` CPUs. ``args.threads``
-    torch threads per job; ``warmup`` runs once per worker process. Missing attributes take the
+    torch threads per job; ``warmup`` runs once per worker process; ``isolate``: every job in a
+    fresh process (per-job peak memory). Missing attributes take the
     parser's defaults, so any namespace works.
 
     Example:
@@ -131,10 +132,10 @@ def make_executor(args, *, warmup=None):
     if kind == "local":
         if address is not None:
             raise ValueError("address is only used with executor 'ray'")
-        return LocalExecutor(workers, threads=threads, warmup=warmup)
+        return LocalExecutor(workers, threads=threads, warmup=warmup, isolate=isolate)
     if kind == "ray":
         return RayExecutor(address=address, num_cpus=None if address else workers * threads, threads=threads,
-                           warmup=warmup)
+                           warmup=warmup, isolate=isolate)
     raise ValueError(f"executor must be one of {EXECUTORS}, got {kind!r}")
 
 

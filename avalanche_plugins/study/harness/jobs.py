@@ -125,7 +125,8 @@ def jsonable(obj):
 
 
 def job_key(job, version: str | None = None) -> str:
-    """Hash of the job's type, fields and the code version (``version`` overrides it).
+    """Hash of the job's type, fields and the code version (``version`` overrides it). Dataclass
+    fields with ``metadata={"cache_key": False}`` (where a job runs, not what it computes) are left out.
 
     Example:
         >>> from dataclasses import dataclass
@@ -138,7 +139,12 @@ def job_key(job, version: str | None = None) -> str:
         >>> len({job_key(Job("ewc", 0), "v1"), job_key(Job("ewc", 1), "v1"), job_key(Job("ewc", 0), "v2")})
         3
     """
-    payload = {"type": type(job).__qualname__, "job": jsonable(job),
+    fields = jsonable(job)
+    if dataclasses.is_dataclass(job):  # fields marked metadata={"cache_key": False} stay out of the key
+        for f in dataclasses.fields(job):
+            if not f.metadata.get("cache_key", True):
+                fields.pop(f.name, None)
+    payload = {"type": type(job).__qualname__, "job": fields,
                "code": code_version() if version is None else version}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
@@ -155,30 +161,45 @@ def init_worker(threads: int = 1, seed: int = 0, warmup: Callable[[], None] | No
         warmup()
 
 
+PRELOAD = ("torch", "numpy", "avalanche.training", "avalanche.evaluation.metrics", "avalanche_plugins")
+
+
 class LocalExecutor:
     """``workers == 1``: in this process; otherwise a ``spawn`` process pool. Every worker runs
-    :func:`init_worker` first."""
+    :func:`init_worker` first.
+
+    ``isolate=True``: every job runs alone in a fresh process (``workers`` at a time), forked
+    from a server that has imported :data:`PRELOAD` once, so a job's peak memory is its own (not
+    the high-water mark of the jobs before it) and starting one costs a fork, not the imports.
+    """
 
     def __init__(self, workers: int = 1, *, threads: int = 1, seed: int = 0,
-                 warmup: Callable[[], None] | None = None):
+                 warmup: Callable[[], None] | None = None, isolate: bool = False):
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an int >= 1, got {workers!r}")
         if not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be an int >= 1, got {threads!r}")
-        self.workers, self.initargs = workers, (threads, seed, warmup)
+        self.workers, self.initargs, self.isolate = workers, (threads, seed, warmup), isolate
+
+    def _pool(self, jobs: Sequence) -> ProcessPoolExecutor:
+        if not self.isolate:
+            return ProcessPoolExecutor(min(self.workers, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
+                                       initializer=init_worker, initargs=self.initargs)
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(list(PRELOAD))
+        return ProcessPoolExecutor(min(self.workers, len(jobs)), mp_context=ctx, initializer=init_worker,
+                                   initargs=self.initargs, max_tasks_per_child=1)
 
     def map_unordered(self, fn: Callable, jobs: Sequence) -> Iterator[tuple[object, object]]:
         if not jobs:
             return
-        if self.workers == 1:
+        if self.workers == 1 and not self.isolate:
             with torch_threads(None), warnings.catch_warnings():  # the caller gets its settings back
                 init_worker(*self.initargs)
                 for job in jobs:
                     yield job, fn(job)
             return
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(min(self.workers, len(jobs)), mp_context=ctx, initializer=init_worker,
-                                 initargs=self.initargs) as pool:
+        with self._pool(jobs) as pool:
             futures = {pool.submit(fn, job): job for job in jobs}
             for future in as_completed(futures):
                 yield futures[future], future.result()
@@ -208,13 +229,14 @@ class RayExecutor:
     ``--data-root`` must exist on them). Otherwise it starts a local instance on first use with
     ``num_cpus`` CPUs (``None``: Ray counts them), no dashboard and an object store of
     ``object_store_memory`` bytes, and puts the working directory on the workers' ``PYTHONPATH``. If Ray is
-    already initialised in this process it uses that and leaves it running. :meth:`close` (or
+    already initialised in this process it uses that and leaves it running. ``isolate=True``:
+    every job in a fresh worker process (``max_calls=1``), for per-job peak memory. :meth:`close` (or
     leaving a ``with`` block) shuts down a Ray it started; Ray also does so at exit.
     """
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, threads: int = 1,
                  warmup: Callable[[], None] | None = None, *, seed: int = 0, runtime_env: dict | None = None,
-                 object_store_memory: int | None = 512 * 2**20):
+                 object_store_memory: int | None = 512 * 2**20, isolate: bool = False):
         if address is not None and (not isinstance(address, str) or not address.strip()):
             raise ValueError(f"address must be a non-empty string such as 'auto' or 'HOST:PORT', got {address!r}")
         if num_cpus is not None and (not isinstance(num_cpus, int) or num_cpus < 1):
@@ -225,7 +247,7 @@ class RayExecutor:
             raise ValueError(f"threads ({threads}) must not exceed num_cpus ({num_cpus}): each task holds "
                              "`threads` CPUs")
         self.address, self.num_cpus, self.threads, self.seed, self.warmup = address, num_cpus, threads, seed, warmup
-        self.runtime_env, self.object_store_memory = runtime_env, object_store_memory
+        self.runtime_env, self.object_store_memory, self.isolate = runtime_env, object_store_memory, isolate
         self.started = False  # whether this executor started (and so shuts down) Ray
 
     @staticmethod
@@ -273,7 +295,8 @@ class RayExecutor:
         if not jobs:
             return
         ray = self.start()
-        task = ray.remote(_ray_task).options(num_cpus=self.threads)
+        options = {"num_cpus": self.threads, **({"max_calls": 1} if self.isolate else {})}
+        task = ray.remote(_ray_task).options(**options)  # max_calls=1: a fresh worker process per job
         fn_ref, warmup_ref = ray.put(fn), ray.put(self.warmup)  # shipped once, not with every job
         pending = {task.remote(fn_ref, job, self.threads, self.seed, warmup_ref): job for job in jobs}
         try:
