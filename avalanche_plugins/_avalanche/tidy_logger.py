@@ -10,6 +10,7 @@ crash keeps every row written before it.
 from __future__ import annotations
 
 import csv
+import io
 import numbers
 import os
 import re
@@ -89,6 +90,15 @@ class TidyCSVLogger(BaseLogger):
     warning per metric. ``append=True`` continues an existing file with the same columns. Rows are
     flushed at the end of every strategy callback; :meth:`close` (or ``with``) closes the file.
 
+    Checkpoints (Avalanche's ``save_checkpoint`` / ``maybe_load_checkpoint``): the file is opened
+    (and, without ``append``, truncated) at the first row written, not at construction, so the fresh
+    logger a restarted process builds before loading its checkpoint leaves the earlier rows alone,
+    and closing it without rows never truncates. The pickled logger records the file's size at the
+    checkpoint; the restored one cuts the file back to that size (dropping the rows, and the image
+    files they name, that the interrupted process wrote after its last checkpoint: the resumed run
+    writes them again) and appends. The CSV of an interrupted and resumed run is therefore the
+    uninterrupted run's, row for row.
+
     Example::
 
         from avalanche.evaluation.metrics import accuracy_metrics, forgetting_metrics
@@ -129,30 +139,64 @@ class TidyCSVLogger(BaseLogger):
         self._pending: list[dict] = []
         self._training_experience = None
         self._warned: set = set()
-        self._file = None
-        self._open(append)
+        self._file = self._writer = None
+        self._append = bool(append)
+        if self._append:
+            self._check_header()  # a mismatch fails now, not at the first row
 
     # ----------------------------------------------------------------------------------------
     # file
 
-    def _open(self, append: bool) -> None:
+    def _check_header(self) -> bool:
+        """Whether ``path`` holds rows to continue (an error when its columns differ)."""
+        if not (self.path.is_file() and self.path.stat().st_size > 0):
+            return False
+        with open(self.path, newline="") as f:
+            header = tuple(next(csv.reader(f), ()))
+        if header != self.columns:
+            raise ValueError(f"append: {self.path} has columns {header}, this logger writes {self.columns}")
+        return True
+
+    def _open(self) -> None:
+        """Open the file at the first write: appending (``append=True``, or restored from a
+        checkpoint) or a new file with its header."""
+        if self._file is not None:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        existing = append and self.path.is_file() and self.path.stat().st_size > 0
-        if existing:
-            with open(self.path, newline="") as f:
-                header = tuple(next(csv.reader(f), ()))
-            if header != self.columns:
-                raise ValueError(f"append: {self.path} has columns {header}, this logger writes {self.columns}")
+        existing = self._append and self._check_header()
         self._file = open(self.path, "a" if existing else "w", newline="")
         self._writer = csv.DictWriter(self._file, fieldnames=self.columns)
         if not existing:
             self._writer.writeheader()
             self._file.flush()
+        self._append = True  # from now on this logger continues its own file
+
+    def _rewind(self, offset: int) -> None:
+        """Cut the file back to ``offset`` bytes (its size at the checkpoint): rows written after
+        the checkpoint by the interrupted run are dropped, with the image files they name, since
+        the resumed run writes them again."""
+        size = self.path.stat().st_size if self.path.is_file() else 0
+        if size < offset:
+            warnings.warn(f"TidyCSVLogger: {self.path} holds {size} bytes, the checkpoint recorded {offset}: "
+                          "rows written before the checkpoint were lost (was the file overwritten, e.g. by a "
+                          "logger created with append=False that wrote rows before the checkpoint was "
+                          "loaded?); continuing after what is left", stacklevel=3)
+            return
+        with open(self.path, "rb") as f:
+            f.seek(offset)
+            tail = f.read().decode("utf-8", errors="replace")
+        images = self.image_dir.resolve()
+        for row in csv.DictReader(io.StringIO(tail, newline=""), fieldnames=self.columns):
+            file = (self.path.parent / row["file"]).resolve() if row.get("file") else None
+            if file is not None and file.parent == images:
+                file.unlink(missing_ok=True)
+        os.truncate(self.path, offset)
 
     def flush(self, callback: str = "") -> None:
         """Write the pending rows (tagged with ``callback``) and flush the file."""
         if not self._pending:
             return
+        self._open()
         for row in self._pending:  # the callback's state: a before_training_exp value gets its experience
             row["training_experience"] = self._training_experience
             row["callback"] = callback
@@ -161,8 +205,12 @@ class TidyCSVLogger(BaseLogger):
         self._file.flush()
 
     def close(self) -> None:
-        """Write pending rows and close the file (idempotent)."""
-        if self._file is not None and not self._file.closed:
+        """Write pending rows and close the file (idempotent). A logger that never wrote a row
+        leaves an existing file as it is (creating it, header only, when there is none)."""
+        if self._file is None and self._pending == [] and self._check_header():
+            return
+        self._open()
+        if not self._file.closed:
             self.flush()
             self._file.close()
 
@@ -172,14 +220,21 @@ class TidyCSVLogger(BaseLogger):
     def __exit__(self, *exc):
         self.close()
 
-    def __getstate__(self):  # checkpoints pickle the loggers: reopen the file on load
+    def __getstate__(self):  # checkpoints pickle the loggers: the file's size now, reopened on load
         state = self.__dict__.copy()
+        opened = self._file is not None
+        state["_offset"] = (self._file.tell() if not self._file.closed else self.path.stat().st_size) if opened else None
         state["_file"] = state["_writer"] = None
         return state
 
     def __setstate__(self, state):
+        offset = state.pop("_offset", None)
         self.__dict__.update(state)
-        self._open(append=True)
+        self._file = self._writer = None
+        if offset is not None:  # rows were written before the checkpoint: continue after them
+            self._rewind(offset)
+            self._append = True
+            self._open()
 
     # ----------------------------------------------------------------------------------------
     # values
