@@ -45,6 +45,7 @@ _EXPORTS = {
     "fix_text_loggers": "avalanche_plugins._avalanche.compat",
     "fix_wandb_logger": "avalanche_plugins._avalanche.compat",
     "quiet_evaluator": "avalanche_plugins._avalanche.evaluation",
+    "save_checkpoint": "avalanche_plugins._avalanche.compat",
     "stream_accuracy": "avalanche_plugins._avalanche.evaluation",
 }
 

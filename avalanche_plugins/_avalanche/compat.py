@@ -13,6 +13,13 @@ replaces the static method on the class with one that stores copies.
 falls back to pickling the class by value and fails (``Can't pickle sentinel``). Re-exposing the
 loaded submodules as attributes restores pickling by reference; nothing else changes.
 
+``save_checkpoint``: Avalanche's ``save_checkpoint`` writes straight into the target, so a strategy
+that cannot be pickled leaves a truncated file (and has already destroyed the previous checkpoint),
+with dill's error only. This wrapper writes a temporary file next to the target and renames it
+over the target only when the save succeeded; a pickling failure removes the temporary file and
+raises a ``pickle.PicklingError`` that names the fix (``fix_checkpoint_pickling()`` when it has not
+been applied, ``exclude=`` otherwise).
+
 ``fix_wandb_logger``: Avalanche 0.6's ``WandBLogger`` calls ``wandb.util.generate_id`` (gone in
 wandb 0.31) when it starts a run and builds its type checks from ``wandb.viz.CustomChart`` (gone:
 it is ``wandb.plot.CustomChart``) for every value, so it fails at construction and, once shimmed, at
@@ -34,13 +41,15 @@ from __future__ import annotations
 
 import numbers
 import os
+import pickle
 import sys
 import uuid
+from pathlib import Path
 
 import torch
 
 __all__ = ["fix_synaptic_intelligence_on_cpu", "fix_checkpoint_pickling", "fix_text_loggers",
-           "fix_wandb_logger"]
+           "fix_wandb_logger", "save_checkpoint"]
 
 
 @torch.no_grad()
@@ -69,6 +78,61 @@ def fix_checkpoint_pickling() -> None:
         parts = name.split(".")
         if len(parts) == 3 and name.startswith("torch.optim.") and not hasattr(torch.optim, parts[2]):
             setattr(torch.optim, parts[2], module)
+
+
+def _checkpoint_pickling_fixed() -> bool:
+    """Whether every loaded ``torch.optim`` submodule is reachable as an attribute (dill needs it)."""
+    import torch.optim
+
+    return all(hasattr(torch.optim, name.split(".")[2]) for name in list(sys.modules)
+               if name.startswith("torch.optim.") and name.count(".") == 2)
+
+
+def save_checkpoint(strategy, fname, exclude=None) -> None:
+    """Avalanche's ``save_checkpoint(strategy, fname, exclude)``, atomic and with a clear error.
+
+    The checkpoint is written to a temporary file in ``fname``'s folder and renamed over ``fname``
+    once complete, so ``fname`` is always either the previous checkpoint or the new one, never a
+    partial file. When the strategy cannot be pickled, the temporary file is removed and a
+    ``pickle.PicklingError`` names the fix: ``fix_checkpoint_pickling()`` if it has not been called
+    in this process (torch 2.14 optimizers cannot be pickled by dill without it), else the attribute
+    to leave out with ``exclude=`` or to make picklable. Other errors (e.g. a full disk) propagate
+    unchanged, also without leaving a partial file. Load with Avalanche's ``maybe_load_checkpoint``.
+
+    Example::
+
+        from avalanche.checkpointing import maybe_load_checkpoint
+        from avalanche_plugins import fix_checkpoint_pickling, save_checkpoint
+
+        fix_checkpoint_pickling()
+        strategy, start = maybe_load_checkpoint(strategy, "ckpt.pkl")
+        for experience in benchmark.train_stream[start:]:
+            strategy.train(experience)
+            save_checkpoint(strategy, "ckpt.pkl")
+    """
+    from avalanche.checkpointing import save_checkpoint as avalanche_save_checkpoint
+
+    if not isinstance(fname, (str, os.PathLike)):
+        raise TypeError(f"fname: expected a file path, got {type(fname).__name__}")
+    target = Path(fname)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        avalanche_save_checkpoint(strategy, temporary, exclude)
+    except BaseException as error:
+        temporary.unlink(missing_ok=True)
+        if not isinstance(error, (pickle.PicklingError, TypeError, AttributeError, RecursionError)):
+            raise
+        kept = "the previous checkpoint is unchanged" if target.exists() else "no file was written"
+        if not _checkpoint_pickling_fixed():
+            fix = ("call avalanche_plugins.fix_checkpoint_pickling() once in this process before saving: "
+                   "torch 2.14 optimizers cannot be pickled by dill (Avalanche's checkpoint pickler) without it")
+        else:
+            fix = ("fix_checkpoint_pickling() is applied, so an attribute of the strategy (a plugin, a logger, "
+                   "the model) holds something dill cannot pickle: leave it out with "
+                   "save_checkpoint(..., exclude=[name]) or give its class __getstate__/__setstate__")
+        raise pickle.PicklingError(f"save_checkpoint: cannot pickle the strategy for {target} "
+                                   f"({type(error).__name__}: {error}); {fix}. {kept.capitalize()}.") from error
+    os.replace(temporary, target)
 
 
 # --------------------------------------------------------------------------------------------
