@@ -655,7 +655,7 @@ def test_log_profile_next_to_the_sensitivity_metric_measures_and_logs_once(monke
     from avalanche.training.plugins import EvaluationPlugin
     from avalanche.training.supervised import Naive
 
-    import avalanche_plugins._avalanche.curvature as curvature
+    import avalanche_plugins.layer_adaptive.curvature_metric as curvature
     from avalanche_plugins import LayerAdaptiveEWCPlugin, LayerSensitivityMetric
     from tests.fixtures import digits_stream
 

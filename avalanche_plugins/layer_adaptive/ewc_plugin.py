@@ -30,11 +30,6 @@ from dataclasses import dataclass, field
 import torch
 from avalanche.core import SupervisedPlugin
 
-from avalanche_plugins._avalanche.curvature import (
-    logs_sensitivity,
-    measure_profile,
-    sensitivity_values,
-)
 from avalanche_plugins._avalanche.data import (
     check_experience_granularity,
     experience_batches,
@@ -48,6 +43,11 @@ from avalanche_plugins.core.checks import (
     check_positive,
 )
 from avalanche_plugins.layer_adaptive.curvature import CURVATURE_METHODS, DEFAULT_SAMPLES
+from avalanche_plugins.layer_adaptive.curvature_metric import (
+    logs_sensitivity,
+    measure_profile,
+    sensitivity_values,
+)
 from avalanche_plugins.layer_adaptive.fisher import (
     FISHER_KINDS,
     batched_fisher,

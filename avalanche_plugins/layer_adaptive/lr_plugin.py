@@ -28,10 +28,10 @@ import numpy as np
 import torch
 from avalanche.core import SupervisedPlugin
 
-from avalanche_plugins._avalanche.curvature import measure_profile
 from avalanche_plugins._avalanche.data import check_experience_granularity, experience_layer_map
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
 from avalanche_plugins.layer_adaptive.curvature import CURVATURE_METHODS, DEFAULT_SAMPLES
+from avalanche_plugins.layer_adaptive.curvature_metric import measure_profile
 from avalanche_plugins.layer_adaptive.schedules import layer_weights
 
 __all__ = ["LayerAdaptiveLRPlugin"]

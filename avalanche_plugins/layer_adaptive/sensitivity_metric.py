@@ -19,11 +19,11 @@ import time
 
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche.curvature import measure_profile, sensitivity_values
 from avalanche_plugins._avalanche.data import check_experience_granularity
 from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
 from avalanche_plugins.layer_adaptive.curvature import CURVATURE_METHODS, DEFAULT_SAMPLES
+from avalanche_plugins.layer_adaptive.curvature_metric import measure_profile, sensitivity_values
 from avalanche_plugins.layer_adaptive.profile import LayerProfile, layer_profile
 
 __all__ = ["LayerSensitivityMetric"]
