@@ -23,6 +23,32 @@ other estimator module never imports ``avalanche``; only touching an adapter nam
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what editors and type checkers see; at run time the names load lazily below
+    # ruff: noqa: F401 (re-exported through __all__ = sorted(_EXPORTS), which ruff cannot read)
+    from avalanche_plugins._avalanche.compat import (
+        fix_checkpoint_pickling,
+        fix_synaptic_intelligence_on_cpu,
+        fix_text_loggers,
+        fix_wandb_logger,
+        save_checkpoint,
+    )
+    from avalanche_plugins._avalanche.evaluation import quiet_evaluator, stream_accuracy
+    from avalanche_plugins._avalanche.tidy_logger import TidyCSVLogger
+    from avalanche_plugins.ads.metric import ArchitectureDrivenShiftMetric
+    from avalanche_plugins.layer_adaptive.ewc_plugin import LayerAdaptiveEWCPlugin
+    from avalanche_plugins.layer_adaptive.lr_plugin import LayerAdaptiveLRPlugin
+    from avalanche_plugins.layer_adaptive.sensitivity_metric import LayerSensitivityMetric
+    from avalanche_plugins.readiness.metric import OptimizationReadinessMetric
+    from avalanche_plugins.structural.metrics import CycleAccuracyMetric, NewbornGradientMetric
+    from avalanche_plugins.structural.plugins import (
+        FixedMaskPlugin,
+        GrowPlugin,
+        PrunePlugin,
+        retrain_ticket,
+    )
+    from avalanche_plugins.transport.metric import TransportKeyMetric
 
 __version__ = "0.2.0"
 
