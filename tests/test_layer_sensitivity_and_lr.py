@@ -144,3 +144,47 @@ def test_lr_plugin_bad_arguments():
         LayerAdaptiveLRPlugin(schedule="measured")
     with pytest.raises(ValueError, match="alpha"):
         LayerAdaptiveLRPlugin(alpha=0)
+
+
+def test_lr_plugin_floor_keeps_every_layer_training_under_extreme_curvature():
+    # MobileNetV3-small measured kappa ~ 4.4e22: without the floor the smoothed rule gave 8e-17
+    plugin = LayerAdaptiveLRPlugin(schedule="smoothed", base_lr=0.1)
+    plugin.last_spectrum = (10.0 ** -np.linspace(0, 22, 12)).tolist()
+    plugin.last_names = [f"layer{i}" for i in range(12)]
+    with pytest.warns(RuntimeWarning, match="max_ratio"):
+        rates = plugin.layer_rates(12)
+    assert (rates >= 1e-3 * 0.1 * (1 - 1e-12)).all() and rates.max() == pytest.approx(0.1)
+    assert rates[-1] == pytest.approx(0.1) and rates[0] == pytest.approx(1e-4)  # the most sensitive: the floor
+    with pytest.warns(RuntimeWarning, match=r"dead layers \['layer1'\]"):  # dead: the fit's rate, floored
+        plugin.last_spectrum = [4.0, 0.0, 1.0] + [1.0] * 9
+        assert (plugin.layer_rates(12) >= 1e-4 * (1 - 1e-12)).all()
+    deep = LayerAdaptiveLRPlugin(schedule="geometric", alpha=0.5, base_lr=0.1, min_lr_ratio=0.01)
+    rates = deep.layer_rates(21)  # 2^-20 relative without the floor
+    assert rates.min() == pytest.approx(1e-3) and rates.max() == pytest.approx(0.1)
+    unfloored = LayerAdaptiveLRPlugin(schedule="geometric", alpha=0.5, base_lr=0.1, min_lr_ratio=0)
+    assert unfloored.layer_rates(21).min() == pytest.approx(0.1 * 2.0**-20)
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="min_lr_ratio"):
+            LayerAdaptiveLRPlugin(min_lr_ratio=bad)
+
+
+class KillLayer(SupervisedPlugin):
+    """Kills every unit after the trunk's first layer before each experience: s_l = 0 there."""
+
+    def before_training_exp(self, strategy, **kwargs):
+        with torch.no_grad():
+            strategy.model.trunk.features[1].weight.zero_()
+            strategy.model.trunk.features[1].bias.fill_(-100.0)
+
+
+def test_metric_with_a_dead_layer_logs_finite_values_and_names_it():
+    metric = LayerSensitivityMetric(n_samples=64)
+    strategy, stream = strategy_for(plugins=[KillLayer()], metrics=[metric])
+    strategy.optimizer = torch.optim.SGD(strategy.model.parameters(), lr=0.0)  # keep the layer dead
+    with pytest.warns(RuntimeWarning, match=r"dead layer.*trunk\.features\.1"):
+        strategy.train(stream.benchmark.train_stream[0])
+    assert metric.history[-1].dead_layers[0] == "trunk.features.1"
+    for name, value in strategy.evaluator.get_last_metrics().items():
+        values = value.values() if isinstance(value, dict) else [value] if isinstance(value, float) else []
+        assert all(np.isfinite(v) for v in values), name
+    assert np.isfinite(metric.history[-1].kappa)

@@ -18,7 +18,14 @@ Avalanche's name-based bookkeeping (``update_optimizer``) finds parameters in an
 Parameters outside every layer form a last group at ``base_lr``.
 
 No layer ever gets more than ``base_lr``: on a 21-layer ResNet an unnormalised ``α = 0.5`` would
-give the head ``2^20 · base_lr``. A training loss that is non-finite at the end of an
+give the head ``2^20 · base_lr``. No layer gets less than ``min_lr_ratio · base_lr`` (default
+``1e-3``) either, so no schedule freezes a layer: every rate above is
+``max(rate, min_lr_ratio · base_lr)``. This matters for ``smoothed`` on models whose curvature
+spans many orders of magnitude (κ ≈ 1e22 on a MobileNetV3 gave early layers 1e-16 · base_lr) and
+for steep geometric schedules on deep models. Dead layers (``s_ℓ <= 0``) are left out of the fit
+and get the rate the fit predicts at their depth (see
+:func:`~avalanche_plugins.layer_adaptive.schedules.layer_weights`, which also warns naming them),
+floored like every other. A training loss that is non-finite at the end of an
 epoch stops the run with a ``FloatingPointError`` that names the rates in use.
 """
 
@@ -45,6 +52,8 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
     :param base_lr: the largest per-layer rate (the fastest layer: the last one for ``alpha < 1``,
         the first for ``alpha > 1``, the least sensitive one for smoothed); default: the optimizer's
         first-group lr when the plugin first runs.
+    :param min_lr_ratio: the floor: no layer's rate is below ``min_lr_ratio · base_lr`` (in
+        ``[0, 1]``; 0 disables the floor).
     :param curvature: ``fisher`` (default) or ``hessian``: how ``s_ℓ`` is measured (smoothed;
         see ``layer_adaptive.curvature``).
     :param spectrum_samples, spectrum_max_iter, spectrum_tol: measurement budget (smoothed;
@@ -54,7 +63,7 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
 
     def __init__(self, schedule: str = "geometric", alpha: float = 0.5, base_lr: float | None = None, *,
                  curvature: str = "fisher", spectrum_samples: int | None = None, spectrum_max_iter: int = 100, spectrum_tol: float = 1e-3,
-                 seed: int = 0):
+                 seed: int = 0, min_lr_ratio: float = 1e-3):
         super().__init__()
         check_choice("schedule", schedule, ("geometric", "smoothed"))
         check_positive("alpha", alpha)
@@ -65,21 +74,31 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
             spectrum_samples = DEFAULT_SAMPLES[curvature]
         check_int("spectrum_samples", spectrum_samples)
         check_int("seed", seed, minimum=0)
+        check_positive("min_lr_ratio", min_lr_ratio, allow_zero=True)
+        if min_lr_ratio > 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1] (a fraction of base_lr), got {min_lr_ratio!r}")
+        self.min_lr_ratio = float(min_lr_ratio)
         self.curvature = curvature
         self.schedule, self.alpha, self.base_lr = schedule, alpha, base_lr
         self.spectrum_samples, self.spectrum_max_iter, self.spectrum_tol = spectrum_samples, spectrum_max_iter, spectrum_tol
         self.seed = seed
         self.last_spectrum: list[float] | None = None
+        self.last_names: list[str] | None = None  # the layers of last_spectrum
         self.history: list[dict] = []  # per experience: layer names and the rates applied
 
     def layer_rates(self, n_layers: int) -> np.ndarray:
+        """``lr_ℓ`` for the ``n_layers`` layers (module docstring), in
+        ``[min_lr_ratio · base_lr, base_lr]``."""
         if self.schedule == "geometric":
             weights = layer_weights("geometric", n_layers, alpha=self.alpha)
-            return self.base_lr * weights / weights.max()
-        if self.last_spectrum is None or len(self.last_spectrum) != n_layers:
-            return np.full(n_layers, self.base_lr)
-        inverse = 1.0 / layer_weights("smoothed", n_layers, spectrum=self.last_spectrum)
-        return self.base_lr * inverse / inverse.max()
+            relative = weights / weights.max()
+        elif self.last_spectrum is None or len(self.last_spectrum) != n_layers:
+            relative = np.ones(n_layers)
+        else:
+            names = self.last_names if self.last_names is not None and len(self.last_names) == n_layers else None
+            inverse = 1.0 / layer_weights("smoothed", n_layers, spectrum=self.last_spectrum, names=names)
+            relative = inverse / inverse.max()
+        return self.base_lr * np.maximum(relative, self.min_lr_ratio)
 
     def before_training_exp(self, strategy, **kwargs):
         check_experience_granularity(strategy, "LayerAdaptiveLRPlugin")
@@ -119,4 +138,4 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
                                        chunk_size=None,
                                        max_iter=self.spectrum_max_iter, tol=self.spectrum_tol,
                                        seed=self.seed + strategy.clock.train_exp_counter)
-            self.last_spectrum = spectrum.top.tolist()
+            self.last_spectrum, self.last_names = spectrum.top.tolist(), list(spectrum.names)

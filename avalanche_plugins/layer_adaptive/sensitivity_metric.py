@@ -6,9 +6,14 @@ sample of the experience just trained, and emits through the ``EvaluationPlugin`
 
 * ``LayerSensitivity/train_phase/train_stream/TaskNNN/ExpNNN`` — ``{layer name: s_ℓ}`` (loggers
   split dicts into one scalar per layer),
-* ``LayerSensitivityKappa/...`` — ``κ = max s_ℓ / min s_ℓ``,
-* ``LayerSensitivityAlphaHat/...`` — the geometric-fit ratio ``α̂``,
+* ``LayerSensitivityKappa/...`` — ``κ = max s_ℓ / min s_ℓ`` over the live layers,
+* ``LayerSensitivityAlphaHat/...`` — the geometric-fit ratio ``α̂`` over the live layers,
 * ``LayerSensitivityProfile/...`` — a bar chart (TensorBoard shows it as an image).
+
+Dead layers (``s_ℓ <= 0``, :mod:`avalanche_plugins.layer_adaptive.profile`) keep their ``s_ℓ`` in
+the dict, are named in a ``RuntimeWarning`` and in ``history[i].dead_layers``, and are left out of
+κ and α̂, so no logged value is inf or NaN; κ (and the bar chart) is not logged when every layer
+is dead, α̂ not when fewer than two are live.
 
 It never changes the model, the optimizer or torch's global RNG stream.
 """
@@ -19,7 +24,7 @@ import time
 
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche.data import check_experience_granularity
+from avalanche_plugins._avalanche.data import check_experience_granularity, metric_name
 from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
 from avalanche_plugins.layer_adaptive.curvature import CURVATURE_METHODS, DEFAULT_SAMPLES
@@ -76,6 +81,9 @@ class LayerSensitivityMetric(RecordingMetric[dict]):
                                    max_iter=self.max_iter, tol=self.tol, seed=self.seed + exp_id)
         profile = layer_profile(exp_id, spectrum, seconds={"spectrum": time.perf_counter() - start})
         self.history.append(profile)
+        if profile.kappa is None:  # every layer dead: only the per-layer values are defined
+            return [MetricValue(self, metric_name("LayerSensitivity", strategy),
+                                dict(zip(profile.layer_names, profile.spectrum)), strategy.clock.train_iterations)]
         return sensitivity_values(self, strategy, profile, strategy.clock.train_iterations)
 
     def __str__(self) -> str:
