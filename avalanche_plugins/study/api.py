@@ -20,7 +20,7 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from avalanche_plugins.study.config import Study, load_study
+from avalanche_plugins.study.config import Study, load_study, sources_for
 from avalanche_plugins.study.harness.cli import is_skipped
 from avalanche_plugins.study.harness.jobs import Timer, run_jobs
 from avalanche_plugins.study.harness.protocol import expand_grid, select_best, setting_label
@@ -92,7 +92,8 @@ def plan_tuning_jobs(study: Study, skip=()) -> list[tuple[StudyJob, dict]]:
         for setting in expand_grid(strategy["grid"]) if strategy["grid"] else []:
             spec, training = apply_setting(strategy, study.training, setting)
             jobs.append((StudyJob(study.name, scenario, study.model, training, spec, _label(setting), [],
-                                  study.loggers, study.tune_seed, "validation"), setting))
+                                  study.loggers, study.tune_seed, "validation",
+                                  sources_for(study, scenario, study.model, spec), tuple(study.paths)), setting))
     return jobs
 
 
@@ -100,11 +101,14 @@ def plan_test_jobs(study: Study, chosen: dict, skip=()) -> list[StudyJob]:
     """Every (scenario, strategy) at its chosen setting (``{}`` without a grid), every seed."""
     jobs = []
     for scenario, strategy in _cells(study, skip):
+        if "failed" in chosen.get(scenario["name"], {}).get(strategy["name"], {}):
+            continue  # nothing to test: _tuning_failures records the cell as failed
         setting = chosen.get(scenario["name"], {}).get(strategy["name"], {}).get("setting", {})
         spec, training = apply_setting(strategy, study.training, setting)
         for seed in range(study.seeds):
             jobs.append(StudyJob(study.name, scenario, study.model, training, spec, _label(setting),
-                                 study.metrics, study.loggers, seed, "test"))
+                                 study.metrics, study.loggers, seed, "test",
+                                 sources_for(study, scenario, study.model, spec, study.metrics), tuple(study.paths)))
     return jobs
 
 
@@ -116,12 +120,27 @@ def _choose(tuning: list[tuple[StudyJob, dict]], rows: list[dict]) -> dict:
     for row in rows:
         key = (row["scenario"], row["strategy"])
         if key not in best:
-            errors = sorted({r.get("error", "NaN accuracy") for r in rows if (r["scenario"], r["strategy"]) == key})
-            raise RuntimeError(f"{key[0]}/{key[1]}: every grid setting failed on the validation split: {'; '.join(errors)}")
+            errors = sorted({r.get("error") or "NaN accuracy" for r in rows if (r["scenario"], r["strategy"]) == key})
+            chosen.setdefault(key[0], {})[key[1]] = {
+                "setting": {}, "label": "—", "val_acc": float("nan"),
+                "failed": f"every grid setting failed on the validation split: {'; '.join(errors)}"}
+            continue
         winner = best[key]
         chosen.setdefault(key[0], {})[key[1]] = {"setting": winner["setting_values"], "label": winner["setting"],
                                                  "val_acc": winner["acc"]}
     return chosen
+
+
+def _tuning_failures(study: Study, chosen: dict) -> list[dict]:
+    """A failed test row per seed of every cell whose grid failed entirely (never scored)."""
+    rows = []
+    for scenario, strategies in chosen.items():
+        for strategy, choice in strategies.items():
+            if "failed" in choice:
+                rows += [{"scenario": scenario, "strategy": strategy, "setting": "—", "seed": seed, "split": "test",
+                          "status": "tuning", "error": choice["failed"], "metrics": [], "accuracy_matrix": []}
+                         for seed in range(study.seeds)]
+    return rows
 
 
 def run_study(config, *, out, quick: bool = False, seeds: int | None = None, executor: str = "local",
@@ -142,7 +161,7 @@ def run_study(config, *, out, quick: bool = False, seeds: int | None = None, exe
                                desc="tuning (validation)", progress=progress)
         chosen = _choose(tuning, tuning_rows)
         test_rows = run_jobs(run, plan_test_jobs(study, chosen, skip), cache=cache, executor=pool,
-                             desc="runs (test)", progress=progress)
+                             desc="runs (test)", progress=progress) + _tuning_failures(study, chosen)
     return write_outputs(study, out, test_rows, tuning_rows, chosen, total.seconds, args=args, echo=echo)
 
 
@@ -192,6 +211,9 @@ def _chosen_lines(saved: dict) -> list[str]:
     lines = []
     for scenario, strategies in saved.get("chosen", {}).items():
         for strategy, choice in strategies.items():
+            if "failed" in choice:
+                lines.append(f"- {scenario} / {strategy}: none — {choice['failed']}")
+                continue
             lines.append(f"- {scenario} / {strategy}: **{choice['label']}** (validation ACC {choice['val_acc']:.3f})")
     return lines
 

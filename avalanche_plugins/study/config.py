@@ -15,13 +15,17 @@ from pathlib import Path
 
 from avalanche_plugins.study.registry import (
     ConfigError,
+    ErrorList,
     check_arguments,
     check_value,
     metric_factory,
     model_factory,
+    module_folder,
     parameters,
     plugin_class,
     resolve_dotted,
+    set_search_paths,
+    source_hash,
     strategy_class,
 )
 
@@ -72,6 +76,8 @@ class Study:
     loggers: list[str]
     source: str | None = None
     quick: dict = field(default_factory=dict)
+    sources: dict = field(default_factory=dict)  # user module → hash of its source (job cache keys)
+    paths: list = field(default_factory=list)  # folders the user modules are imported from
 
     def as_dict(self) -> dict:
         return {k: copy.deepcopy(getattr(self, k)) for k in
@@ -82,51 +88,143 @@ class Study:
         return next(s for s in self.strategies if s["name"] == name)
 
 
-def load_study(config, *, quick: bool = False, seeds: int | None = None, data_root=None) -> Study:
+def load_study(config, *, quick: bool = False, seeds: int | None = None, data_root=None, deep: bool = True) -> Study:
     """Read and validate a study: a YAML/TOML path or an already parsed mapping.
 
     ``quick`` applies the config's ``quick:`` overrides; ``seeds`` replaces ``seeds``;
-    ``data_root`` fills the ``data_root`` of scenarios that name none.
+    ``data_root`` fills the ``data_root`` of scenarios that name none. Dotted
+    ``module:callable`` names resolve against the config file's folder, then the working
+    directory. Every error of the config is collected and raised at once (one
+    :class:`ConfigError` listing them, each naming its key); ``deep`` (default) also runs the
+    semantic checks that need the scenario: experience counts that do not divide the classes, and
+    a model that cannot be built for (or run on) the scenario's input shape.
     """
     source = None
     if isinstance(config, (str, Path)):
         source = str(config)
+        set_search_paths(Path(config).resolve().parent, Path.cwd())
         config = _read(Path(config))
+    else:
+        set_search_paths(Path.cwd())
     if not isinstance(config, Mapping):
         raise ConfigError(f"config: expected a mapping of keys, got {type(config).__name__}")
+    found = ErrorList()
     raw = copy.deepcopy(dict(config))
-    _keys(raw, "", _TOP, required=("scenarios", "strategies"))
-    quick_spec = _quick(raw.get("quick", {}))
+    with found.attempt():
+        _keys(raw, "", _TOP, required=("scenarios", "strategies"))
+    quick_spec: dict = {}
+    with found.attempt():
+        quick_spec = _quick(raw.get("quick", {}))
     if quick:
         raw = _apply_quick(raw, quick_spec)
     if seeds is not None:
         raw["seeds"] = seeds
+
+    def section(fn, fallback):
+        with found.attempt():
+            return fn()
+        return fallback
+
     study = Study(
-        name=_string(raw.get("name", Path(source).stem if source else "study"), "name"),
-        description=_string(raw.get("description", ""), "description"),
-        seeds=_int(raw.get("seeds", 3), "seeds", minimum=1),
-        tune_seed=_int(raw.get("tune_seed", 0), "tune_seed", minimum=0),
+        name=section(lambda: _string(raw.get("name", Path(source).stem if source else "study"), "name"), "study"),
+        description=section(lambda: _string(raw.get("description", ""), "description"), ""),
+        seeds=section(lambda: _int(raw.get("seeds", 3), "seeds", minimum=1), 1),
+        tune_seed=section(lambda: _int(raw.get("tune_seed", 0), "tune_seed", minimum=0), 0),
         reference="",
-        scenarios=[_scenario(s, f"scenarios[{i}]", data_root) for i, s in enumerate(_list(raw["scenarios"], "scenarios"))],
-        model=_model(raw.get("model", "mlp")),
-        training=_training(raw.get("training", {}), "training", defaults=TRAINING_DEFAULTS),
+        scenarios=[],
+        model=section(lambda: _model(raw.get("model", "mlp")), None),
+        training=section(lambda: _training(raw.get("training", {}), "training", defaults=TRAINING_DEFAULTS),
+                         dict(TRAINING_DEFAULTS)),
         strategies=[],
-        metrics=[_metric(m, f"metrics[{i}]") for i, m in enumerate(_list(raw.get("metrics", []), "metrics", empty=True))],
-        loggers=_loggers(raw.get("loggers", [])),
+        metrics=[],
+        loggers=section(lambda: _loggers(raw.get("loggers", [])), []),
         source=source,
         quick=quick_spec,
     )
-    for i, entry in enumerate(_list(raw["strategies"], "strategies")):
-        study.strategies.append(_strategy(entry, f"strategies[{i}]", study.training))
-    _unique([s["name"] for s in study.scenarios], "scenarios", "name")
-    _unique([s["name"] for s in study.strategies], "strategies", "name")
-    _unique([m["name"] for m in study.metrics], "metrics", "name")
-    reference = raw.get("reference", study.strategies[0]["name"])
-    if reference not in [s["name"] for s in study.strategies]:
-        raise ConfigError(f"reference: {reference!r} is not a strategy name; names are "
-                          f"{', '.join(s['name'] for s in study.strategies)}")
-    study.reference = reference
+    for key, target, fn in (("scenarios", study.scenarios, lambda e, w: _scenario(e, w, data_root)),
+                            ("metrics", study.metrics, _metric),
+                            ("strategies", study.strategies, lambda e, w: _strategy(e, w, study.training))):
+        entries = section(lambda key=key: _list(raw.get(key, []), key, empty=key == "metrics"), [])
+        for i, entry in enumerate(entries):
+            made = section(lambda entry=entry, i=i, fn=fn, key=key: fn(entry, f"{key}[{i}]"), None)
+            if made is not None:
+                target.append(made)
+    with found.attempt():
+        _unique([s["name"] for s in study.scenarios], "scenarios", "name")
+    with found.attempt():
+        _unique([s["name"] for s in study.strategies], "strategies", "name")
+    with found.attempt():
+        _unique([m["name"] for m in study.metrics], "metrics", "name")
+    names = [s["name"] for s in study.strategies]
+    reference = raw.get("reference", names[0] if names else None)
+    if reference is not None and names and reference not in names:
+        found.errors.append(f"reference: {reference!r} is not a strategy name; names are {', '.join(names)}")
+    study.reference = reference or ""
+    if deep and study.model is not None and not found.errors:
+        for i, scenario in enumerate(study.scenarios):
+            with found.attempt():
+                check_model_builds(study.model, scenario, f"scenarios[{i}]")
+    found.raise_if_any()
+    study.sources, study.paths = _user_sources(study)
     return study
+
+
+def _dotted_names(study: Study) -> list[str]:
+    names = [s["benchmark"] for s in study.scenarios] + [study.model["name"]] + [m["name"] for m in study.metrics]
+    for strategy in study.strategies:
+        names += [strategy["class"], *(p["name"] for p in strategy["plugins"])]
+    return [n for n in names if ":" in n]
+
+
+def _user_sources(study: Study) -> tuple[dict, list]:
+    """``({module: source hash}, [folders])`` of every user module the config names."""
+    sources, paths = {}, []
+    for name in _dotted_names(study):
+        module = name.partition(":")[0]
+        digest = source_hash(module)
+        if digest is not None:
+            sources[module] = digest
+        folder = module_folder(module)
+        if folder is not None and folder not in paths:
+            paths.append(folder)
+    return sources, paths
+
+
+def sources_for(study: Study, *specs) -> dict:
+    """The source hashes of the user modules named in ``specs`` (dicts of a scenario, strategy,
+    model or metric), for the cache key of the jobs that use them."""
+    text = repr(specs)
+    return {m: h for m, h in study.sources.items() if f"'{m}:" in text}
+
+
+_INPUT_SHAPES = {"digits": (1, 8, 8), "mnist": (1, 28, 28), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
+
+
+def check_model_builds(model: dict, scenario: dict, where: str) -> None:
+    """Build the study's model for a built-in scenario's input shape and class count and run it
+    on two zero inputs (``ConfigError`` naming ``model`` and the scenario otherwise). Scenarios
+    from a benchmark factory are checked when the run builds them."""
+    if ":" in scenario["benchmark"]:
+        return
+    import torch
+    from avalanche.models import avalanche_forward
+
+    from avalanche_plugins.study.build import build_model
+    from avalanche_plugins.study.harness.data import N_CLASSES, Stream
+
+    dataset, kind = BUILTIN_SCENARIOS[scenario["benchmark"]]
+    shape, total = _INPUT_SHAPES[dataset], N_CLASSES[dataset]
+    n_exp = scenario["n_experiences"] or 5
+    n_classes = total // n_exp if scenario["task_incremental"] and kind == "split" else total
+    stream = Stream(None, shape, n_classes, scenario["task_incremental"], scenario["benchmark"])
+    try:
+        net = build_model(model, stream)
+        with torch.no_grad():
+            avalanche_forward(net.eval(), torch.zeros(2, *shape), torch.zeros(2, dtype=torch.long))
+    except Exception as error:  # noqa: BLE001 - any failure to build or run is the config's error
+        raise ConfigError(f"model: {model['name']!r} cannot be built for or run on {where} "
+                          f"({scenario['name']}: input shape {shape}, {n_classes} classes): "
+                          f"{type(error).__name__}: {error}") from None
 
 
 def _read(path: Path) -> dict:
@@ -163,12 +261,11 @@ def _join(path: str, key) -> str:
 def _keys(value, path: str, allowed, required=()) -> dict:
     if not isinstance(value, Mapping):
         raise ConfigError(f"{path or 'config'}: expected a mapping, got {value!r}")
-    for key in value:
-        if key not in allowed:
-            raise ConfigError(f"{_join(path, key)}: unknown key; expected one of {', '.join(allowed)}")
-    for key in required:
-        if key not in value:
-            raise ConfigError(f"{_join(path, key)}: required key missing")
+    errors = [f"{_join(path, key)}: unknown key; expected one of {', '.join(allowed)}"
+              for key in value if key not in allowed]
+    errors += [f"{_join(path, key)}: required key missing" for key in required if key not in value]
+    if errors:
+        raise ConfigError(errors)
     return dict(value)
 
 
@@ -286,6 +383,15 @@ def _scenario(entry, path: str, data_root) -> dict:
         raise ConfigError(f"{path}.kwargs: only a 'package.module:callable' benchmark takes kwargs")
     if spec.get("n_experiences") is not None:
         out["n_experiences"] = _int(spec["n_experiences"], f"{path}.n_experiences", minimum=1)
+        from avalanche_plugins.study.harness.data import N_CLASSES
+
+        dataset, kind = BUILTIN_SCENARIOS[benchmark]
+        total = N_CLASSES[dataset]
+        if kind == "split" and (total % out["n_experiences"] or out["n_experiences"] > total):
+            divisors = [d for d in range(1, total + 1) if total % d == 0]
+            raise ConfigError(f"{path}.n_experiences: {benchmark} has {total} classes, which "
+                              f"{out['n_experiences']} experiences do not divide evenly; use one of "
+                              f"{', '.join(map(str, divisors))}")
     task_incremental = spec.get("task_incremental", False)
     if not isinstance(task_incremental, bool):
         raise ConfigError(f"{path}.task_incremental: expected true or false, got {task_incremental!r}")
@@ -318,9 +424,17 @@ def _model(entry) -> dict:
 
 
 def _training(value, path: str, defaults: Mapping | None) -> dict:
-    spec = _keys(value, path, tuple(TRAINING_DEFAULTS))
-    for key, given in spec.items():
-        _training_value(key, given, f"{path}.{key}")
+    found = ErrorList()
+    spec = {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+    for key, given in value.items():
+        with found.attempt():
+            if key not in TRAINING_DEFAULTS:
+                raise ConfigError(f"{_join(path, key)}: unknown key; expected one of {', '.join(TRAINING_DEFAULTS)}")
+            _training_value(key, given, f"{path}.{key}")
+            spec[key] = given
+    found.raise_if_any()
     return {**(defaults or {}), **spec}
 
 
@@ -338,55 +452,87 @@ def _training_value(key: str, given, where: str) -> None:
 
 
 def _strategy(entry, path: str, training: dict) -> dict:
+    """One strategy entry; every problem in it is reported (one ``ConfigError`` listing them)."""
     if isinstance(entry, str):
         entry = {"name": entry}
     spec = _keys(entry, path, _STRATEGY, required=("name",))
     name = _string(spec["name"], f"{path}.name")
-    plugins = [_named(p, f"{path}.plugins[{i}]") for i, p in enumerate(_list(spec.get("plugins", []), f"{path}.plugins", empty=True))]
-    cls_name = _string(spec.get("class", "Naive" if plugins else name), f"{path}.class")
+    found = ErrorList()
+    plugins = []
+    with found.attempt():
+        for i, p in enumerate(_list(spec.get("plugins", []), f"{path}.plugins", empty=True)):
+            with found.attempt():
+                plugins.append(_named(p, f"{path}.plugins[{i}]"))
+    cls_name = _string(spec.get("class", "Naive" if spec.get("plugins") else name), f"{path}.class")
     where_cls = f"{path}.class" if "class" in spec else f"{path}.name"
-    cls = strategy_class(cls_name, where_cls)
-    kwargs = _kwargs(spec.get("kwargs", {}), f"{path}.kwargs")
-    grid = _kwargs(spec.get("grid", {}), f"{path}.grid")
-    out = {"name": name, "class": cls_name, "kwargs": kwargs, "plugins": plugins, "grid": {},
-           "training": _training(spec.get("training", {}), f"{path}.training", defaults=None)}
-    classes = [plugin_class(p["name"], f"{path}.plugins[{i}].name") for i, p in enumerate(plugins)]
-    targets = {}  # grid key → (callable, kwargs dict path, argument)
+    cls = None
+    with found.attempt():
+        cls = strategy_class(cls_name, where_cls)
+    kwargs = grid = {}
+    with found.attempt():
+        kwargs = _kwargs(spec.get("kwargs", {}), f"{path}.kwargs")
+    with found.attempt():
+        grid = _kwargs(spec.get("grid", {}), f"{path}.grid")
+    out = {"name": name, "class": cls_name, "kwargs": kwargs, "plugins": plugins, "grid": {}, "training": {}}
+    with found.attempt():
+        out["training"] = _training(spec.get("training", {}), f"{path}.training", defaults=None)
+    classes = []
+    for i, p in enumerate(plugins):
+        classes.append(None)
+        with found.attempt():
+            classes[i] = plugin_class(p["name"], f"{path}.plugins[{i}].name")
+    targets = {}  # grid key → (kind, plugin index, argument)
     for key, values in grid.items():
-        where = f"{path}.grid.{key}"
-        if not isinstance(values, list) or not values:
-            raise ConfigError(f"{where}: expected a non-empty list of values, got {values!r}")
-        owner, _, argument = key.rpartition(".")
-        if not owner:
-            targets[key] = ("strategy", None, argument)
-        elif owner == "training":
-            if argument not in TRAINING_DEFAULTS:
-                raise ConfigError(f"{where}: training has no key {argument!r}; expected one of {', '.join(TRAINING_DEFAULTS)}")
-            for j, value in enumerate(values):
-                _training_value(argument, value, f"{path}.grid.{key}[{j}]")
-            targets[key] = ("training", None, argument)
-        else:
-            index = plugin_index(owner, plugins, where)
-            targets[key] = ("plugin", index, argument)
-        out["grid"][key] = values
+        with found.attempt():
+            targets[key] = _grid_target(key, values, path, plugins)
+            out["grid"][key] = values
     for i, (plugin, plugin_cls) in enumerate(zip(plugins, classes)):
-        optional = [a for kind, index, a in targets.values() if kind == "plugin" and index == i]
-        check_arguments(plugin_cls, plugin["kwargs"], f"{path}.plugins[{i}].kwargs", optional=optional,
-                        label=plugin["name"])
-    optional = [a for kind, _, a in targets.values() if kind == "strategy"]
-    check_arguments(cls, kwargs, f"{path}.kwargs", injected=STRATEGY_INJECTED, optional=optional, label=cls_name)
-    for key, (kind, index, argument) in targets.items():
-        if kind == "training":
+        if plugin_cls is None:
             continue
-        target = cls if kind == "strategy" else classes[index]
-        params, _, _, hints = parameters(target)
-        if argument not in params or (kind == "strategy" and argument in STRATEGY_INJECTED):
-            label = cls_name if kind == "strategy" else plugins[index]["name"]
-            raise ConfigError(f"{path}.grid.{key}: {label} has no argument {argument!r}")
-        for j, value in enumerate(out["grid"][key]):
-            check_value(value, hints.get(argument, params[argument].annotation), params[argument].default,
-                        f"{path}.grid.{key}[{j}]")
+        optional = [a for kind, index, a in targets.values() if kind == "plugin" and index == i]
+        with found.attempt():
+            check_arguments(plugin_cls, plugin["kwargs"], f"{path}.plugins[{i}].kwargs", optional=optional,
+                            label=plugin["name"])
+    if cls is not None:
+        optional = [a for kind, _, a in targets.values() if kind == "strategy"]
+        with found.attempt():
+            check_arguments(cls, kwargs, f"{path}.kwargs", injected=STRATEGY_INJECTED, optional=optional,
+                            label=cls_name)
+    for key, (kind, index, argument) in targets.items():
+        target = cls if kind == "strategy" else classes[index] if kind == "plugin" else None
+        if target is None:
+            continue
+        with found.attempt():
+            params, _, _, hints = parameters(target)
+            if argument not in params or (kind == "strategy" and argument in STRATEGY_INJECTED):
+                label = cls_name if kind == "strategy" else plugins[index]["name"]
+                raise ConfigError(f"{path}.grid.{key}: {label} has no argument {argument!r}")
+            for j, value in enumerate(out["grid"][key]):
+                with found.attempt():
+                    check_value(value, hints.get(argument, params[argument].annotation), params[argument].default,
+                                f"{path}.grid.{key}[{j}]")
+    found.raise_if_any()
     return out
+
+
+def _grid_target(key: str, values, path: str, plugins: list[dict]) -> tuple[str, int | None, str]:
+    """Where a grid key goes: ``("strategy" | "training" | "plugin", plugin index, argument)``."""
+    where = f"{path}.grid.{key}"
+    if not isinstance(values, list) or not values:
+        raise ConfigError(f"{where}: expected a non-empty list of values, got {values!r}")
+    owner, _, argument = key.rpartition(".")
+    if not owner:
+        return "strategy", None, argument
+    if owner == "training":
+        if argument not in TRAINING_DEFAULTS:
+            raise ConfigError(f"{where}: training has no key {argument!r}; expected one of {', '.join(TRAINING_DEFAULTS)}")
+        found = ErrorList()
+        for j, value in enumerate(values):
+            with found.attempt():
+                _training_value(argument, value, f"{where}[{j}]")
+        found.raise_if_any()
+        return "training", None, argument
+    return "plugin", plugin_index(owner, plugins, where), argument
 
 
 def plugin_index(owner: str, plugins: list[dict], where: str) -> int:

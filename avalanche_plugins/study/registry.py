@@ -15,20 +15,100 @@ missing required ones, and the types the annotations or defaults state) and rais
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import hashlib
 import importlib
 import inspect
 import numbers
+import re
+import sys
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 
-__all__ = ["ConfigError", "check_arguments", "check_value", "metric_factory", "model_factory",
+__all__ = ["ALIASES", "ConfigError", "ErrorList", "check_arguments", "module_folder", "set_search_paths",
+           "source_hash", "check_value", "metric_factory", "model_factory",
            "parameters", "plugin_class", "resolve_dotted", "strategy_class"]
 
 
 class ConfigError(ValueError):
-    """A study config that cannot run; the message starts with the offending key."""
+    """A study config that cannot run. ``errors``: every problem found, each starting with the
+    offending key; the message lists them all."""
+
+    def __init__(self, errors):
+        self.errors = [errors] if isinstance(errors, str) else list(errors)
+        if len(self.errors) == 1:
+            message = self.errors[0]
+        else:
+            message = f"{len(self.errors)} errors:\n" + "\n".join(f"  - {e}" for e in self.errors)
+        super().__init__(message)
+
+
+class ErrorList:
+    """Collects :class:`ConfigError` s so that one pass over a config reports all of them.
+
+    Example:
+        >>> found = ErrorList()
+        >>> with found.attempt():
+        ...     raise ConfigError("seeds: expected an integer >= 1, got 0")
+        >>> with found.attempt():
+        ...     raise ConfigError("model.name: unknown model 'mpl'")
+        >>> print(found.error())
+        2 errors:
+          - seeds: expected an integer >= 1, got 0
+          - model.name: unknown model 'mpl'
+    """
+
+    def __init__(self):
+        self.errors: list[str] = []
+
+    @contextlib.contextmanager
+    def attempt(self):
+        try:
+            yield
+        except ConfigError as error:
+            self.errors.extend(error.errors)
+
+    def error(self) -> ConfigError | None:
+        return ConfigError(self.errors) if self.errors else None
+
+    def raise_if_any(self) -> None:
+        if self.errors:
+            raise ConfigError(self.errors)
+
+
+_search_paths: list[str] = []  # folders dotted names resolve against (the config's, the working directory)
+_imported_from: dict[str, str] = {}  # user module → the folder it was imported from
+
+
+def set_search_paths(*folders) -> None:
+    """Folders a dotted ``module:attr`` resolves against, first to last (put on ``sys.path``)."""
+    _search_paths[:] = [str(Path(f).resolve()) for f in folders if f is not None]
+    for folder in reversed(_search_paths):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+
+
+def module_folder(module_name: str) -> str | None:
+    """The folder holding the top-level package of an imported user module (for workers)."""
+    return _imported_from.get(module_name)
+
+
+def source_hash(module_name: str) -> str | None:
+    """SHA-256 (first 16 hex digits) of a module's source: its file, or every ``.py`` file of a
+    package. ``None`` for a module without source files (built-in, compiled)."""
+    module = sys.modules.get(module_name) or importlib.import_module(module_name)
+    file = getattr(module, "__file__", None)
+    if not file or not file.endswith(".py"):
+        return None
+    path = Path(file)
+    files = sorted(path.parent.rglob("*.py")) if path.name == "__init__.py" else [path]
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def resolve_dotted(path: str, where: str):
@@ -39,7 +119,14 @@ def resolve_dotted(path: str, where: str):
     try:
         obj = importlib.import_module(module_name)
     except ImportError as error:
-        raise ConfigError(f"{where}: cannot import module {module_name!r} ({error})") from None
+        searched = ", ".join(_search_paths) or "sys.path"
+        raise ConfigError(f"{where}: cannot import module {module_name!r} ({error}; searched {searched})") from None
+    except Exception as error:  # noqa: BLE001 - the user's module fails at import: say so, with its key
+        raise ConfigError(f"{where}: importing {module_name!r} raised {type(error).__name__}: {error}") from None
+    file = getattr(obj, "__file__", None)
+    if file:
+        top = Path(file).resolve().parents[module_name.count(".") + (Path(file).name == "__init__.py")]
+        _imported_from.setdefault(module_name, str(top))
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ConfigError(f"{where}: module {module_name!r} has no attribute {attr!r}")
@@ -49,10 +136,46 @@ def resolve_dotted(path: str, where: str):
     return obj
 
 
+# what papers and other libraries call Avalanche's strategies and plugins (normalised: lower case,
+# letters and digits only) → Avalanche's names, or advice where Avalanche has no class of that name
+ALIASES = {
+    "si": "SynapticIntelligence", "synapticintelligence": "SynapticIntelligence",
+    "agem": "AGEM", "averagedgem": "AGEM", "er": "Replay", "experiencereplay": "Replay", "replay": "Replay",
+    "eraca": "ER_ACE", "erace": "ER_ACE", "eraml": "ER_AML", "der": "DER", "derpp": "DER", "darkexperiencereplay": "DER",
+    "icarl": "ICaRL", "joint": "JointTraining", "jointtraining": "JointTraining", "offline": "JointTraining",
+    "gss": "GSS_greedy", "gr": "GenerativeReplay", "dgr": "GenerativeReplay", "generativereplay": "GenerativeReplay",
+    "finetune": "Naive", "finetuning": "Naive", "sgd": "Naive", "cumulative": "Cumulative",
+    "onlineewc": "EWC (with kwargs: {mode: online, decay_factor: ...})", "ewcpp": "EWC (with kwargs: {mode: online})",
+    "rwalk": "Naive with plugins: [RWalkPlugin]", "riemannianwalk": "Naive with plugins: [RWalkPlugin]",
+    "lwf": "LwF", "mas": "MAS", "gdumb": "GDumb", "lfl": "LFL", "packnet": "PackNet",
+}
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower().replace("++", "pp"))
+
+
 def _unknown(kind: str, name: str, where: str, known: Iterable[str]) -> ConfigError:
+    """An unknown name, with did-you-mean over ``known`` (case- and punctuation-insensitive) and
+    the common aliases of strategies and plugins."""
     known = sorted(set(known))
-    close = difflib.get_close_matches(name, known, n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(known)}"
+    by_normal = {_normal(k): k for k in known}
+    key = _normal(name)
+    close = []
+    if kind == "plugin":
+        stem = _normal(ALIASES.get(key.removesuffix("plugin"), key).split()[0])
+        close += [by_normal[c] for c in (key, f"{key}plugin", f"{stem}plugin") if c in by_normal]
+    else:
+        if key in ALIASES:
+            close.append(ALIASES[key])
+        if key in by_normal:
+            close.append(by_normal[key])
+    if len(key) >= 3:
+        close += [k for n, k in by_normal.items() if n.startswith(key)]
+    close += [by_normal[c] for c in difflib.get_close_matches(key, list(by_normal), n=3, cutoff=0.7)]
+    close += difflib.get_close_matches(name, known, n=3)
+    close = list(dict.fromkeys(c for c in close if c != name))[:3]
+    hint = f"; did you mean {' or '.join(close)}?" if close else f"; known: {', '.join(known)}"
     return ConfigError(f"{where}: unknown {kind} {name!r} (or give 'package.module:callable'){hint}")
 
 
@@ -154,22 +277,28 @@ def check_arguments(fn: Callable, kwargs: Mapping, where: str, *, injected: Iter
                     optional: Iterable[str] = (), label: str | None = None) -> None:
     """Check ``kwargs`` against ``fn``'s signature: every name accepted, every required parameter
     given (``injected`` ones are supplied by the study, ``optional`` ones may come later, e.g.
-    from a grid), every value of the annotated / default type."""
+    from a grid), every value of the annotated / default type. Every problem is reported at once."""
     label = label or getattr(fn, "__name__", str(fn))
     params, required, accepts_any, hints = parameters(fn)
     injected, optional = set(injected), set(optional)
+    found = ErrorList()
     for name, value in kwargs.items():
-        if name in injected:
-            raise ConfigError(f"{where}.{name}: set by the study itself (do not give it)")
-        if name not in params:
-            if accepts_any:
-                continue
-            accepted = sorted(set(params) - injected)
-            raise ConfigError(f"{where}.{name}: {label} has no argument {name!r}; it takes {', '.join(accepted)}")
-        check_value(value, hints.get(name, inspect.Parameter.empty), params[name].default, f"{where}.{name}")
+        with found.attempt():
+            if name in injected:
+                raise ConfigError(f"{where}.{name}: set by the study itself (do not give it)")
+            if name not in params:
+                if accepts_any:
+                    continue
+                accepted = sorted(set(params) - injected)
+                close = difflib.get_close_matches(name, accepted, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise ConfigError(f"{where}.{name}: {label} has no argument {name!r}; {hint}it takes "
+                                  f"{', '.join(accepted)}")
+            check_value(value, hints.get(name, inspect.Parameter.empty), params[name].default, f"{where}.{name}")
     missing = [n for n in params if n in required and n not in kwargs and n not in injected and n not in optional]
     if missing:
-        raise ConfigError(f"{where}: {label} needs {', '.join(missing)}")
+        found.errors.append(f"{where}: {label} needs {', '.join(missing)}")
+    found.raise_if_any()
 
 
 def check_value(value, annotation, default, where: str) -> None:

@@ -185,7 +185,8 @@ def latex_tables(summary: Sequence[Mapping], reference: str) -> str:
 
 def failed_runs_table(summary: Sequence[Mapping], latex: bool = False) -> str:
     """The runs that failed (``""`` when none did): scenario, strategy, setting, seed, cause."""
-    rows = [[e["scenario"], e["strategy"], e["setting"], str(f["seed"]), f"{f['status']}: {f['error']}"]
+    rows = [[e["scenario"], e["strategy"], e["setting"], str(f["seed"]),
+             f["error"] if f["error"].startswith(f["status"]) else f"{f['status']}: {f['error']}"]
             for e in summary for f in e["failed"]]
     if not rows:
         return ""

@@ -1,0 +1,188 @@
+"""The study runner from a user's point of view: failed runs named and never scored, the paper
+columns (FWT, task-IL accuracy, accuracy matrices, time, diagnostics time, peak memory), a
+``check`` that lists every error of a config at once, user modules beside the config, and a job
+cache that reruns exactly the jobs an edited user module touches."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+
+import numpy as np
+import pytest
+
+from avalanche_plugins.study import ConfigError, load_study, run_study
+from avalanche_plugins.study.cli import run_command
+
+USER_MODULE = '''
+import torch
+from torch import nn
+from avalanche.core import SupervisedPlugin
+
+
+def tiny_mlp(input_shape, n_classes, width=16):
+    return nn.Sequential(nn.Flatten(), nn.Linear(int(torch.tensor(input_shape).prod()), width), nn.ReLU(),
+                         nn.Linear(width, n_classes))
+
+
+def needs_rgb(input_shape, n_classes):
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LazyLinear(n_classes))
+
+
+class BoomPlugin(SupervisedPlugin):
+    """Fails after the first experience (a diagnostic with a bug)."""
+
+    def after_training_exp(self, strategy, **kwargs):
+        raise ValueError("boom")
+
+
+class ScalePlugin(SupervisedPlugin):
+    def __init__(self, factor: float = 1.0):
+        super().__init__()
+        self.factor = factor
+'''
+
+
+def _write_study(folder, body: str, module: str = "my_models"):
+    (folder / f"{module}.py").write_text(USER_MODULE)
+    path = folder / "study.yaml"
+    path.write_text(textwrap.dedent(body).replace("MODULE", module))
+    return path
+
+
+BASE = """
+seeds: 1
+scenarios: [{name: digits2, benchmark: split_digits, n_experiences: 2}]
+model: {name: "MODULE:tiny_mlp"}
+training: {lr: 0.05, epochs: 1, batch_size: 64}
+"""
+
+
+@pytest.fixture(scope="module")
+def failing_study(tmp_path_factory):
+    """Naive next to a run that diverges and one whose plugin raises, every metric attached."""
+    folder = tmp_path_factory.mktemp("failing")
+    path = _write_study(folder, BASE + textwrap.dedent("""
+    strategies:
+      - Naive
+      - {name: Exploding, class: Naive, training: {lr: 1.0e+8}}
+      - {name: Buggy, plugins: [{name: "MODULE:BoomPlugin"}]}
+    metrics:
+      - {name: OptimizationReadinessMetric, kwargs: {n_samples: 64, n_batches: 4}}
+      - {name: ArchitectureDrivenShiftMetric, kwargs: {calibration_size: 16}}
+    """), module="failing_models")
+    result = run_study(path, out=folder / "out", progress=False)
+    return result, folder / "out"
+
+
+def test_a_diverged_run_is_named_and_never_scored(failing_study):
+    result, out = failing_study
+    exploding = next(r for r in result.rows if r["strategy"] == "Exploding")
+    assert exploding["status"] == "diverged"
+    assert re.fullmatch(r"diverged at experience 0, epoch 0, iteration \d+ \((loss|model output|gradient norm) = "
+                        r"(nan|inf|-inf)\)", exploding["error"]), exploding["error"]
+    assert np.isnan(exploding["acc"])
+    entry = next(e for e in result.summary if e["strategy"] == "Exploding")
+    assert entry["all_failed"] and entry["acc"]["n"] == 0
+    row = next(line for line in result.tables["markdown"].splitlines() if line.startswith("| Exploding†"))
+    assert row.count("failed") >= 5 and "0." not in row  # no number for a cell whose every seed failed
+    assert "Exploding: seed 0 failed and is not scored" in result.tables["markdown"]
+    naive_best = next(line for line in result.tables["markdown"].splitlines() if line.startswith("| Naive"))
+    assert "**" in naive_best  # the failed runs are not "best" in any column
+    assert "| digits2 | Exploding | default | 0 | diverged at experience 0" in (out / "tables.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "## Failed runs" in report and "Buggy" in report
+    assert "Failed runs: not scored" in (out / "tables.tex").read_text()
+
+
+def test_a_plugin_exception_names_class_callback_and_experience(failing_study):
+    result, _ = failing_study
+    buggy = next(r for r in result.rows if r["strategy"] == "Buggy")
+    assert buggy["status"] == "callback"
+    assert buggy["error"] == "BoomPlugin.after_training_exp at experience 0: ValueError: boom"
+
+
+def test_paper_columns(failing_study):
+    result, out = failing_study
+    naive = next(r for r in result.rows if r["strategy"] == "Naive")
+    acc = np.array(naive["accuracy_matrix"])
+    b = naive["baseline_accuracy"]
+    assert naive["fwt"] == pytest.approx(acc[0, 1] - b[1])  # FWT = mean_{j>=1} R[j-1, j] - b_j, T = 2
+    til = np.array(naive["til_matrix"])
+    assert til.shape == (2, 2) and np.all(til >= acc - 1e-12)  # masking to the task's classes never hurts
+    assert naive["acc_til"] == pytest.approx(til[-1].mean())
+    assert naive["peak_memory_mb"] > 50 and naive["train_s"] > 0
+    assert naive["diagnostics_s"] == pytest.approx(sum(naive["callback_s"][k] for k in
+                                                       ("OptimizationReadinessMetric", "ArchitectureDrivenShiftMetric")))
+    header = result.tables["markdown"].split("| strategy |", 1)[1].split("\n", 1)[0]
+    for title in ("ACC ↑", "ACC task-IL ↑", "BWT ↑", "Forgetting ↓", "FWT ↑", "time (s)", "diagnostics (s)",
+                  "peak memory (MB)"):
+        assert title in header
+    tables = (out / "tables.md").read_text()
+    assert "#### digits2 / Naive (default)" in tables and "| exp 1 |" in tables and "| forgetting |" in tables
+    assert f"| exp 0 | {acc[0, 0]:.3f} | {acc[0, 1]:.3f} |" in tables
+    saved = json.loads((out / "results.json").read_text())
+    assert {r["status"] for r in saved["runs"]} == {"ok", "diverged", "callback"}
+
+
+def test_check_lists_every_error_at_once(tmp_path, capsys):
+    path = _write_study(tmp_path, """
+    seeds: 0
+    scenarios: [{benchmark: split_digits, n_experiences: 4}]
+    model: {name: "MODULE:needs_rgb"}
+    training: {lr: -1, optimizr: sgd}
+    strategies:
+      - {name: SI}
+      - {name: EWC, kwargs: {ewc_lamda: 10}}
+      - {name: Mine, plugins: [{name: "MODULE:ScalePlugin", kwargs: {factor: x}}]}
+    metrics: [{name: OptimizationReadinessMetric, kwargs: {n_sample: 4}}]
+    """)
+    with pytest.raises(SystemExit) as exit_info:
+        run_command(["check", str(path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    for expected in ("seeds: expected an integer >= 1, got 0",
+                     "scenarios[0].n_experiences: split_digits has 10 classes, which 4 experiences do not divide",
+                     "training.lr: expected a positive number, got -1",
+                     "training.optimizr: unknown key",
+                     "strategies[0].name: unknown Avalanche strategy 'SI'",
+                     "did you mean SynapticIntelligence?",
+                     "strategies[1].kwargs.ewc_lamda: EWC has no argument 'ewc_lamda'; did you mean 'ewc_lambda'?",
+                     "strategies[2].plugins[0].kwargs.factor: expected a number, got 'x'",
+                     "metrics[0].kwargs.n_sample: OptimizationReadinessMetric has no argument 'n_sample'"):
+        assert expected in err, (expected, err)
+    assert "9 errors:" in err
+
+
+def test_check_rejects_a_model_that_cannot_run_on_the_scenario(tmp_path, capsys):
+    path = _write_study(tmp_path, BASE.replace("tiny_mlp", "needs_rgb") + "strategies: [Naive]\n")
+    with pytest.raises(ConfigError, match=r"model: '\w+:needs_rgb' cannot be built for or run on scenarios\[0\] "
+                                          r"\(digits2: input shape \(1, 8, 8\), 10 classes\): RuntimeError"):
+        load_study(path)
+    ok = _write_study(tmp_path, BASE + "strategies: [Naive]\n", module="ok_models")
+    assert run_command(["check", str(ok)]).name == "study"
+    assert "OK" in capsys.readouterr().out
+
+
+def test_editing_a_user_module_reruns_the_jobs_it_touches_and_nothing_else(tmp_path):
+    _write_study(tmp_path, "", module="cache_models")
+    (tmp_path / "cache_plugins.py").write_text(USER_MODULE)
+    path = tmp_path / "study.yaml"
+    path.write_text(BASE.replace("MODULE", "cache_models") + textwrap.dedent("""
+    strategies:
+      - Naive
+      - {name: Scaled, plugins: [{name: "cache_plugins:ScalePlugin", kwargs: {factor: 2.0}}]}
+    """))
+    out = tmp_path / "out"
+    run_study(path, out=out, progress=False)
+
+    def lines():
+        return [json.loads(line)["job"]["strategy"]["name"] for line in (out / "jobs.jsonl").read_text().splitlines()]
+
+    assert sorted(lines()) == ["Naive", "Scaled"]
+    run_study(path, out=out, progress=False)
+    assert len(lines()) == 2  # nothing changed: everything cached
+    (tmp_path / "cache_plugins.py").write_text(USER_MODULE + "\n# edited\n")
+    run_study(path, out=out, progress=False)
+    assert sorted(lines()) == ["Naive", "Scaled", "Scaled"]  # only the job using the edited module reran
