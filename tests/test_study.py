@@ -340,9 +340,9 @@ def _metric_rows(out: Path) -> list[dict]:
         return [r for r in csv.DictReader(f) if r["split"] == "test"]
 
 
-def test_readme_config_example_is_valid(user_module):
-    text = (ROOT / "README.md").read_text()
-    block = text.split("## Comparative studies", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+def test_documented_complete_config_is_valid(user_module):
+    text = (ROOT / "docs" / "study.md").read_text()
+    block = text.split("## The complete config", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
     import yaml
 
     config = yaml.safe_load(block.replace("my_package.streams:make_benchmark", f"{user_module}:two_digit_tasks"))
@@ -353,6 +353,19 @@ def test_readme_config_example_is_valid(user_module):
     quick = load_study(config, quick=True)
     assert quick.seeds == 1 and quick.training["epochs"] == 1
     assert [s["n_experiences"] for s in quick.scenarios] == [2, 2, None]  # a factory keeps its own kwargs
+
+
+def test_readme_study_example_is_valid(tmp_path):
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Comparative studies", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "my_models.py").write_text(
+        "import math\nfrom torch import nn\n\n\ndef make_model(input_shape, n_classes, width=64):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), width), nn.ReLU(),\n"
+        "                         nn.Linear(width, n_classes))\n")
+    (tmp_path / "my_study.yaml").write_text(block)
+    study = load_study(tmp_path / "my_study.yaml")
+    assert [s["name"] for s in study.strategies] == ["Naive", "SynapticIntelligence", "LAE"]
+    assert set(study.sources) == {"my_models"}
 
 
 def test_loggers_write_per_run_files(tmp_path):
