@@ -27,16 +27,17 @@ from avalanche.evaluation.metric_results import MetricValue
 from avalanche.evaluation.metric_utils import get_metric_name
 from torch import nn
 
-from avalanche_plugins.study.config import BUILTIN_SCENARIOS
 from avalanche_plugins.study.registry import (
+    ConfigError,
     metric_factory,
     parameters,
     plugin_class,
     resolve_dotted,
     strategy_class,
 )
+from avalanche_plugins.study.scenarios import BUILTIN_SCENARIOS, INPUT_SHAPES
 
-__all__ = ["CompactnessMetric", "auto_stages", "build_evaluator", "build_model", "build_optimizer",
+__all__ = ["CompactnessMetric", "auto_stages", "check_model_builds", "build_evaluator", "build_model", "build_optimizer",
            "build_plugins", "build_stream", "build_strategy", "resolve_device"]
 
 
@@ -271,3 +272,28 @@ def build_strategy(spec: dict, model: nn.Module, training: dict, plugins: list, 
                train_mb_size=training["batch_size"], train_epochs=training["epochs"],
                eval_mb_size=training["eval_batch_size"], device=resolve_device(training["device"]), plugins=plugins,
                evaluator=evaluator, **kwargs)
+
+
+def check_model_builds(model: dict, scenario: dict, where: str) -> None:
+    """Build the study's model for a built-in scenario's input shape and class count and run it
+    on two zero inputs (``ConfigError`` naming ``model`` and the scenario otherwise). Scenarios
+    from a benchmark factory are checked when the run builds them."""
+    if ":" in scenario["benchmark"]:
+        return
+    from avalanche.models import avalanche_forward
+
+    from avalanche_plugins.study.harness.data import N_CLASSES, Stream
+
+    dataset, kind = BUILTIN_SCENARIOS[scenario["benchmark"]]
+    shape, total = INPUT_SHAPES[dataset], N_CLASSES[dataset]
+    n_exp = scenario["n_experiences"] or 5
+    n_classes = total // n_exp if scenario["task_incremental"] and kind == "split" else total
+    stream = Stream(None, shape, n_classes, scenario["task_incremental"], scenario["benchmark"])
+    try:
+        net = build_model(model, stream)
+        with torch.no_grad():
+            avalanche_forward(net.eval(), torch.zeros(2, *shape), torch.zeros(2, dtype=torch.long))
+    except Exception as error:  # noqa: BLE001 - any failure to build or run is the config's error
+        raise ConfigError(f"model: {model['name']!r} cannot be built for or run on {where} "
+                          f"({scenario['name']}: input shape {shape}, {n_classes} classes): "
+                          f"{type(error).__name__}: {error}") from None

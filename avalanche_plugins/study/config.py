@@ -28,18 +28,11 @@ from avalanche_plugins.study.registry import (
     source_hash,
     strategy_class,
 )
+from avalanche_plugins.study.scenarios import BUILTIN_SCENARIOS
 
 __all__ = ["BUILTIN_SCENARIOS", "ALWAYS_METRICS", "LOGGERS", "STRATEGY_INJECTED", "METRIC_INJECTED",
            "TRAINING_DEFAULTS", "Study", "load_study"]
 
-BUILTIN_SCENARIOS = {  # name → (make_stream dataset, scenario)
-    "split_digits": ("digits", "split"),
-    "permuted_digits": ("digits", "permuted"),
-    "split_mnist": ("mnist", "split"),
-    "permuted_mnist": ("mnist", "permuted"),
-    "split_cifar10": ("cifar10", "split"),
-    "split_cifar100": ("cifar100", "split"),
-}
 TRAINING_DEFAULTS = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.0, "weight_decay": 0.0, "epochs": 1,
                      "batch_size": 32, "eval_batch_size": 256, "device": "cpu"}
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -161,6 +154,8 @@ def load_study(config, *, quick: bool = False, seeds: int | None = None, data_ro
         found.errors.append(f"reference: {reference!r} is not a strategy name; names are {', '.join(names)}")
     study.reference = reference or ""
     if deep and study.model is not None and not found.errors:
+        from avalanche_plugins.study.build import check_model_builds
+
         for i, scenario in enumerate(study.scenarios):
             with found.attempt():
                 check_model_builds(study.model, scenario, f"scenarios[{i}]")
@@ -195,36 +190,6 @@ def sources_for(study: Study, *specs) -> dict:
     model or metric), for the cache key of the jobs that use them."""
     text = repr(specs)
     return {m: h for m, h in study.sources.items() if f"'{m}:" in text}
-
-
-_INPUT_SHAPES = {"digits": (1, 8, 8), "mnist": (1, 28, 28), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
-
-
-def check_model_builds(model: dict, scenario: dict, where: str) -> None:
-    """Build the study's model for a built-in scenario's input shape and class count and run it
-    on two zero inputs (``ConfigError`` naming ``model`` and the scenario otherwise). Scenarios
-    from a benchmark factory are checked when the run builds them."""
-    if ":" in scenario["benchmark"]:
-        return
-    import torch
-    from avalanche.models import avalanche_forward
-
-    from avalanche_plugins.study.build import build_model
-    from avalanche_plugins.study.harness.data import N_CLASSES, Stream
-
-    dataset, kind = BUILTIN_SCENARIOS[scenario["benchmark"]]
-    shape, total = _INPUT_SHAPES[dataset], N_CLASSES[dataset]
-    n_exp = scenario["n_experiences"] or 5
-    n_classes = total // n_exp if scenario["task_incremental"] and kind == "split" else total
-    stream = Stream(None, shape, n_classes, scenario["task_incremental"], scenario["benchmark"])
-    try:
-        net = build_model(model, stream)
-        with torch.no_grad():
-            avalanche_forward(net.eval(), torch.zeros(2, *shape), torch.zeros(2, dtype=torch.long))
-    except Exception as error:  # noqa: BLE001 - any failure to build or run is the config's error
-        raise ConfigError(f"model: {model['name']!r} cannot be built for or run on {where} "
-                          f"({scenario['name']}: input shape {shape}, {n_classes} classes): "
-                          f"{type(error).__name__}: {error}") from None
 
 
 def _read(path: Path) -> dict:
