@@ -11,7 +11,7 @@ from torch.func import functional_call, grad_and_value
 from avalanche_plugins.core.checks import check_output_targets
 
 __all__ = ["is_multitask", "model_forward", "stateless_forward", "iterate_batches", "eval_mode",
-           "split_params", "task_groups", "check_task_labels", "first_tensor", "batch_loss",
+           "split_params", "task_groups", "task_batches", "check_task_labels", "first_tensor", "batch_loss",
            "sample_loss", "grouped_loss_and_grad", "math_attention"]
 
 
@@ -119,6 +119,27 @@ def task_groups(model: nn.Module, n: int, task_labels) -> list[tuple[int | None,
     return [(int(u), (labels == u).nonzero().squeeze(1)) for u in unique]
 
 
+def task_batches(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | None = None, task_labels=None,
+                 chunk_size: int | None = None, *, groups=None):
+    """``(label, xs, ys, weight)`` for every chunk of every task group: the samples grouped by
+    :func:`task_groups` (or the precomputed ``groups``), each group cut into contiguous chunks of
+    ``chunk_size`` samples (one chunk per group when None); ``weight`` is the chunk's share of all
+    samples, ``len(xs) / len(inputs)``, so a weighted sum of chunk means is the mean over all
+    samples. ``ys`` is None when ``targets`` is.
+
+    Example:
+        >>> net = nn.Linear(2, 1)
+        >>> [(label, xs.shape[0], weight) for label, xs, _, weight in task_batches(net, torch.zeros(5, 2), chunk_size=2)]
+        [(None, 2, 0.4), (None, 2, 0.4), (None, 1, 0.2)]
+    """
+    n = inputs.shape[0]
+    for label, index in task_groups(model, n, task_labels) if groups is None else groups:
+        xs = inputs if index is None else inputs[index]
+        ys = targets if targets is None or index is None else targets[index]
+        for s in iterate_batches(xs.shape[0], chunk_size):
+            yield label, xs[s], None if ys is None else ys[s], (s.stop - s.start) / n
+
+
 def batch_loss(model: nn.Module, loss_fn, consts: dict, task_label=None):
     """``f(params, x, y, t=task_label) = loss_fn(model(x; params ∪ consts, t), y)``: the loss of
     a batch as a pure function of the trainable parameters, for ``torch.func`` transforms.
@@ -164,20 +185,14 @@ def grouped_loss_and_grad(model: nn.Module, loss_fn, consts: dict, x: torch.Tens
         >>> bool(torch.isclose(loss, nn.MSELoss()(net(x), y).double()))
         True
     """
-    n = x.shape[0]
-
     def f(params):
         grads = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in params.items()}
         loss = torch.zeros((), dtype=torch.float64, device=x.device)
-        for label, idx in groups:
-            xs, ys = (x, y) if idx is None else (x[idx], y[idx])
-            loss_and_grad = grad_and_value(batch_loss(model, loss_fn, consts, label))
-            for s in iterate_batches(xs.shape[0], chunk_size):
-                g, value = loss_and_grad(params, xs[s], ys[s])
-                weight = (s.stop - s.start) / n
-                loss += weight * value.detach().double()
-                for k, v in g.items():
-                    grads[k] += weight * v.detach().double()
+        for label, xs, ys, weight in task_batches(model, x, y, chunk_size=chunk_size, groups=groups):
+            g, value = grad_and_value(batch_loss(model, loss_fn, consts, label))(params, xs, ys)
+            loss += weight * value.detach().double()
+            for k, v in g.items():
+                grads[k] += weight * v.detach().double()
         return grads, loss
 
     return f

@@ -27,10 +27,11 @@ from avalanche_plugins.core.calls import (
     model_forward,
     sample_loss,
     stateless_forward,
-    task_groups,
+    task_batches,
 )
 from avalanche_plugins.core.checks import (
     check_choice,
+    check_estimator_inputs,
     check_finite_loss,
     check_inputs,
     check_int,
@@ -112,6 +113,7 @@ def empirical_fisher(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: t
         >>> bool((imp["weight"] >= 0).all())
         True
     """
+    check_estimator_inputs(model, inputs, targets, loss_fn=loss_fn, task_labels=task_labels)
     check_no_recurrent(model, "empirical_fisher")
     check_inputs(inputs, targets)
     check_int("chunk_size", chunk_size)
@@ -121,14 +123,11 @@ def empirical_fisher(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: t
     n = inputs.shape[0]
     with eval_mode(model):
         # one int task label per vmapped call (multi-head models: Avalanche's single-task fast path)
-        for label, index in task_groups(model, n, task_labels):
-            xs, ys = (inputs, targets) if index is None else (inputs[index], targets[index])
-            per_sample = vmap(grad(sample_loss(model, loss_fn, buffers, label)), in_dims=(None, 0, 0))
-            for s in iterate_batches(xs.shape[0], chunk_size):
-                grads = per_sample(params, xs[s], ys[s])
-                for k, g in grads.items():
-                    check_finite_loss(g.sum(), "(gradient) while estimating the Fisher")
-                    total[k] += g.pow(2).sum(0)
+        for label, xs, ys, _ in task_batches(model, inputs, targets, task_labels, chunk_size):
+            grads = vmap(grad(sample_loss(model, loss_fn, buffers, label)), in_dims=(None, 0, 0))(params, xs, ys)
+            for k, g in grads.items():
+                check_finite_loss(g.sum(), "(gradient) while estimating the Fisher")
+                total[k] += g.pow(2).sum(0)
     return {k: v / n for k, v in total.items()}
 
 
@@ -151,6 +150,7 @@ def expected_fisher(model: nn.Module, inputs: torch.Tensor, *, task_labels: torc
         >>> imp["bias"].shape
         torch.Size([2])
     """
+    check_estimator_inputs(model, inputs)
     check_no_recurrent(model, "expected_fisher")
     check_inputs(inputs)
     check_int("chunk_size", chunk_size)
@@ -159,8 +159,7 @@ def expected_fisher(model: nn.Module, inputs: torch.Tensor, *, task_labels: torc
     total = {k: torch.zeros_like(v) for k, v in params.items()}
     n = inputs.shape[0]
     with eval_mode(model):
-        for label, index in task_groups(model, n, task_labels):
-            xs = inputs if index is None else inputs[index]
+        for label, xs, _, _ in task_batches(model, inputs, task_labels=task_labels):
 
             def log_probs(p, x, label=label):
                 return torch.log_softmax(stateless_forward(model, {**buffers, **p}, x.unsqueeze(0), label), dim=-1)[0]
@@ -190,6 +189,7 @@ def fisher_diagonal(kind: str, model: nn.Module, loss_fn, inputs: torch.Tensor, 
     """Dispatch to one of :data:`FISHER_KINDS` on tensors (``batched`` uses contiguous minibatches;
     ``chunk_size`` is the per-sample estimators' memory knob, see :func:`empirical_fisher` and
     :func:`expected_fisher`)."""
+    check_estimator_inputs(model, inputs, targets, loss_fn=loss_fn, task_labels=task_labels)
     check_choice("fisher", kind, FISHER_KINDS)
     check_inputs(inputs, targets)
     if kind == "batched":

@@ -36,11 +36,16 @@ from torch.func import grad, vjp, vmap
 from avalanche_plugins.core.calls import (
     batch_loss,
     eval_mode,
-    iterate_batches,
     math_attention,
-    task_groups,
+    task_batches,
 )
-from avalanche_plugins.core.checks import check_finite_loss, check_inputs, check_int, check_positive
+from avalanche_plugins.core.checks import (
+    check_estimator_inputs,
+    check_finite_loss,
+    check_inputs,
+    check_int,
+    check_positive,
+)
 from avalanche_plugins.core.layers import LayerMap, discover_layers, example_input
 
 __all__ = ["LayerSpectrum", "GeometricFit", "layer_top_eigenvalues", "geometric_fit", "condition_number"]
@@ -166,6 +171,7 @@ def layer_top_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targe
         >>> spec.names, bool((spec.top > 0).all())
         (['0', '2'], True)
     """
+    check_estimator_inputs(model, inputs, targets, loss_fn=loss_fn, task_labels=task_labels)
     check_inputs(inputs, targets)
     check_int("max_iter", max_iter)
     check_positive("tol", tol)
@@ -190,13 +196,10 @@ def _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map, ma
     primal = {k: state[k] for k in block_names}
     device = next(iter(primal.values())).device  # bookkeeping stays on the CPU, tensors on the model's device
     frozen = {k: v for k, v in state.items() if k not in primal}
-    n = inputs.shape[0]
     # minibatches of one task each (an int label: Avalanche's single-task path), weighted by their
     # share of the samples, so that the weighted sum of their HVPs is the full-data block HVP
-    batches = []
-    for label, index in task_groups(model, n, task_labels):
-        xs, ys = (inputs, targets) if index is None else (inputs[index], targets[index])
-        batches += [(xs[s], ys[s], label, (s.stop - s.start) / n) for s in iterate_batches(xs.shape[0], chunk_size)]
+    batches = [(xs, ys, label, weight)
+               for label, xs, ys, weight in task_batches(model, inputs, targets, task_labels, chunk_size)]
 
     loss_of = batch_loss(model, loss_fn, frozen)
 

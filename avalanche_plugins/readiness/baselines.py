@@ -17,9 +17,11 @@ from avalanche_plugins.core.calls import (
     model_forward,
     split_params,
     stateless_forward,
+    task_batches,
     task_groups,
 )
 from avalanche_plugins.core.checks import (
+    check_estimator_inputs,
     check_finite_loss,
     check_inputs,
     check_int,
@@ -27,9 +29,6 @@ from avalanche_plugins.core.checks import (
     check_positive,
 )
 from avalanche_plugins.core.layers import discover_layers, example_input
-from avalanche_plugins.readiness._common import (
-    _take,
-)
 
 __all__ = ["effective_rank", "energy_rank", "hidden_features", "representation_ranks",
            "active_unit_fraction", "entk_energy_rank", "hessian_energy_rank"]
@@ -183,6 +182,7 @@ def hidden_features(model: nn.Module, inputs: torch.Tensor, *, task_labels: torc
         >>> list(feats), feats["0"].shape, bool((feats["0"] >= 0).all())
         (['0'], torch.Size([10, 8]), True)
     """
+    check_estimator_inputs(model, inputs)
     check_inputs(inputs)
     check_int("chunk_size", chunk_size)
     check_task_labels(task_labels, inputs.shape[0])
@@ -193,8 +193,7 @@ def hidden_features(model: nn.Module, inputs: torch.Tensor, *, task_labels: torc
     modules = [layer.module for layer in layers]
     parts: list[list[torch.Tensor]] = [[] for _ in hidden]
     with eval_mode(model):
-        for label, index in task_groups(model, inputs.shape[0], task_labels):
-            x = _take(inputs, index)
+        for label, x, _, _ in task_batches(model, inputs, task_labels=task_labels):
             for j, f in enumerate(_features_of_group(model, modules, len(hidden), x, label, chunk_size)):
                 parts[j].append(f)
     return {layer.name: torch.cat(p, dim=0) for layer, p in zip(hidden, parts)}
@@ -215,6 +214,7 @@ def representation_ranks(model: nn.Module, inputs: torch.Tensor, *, energy: floa
         >>> sorted(ranks["0"]), ranks["0"]["energy_rank"] <= 8
         (['effective_rank', 'energy_rank'], True)
     """
+    check_estimator_inputs(model, inputs)
     _check_energy(energy)
     feats = hidden_features(model, inputs, task_labels=task_labels, chunk_size=chunk_size)
     return {name: {"effective_rank": effective_rank(f), "energy_rank": energy_rank(f, energy)}
@@ -246,6 +246,7 @@ def active_unit_fraction(model: nn.Module, inputs: torch.Tensor, *, threshold: f
         >>> active_unit_fraction(net, torch.randn(5, 2))
         0.5
     """
+    check_estimator_inputs(model, inputs)
     check_inputs(inputs)
     check_positive("threshold", threshold, allow_zero=True)
     check_task_labels(task_labels, inputs.shape[0])
@@ -267,21 +268,18 @@ def _output_jacobian(model, params, consts, inputs, task_labels, chunk_size):
     """``(J, outputs)``: ``J`` is the ``(n·C, P)`` float64 Jacobian of the flattened outputs w.r.t.
     the trainable parameters; ``outputs`` the ``(n, *out_shape)`` outputs (rows in group order)."""
     rows, outs = [], []
-    for label, index in task_groups(model, inputs.shape[0], task_labels):
-        x = _take(inputs, index)
+    for label, x, _, _ in task_batches(model, inputs, task_labels=task_labels, chunk_size=chunk_size):
 
         def out_of(p, xi, label=label):
             return stateless_forward(model, {**consts, **p}, xi.unsqueeze(0), label)[0]
 
-        per_sample = vmap(jacrev(out_of), in_dims=(None, 0))
-        for s in iterate_batches(x.shape[0], chunk_size):
-            jac = per_sample(params, x[s])  # {name: (m, *out_shape, *param_shape)}
-            m = s.stop - s.start
-            with torch.no_grad():
-                out = vmap(out_of, in_dims=(None, 0))(params, x[s])
-            c = out[0].numel()
-            rows.append(torch.cat([j.double().reshape(m * c, -1) for j in jac.values()], dim=1))
-            outs.append(out)
+        jac = vmap(jacrev(out_of), in_dims=(None, 0))(params, x)  # {name: (m, *out_shape, *param_shape)}
+        m = x.shape[0]
+        with torch.no_grad():
+            out = vmap(out_of, in_dims=(None, 0))(params, x)
+        c = out[0].numel()
+        rows.append(torch.cat([j.double().reshape(m * c, -1) for j in jac.values()], dim=1))
+        outs.append(out)
     return torch.cat(rows, dim=0), torch.cat(outs, dim=0)
 
 
@@ -309,6 +307,7 @@ def entk_energy_rank(model: nn.Module, inputs: torch.Tensor, energy: float = 0.9
         >>> entk_energy_rank(net, torch.randn(10, 3), energy=1.0)  # 2 outputs × (3 inputs + bias)
         8
     """
+    check_estimator_inputs(model, inputs)
     check_no_recurrent(model, "entk_energy_rank")
     check_inputs(inputs)
     _check_energy(energy)
@@ -346,6 +345,7 @@ def hessian_energy_rank(model: nn.Module, loss_fn, inputs: torch.Tensor, targets
         >>> hessian_energy_rank(net, nn.MSELoss(), x, y, energy=1.0)  # (2/N) X̃ᵀX̃ has rank 4
         4
     """
+    check_estimator_inputs(model, inputs, targets, loss_fn=loss_fn, task_labels=task_labels)
     check_no_recurrent(model, "hessian_energy_rank")
     check_inputs(inputs, targets)
     _check_energy(energy)
@@ -363,8 +363,7 @@ def hessian_energy_rank(model: nn.Module, loss_fn, inputs: torch.Tensor, targets
         if n_params <= max_params:
             flat0 = torch.cat([params[k].reshape(-1) for k in names])
             hessian = torch.zeros(n_params, n_params, dtype=torch.float64, device=flat0.device)
-            for label, index in groups:
-                x, y = _take(inputs, index), _take(targets, index)
+            for label, x, y, _ in task_batches(model, inputs, targets, chunk_size=chunk_size, groups=groups):
                 loss_of = batch_loss(model, loss_fn, consts, label)
 
                 def loss_of_flat(flat, xb, yb, loss_of=loss_of):
@@ -372,17 +371,15 @@ def hessian_energy_rank(model: nn.Module, loss_fn, inputs: torch.Tensor, targets
                     p = {k: v.view(shape) for k, v, shape in zip(names, pieces, shapes)}
                     return loss_of(p, xb, yb)
 
-                second = jacrev(grad(loss_of_flat), chunk_size=256)
-                for s in iterate_batches(x.shape[0], chunk_size):
-                    check_finite_loss(loss_of_flat(flat0, x[s], y[s]).detach(), "while computing the Hessian")
-                    hessian += second(flat0, x[s], y[s]).double() * (s.stop - s.start)
+                check_finite_loss(loss_of_flat(flat0, x, y).detach(), "while computing the Hessian")
+                hessian += jacrev(grad(loss_of_flat), chunk_size=256)(flat0, x, y).double() * x.shape[0]
             hessian = (hessian + hessian.T) / (2 * n)
             if not torch.isfinite(hessian).all():
                 raise ValueError("the Hessian has non-finite values")
             return _energy_rank_from_squares(torch.linalg.eigvalsh(hessian).pow(2), energy)
 
         jac, outputs = _output_jacobian(model, params, consts, inputs, task_labels, chunk_size)
-        ordered_targets = torch.cat([_take(targets, index) for _, index in groups], dim=0)
+        ordered_targets = torch.cat([y for _, _, y, _ in task_batches(model, inputs, targets, groups=groups)], dim=0)
         out_shape = outputs.shape[1:]
 
         def output_loss(out, y):

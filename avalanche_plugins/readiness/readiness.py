@@ -17,10 +17,12 @@ from avalanche_plugins.core.calls import (
     iterate_batches,
     sample_loss,
     split_params,
+    task_batches,
     task_groups,
 )
 from avalanche_plugins.core.checks import (
     check_choice,
+    check_estimator_inputs,
     check_finite_loss,
     check_inputs,
     check_int,
@@ -29,7 +31,6 @@ from avalanche_plugins.core.checks import (
 from avalanche_plugins.readiness._common import (
     _draw_batches,
     _sq_norms,
-    _take,
 )
 
 __all__ = ["ESTIMATORS", "ReadinessResult", "optimization_readiness"]
@@ -188,6 +189,7 @@ def optimization_readiness(model: nn.Module, loss_fn, inputs: torch.Tensor, targ
         >>> 0 < res.reliability <= 1, abs(res.readiness - res.strength * res.reliability) < 1e-12
         (True, True)
     """
+    check_estimator_inputs(model, inputs, targets, loss_fn=loss_fn, task_labels=task_labels)
     check_no_recurrent(model, "optimization_readiness")
     check_inputs(inputs, targets)
     check_choice("estimator", estimator, ESTIMATORS)
@@ -207,9 +209,8 @@ def optimization_readiness(model: nn.Module, loss_fn, inputs: torch.Tensor, targ
             loss_sum = torch.zeros((), dtype=torch.float64)
             sq_sum = torch.zeros((), dtype=torch.float64)
             g_sum = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in params.items()}
-            for label, index in groups:
-                for grads, values in _per_sample_chunks(model, loss_fn, params, consts, _take(inputs, index),
-                                                        _take(targets, index), label, chunk_size):
+            for label, xs, ys, _ in task_batches(model, inputs, targets, groups=groups):
+                for grads, values in _per_sample_chunks(model, loss_fn, params, consts, xs, ys, label, chunk_size):
                     sq = _sq_norms(grads)
                     check_finite_loss(sq.sum(), "(gradient) while computing per-sample gradients")
                     loss_sum += values.detach().double().sum().cpu()
