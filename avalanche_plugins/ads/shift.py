@@ -55,6 +55,7 @@ from avalanche_plugins.core.calls import (
 )
 from avalanche_plugins.core.checks import (
     check_choice,
+    check_estimator_inputs,
     check_inputs,
     check_int,
     check_no_recurrent,
@@ -169,6 +170,7 @@ def update_direction(model: nn.Module, loss_fn, new_inputs: torch.Tensor, new_ta
         >>> sorted(u), bool(torch.allclose(-u["bias"], 2 * net(torch.ones(1, 2)).detach().reshape(1)))
         (['bias', 'weight'], True)
     """
+    check_estimator_inputs(model, new_inputs, new_targets, loss_fn=loss_fn, task_labels=task_labels, name="new_inputs", targets_name="new_targets")
     return _first_step(model, loss_fn, new_inputs, new_targets, optimizer=optimizer, eps=eps,
                        task_labels=task_labels, chunk_size=chunk_size)[:3]
 
@@ -309,6 +311,8 @@ def architecture_driven_shift(model: nn.Module, loss_fn, old_inputs: torch.Tenso
         >>> abs(res.ads - sum(n * d for n, d in zip(res.architecture_terms, res.data_terms))) < 1e-9
         True
     """
+    check_estimator_inputs(model, old_inputs, name="old_inputs")
+    check_estimator_inputs(model, new_inputs, new_targets, loss_fn=loss_fn, task_labels=new_task_labels, name="new_inputs", targets_name="new_targets")
     check_no_recurrent(model, "architecture_driven_shift")
     start = time.perf_counter()
     check_inputs(old_inputs, name="old_inputs")

@@ -55,6 +55,7 @@ from avalanche_plugins.core.calls import (
 )
 from avalanche_plugins.core.checks import (
     check_choice,
+    check_estimator_inputs,
     check_finite_loss,
     check_inputs,
     check_int,
@@ -109,6 +110,7 @@ def layer_fisher_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, ta
         >>> spec.names, spec.method, bool((spec.top > 0).all())
         (['0', '2'], 'fisher', True)
     """
+    check_estimator_inputs(model, inputs, targets, loss_fn=loss_fn, task_labels=task_labels)
     check_inputs(inputs, targets)
     check_choice("labels", labels, FISHER_LABELS)
     check_int("chunk_size", chunk_size)

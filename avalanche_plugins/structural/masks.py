@@ -50,6 +50,7 @@ import torch
 from torch import nn
 
 from avalanche_plugins.core.calls import eval_mode, model_forward
+from avalanche_plugins.core.checks import check_model_inputs
 from avalanche_plugins.core.layers import LayerMap, discover_layers
 from avalanche_plugins.structural.interventions import (
     Interventions,
@@ -234,6 +235,7 @@ class UnitMasks:
 
     def __init__(self, model: nn.Module, example_input, *, activation: Callable = torch.relu,
                  layer_map: LayerMap | None = None):
+        check_model_inputs(model, example_input[0] if isinstance(example_input, (tuple, list)) else example_input, "example_input")
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
         self.model = model

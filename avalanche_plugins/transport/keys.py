@@ -38,7 +38,13 @@ import math
 import torch
 from torch import nn
 
-from avalanche_plugins.core.checks import check_choice, check_finite, check_int, check_positive
+from avalanche_plugins.core.checks import (
+    check_choice,
+    check_finite,
+    check_int,
+    check_nonempty,
+    check_positive,
+)
 
 __all__ = ["FAMILIES", "LAYOUTS", "TransportKey", "class_balanced_anchors", "fit_transport_key"]
 
@@ -225,6 +231,8 @@ def fit_transport_key(u: torch.Tensor, v: torch.Tensor, family: str = "channel",
         >>> torch.allclose(key(u), v, atol=1e-5), key.num_parameters
         (True, 6)
     """
+    check_nonempty(u, "u")
+    check_nonempty(v, "v")
     check_choice("family", family, FAMILIES)
     check_positive("ridge", ridge, allow_zero=True)
     for name, a in (("u", u), ("v", v)):

@@ -10,7 +10,12 @@ from __future__ import annotations
 import torch
 
 from avalanche_plugins.core.calls import eval_mode, iterate_batches, model_forward
-from avalanche_plugins.core.checks import check_choice, check_int, check_positive
+from avalanche_plugins.core.checks import (
+    check_choice,
+    check_int,
+    check_model_inputs,
+    check_positive,
+)
 from avalanche_plugins.transport.keys import TransportKey
 from avalanche_plugins.transport.stitch import StitchedModel, stage_activations
 
@@ -40,6 +45,7 @@ def refine_key(key: TransportKey, stitched: StitchedModel, anchors: torch.Tensor
     thread counts (measured: 1.3e-3 relative between 1 and 2 threads); pin
     ``torch.set_num_threads`` when comparing runs (the benchmarks run with one thread per worker).
     """
+    check_model_inputs(stitched, anchors, "anchors")
     check_int("steps", steps, minimum=0)
     check_positive("lr", lr)
     if key.family == "identity" or steps == 0:
@@ -110,6 +116,7 @@ def gauss_newton_key(key: TransportKey, stitched: StitchedModel, anchors: torch.
         >>> ((stitched(x) - a(x)) ** 2).sum().item() < before
         True
     """
+    check_model_inputs(stitched, anchors, "anchors")
     check_int("iterations", iterations, minimum=0)
     check_positive("damping", damping)
     check_int("max_tries", max_tries)
