@@ -295,8 +295,9 @@ class RayExecutor:
         if not jobs:
             return
         ray = self.start()
-        options = {"num_cpus": self.threads, **({"max_calls": 1} if self.isolate else {})}
-        task = ray.remote(_ray_task).options(**options)  # max_calls=1: a fresh worker process per job
+        # max_calls=1 (a fresh worker process per job) is a remote() setting, not an option
+        task = ray.remote(max_calls=1)(_ray_task) if self.isolate else ray.remote(_ray_task)
+        task = task.options(num_cpus=self.threads)
         fn_ref, warmup_ref = ray.put(fn), ray.put(self.warmup)  # shipped once, not with every job
         pending = {task.remote(fn_ref, job, self.threads, self.seed, warmup_ref): job for job in jobs}
         try:
