@@ -48,3 +48,41 @@ def test_task_batches_reuse_precomputed_groups():
     groups = [(3, torch.tensor([2, 0]))]
     assert [(label, ys.tolist(), w) for label, _, ys, w in task_batches(nn.Linear(2, 1), x, y, groups=groups)] \
         == [(3, [2, 0], 0.5)]
+
+
+def _symmetric_with_spectrum(eigenvalues, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(len(eigenvalues), len(eigenvalues), generator=g, dtype=torch.float64))
+    return q @ torch.diag(torch.tensor(eigenvalues, dtype=torch.float64)) @ q.T
+
+
+def test_block_power_iteration_finds_the_dominant_eigenvalue_of_each_vectors_own_matrix():
+    from avalanche_plugins.layer_adaptive.hessian import block_power_iteration
+
+    matrices = [_symmetric_with_spectrum([5.0, 2.0, 1.0, -1.0, 0.5, 0.1], 0),
+                _symmetric_with_spectrum([-4.0, 3.0, 1.0, 0.2, 0.0, -0.5], 1)]
+    seen_rows = []
+
+    def hvp(v, rows):
+        seen_rows.append(rows.tolist())
+        return {"w": torch.stack([m @ x for m, x in zip([matrices[r] for r in rows.tolist()], v["w"])])}
+
+    start = {"w": torch.randn(2, 6, generator=torch.Generator().manual_seed(2), dtype=torch.float64)}
+    out = block_power_iteration(hvp, start, tol=1e-10, max_iter=2000)
+    expected = [float(torch.linalg.eigvalsh(m).abs().max() * torch.linalg.eigvalsh(m)[
+        torch.linalg.eigvalsh(m).abs().argmax()].sign()) for m in matrices]
+    assert torch.allclose(out.estimate, torch.tensor(expected, dtype=torch.float64), rtol=1e-6)
+    assert bool((out.residual <= 1e-5).all()) and seen_rows[0] == [0, 1]
+    # the faster vector (ratio 2/5) stops first and is no longer asked for
+    assert int(out.iterations[0]) < int(out.iterations[1]) and seen_rows[-1] == [1]
+
+
+def test_block_power_iteration_stops_at_once_on_a_zero_operator_and_caps_iterations():
+    from avalanche_plugins.layer_adaptive.hessian import block_power_iteration
+
+    zero = block_power_iteration(lambda v, rows: {k: torch.zeros_like(t) for k, t in v.items()},
+                                 {"a": torch.ones(1, 3), "b": torch.ones(1, 2, 2)}, 1e-3, 50)
+    assert zero.iterations.tolist() == [1] and zero.estimate.tolist() == [0.0]
+    flip = torch.diag(torch.tensor([1.0, -1.0]))  # eigenvalues ±1: ρ steady, never converged
+    out = block_power_iteration(lambda v, rows: {"w": v["w"] @ flip}, {"w": torch.tensor([[2.0, 1.0]])}, 1e-3, 7)
+    assert out.iterations.tolist() == [7] and float(out.residual[0]) > 0.5

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -48,7 +49,8 @@ from avalanche_plugins.core.checks import (
 )
 from avalanche_plugins.core.layers import LayerMap, discover_layers, example_input
 
-__all__ = ["LayerSpectrum", "GeometricFit", "layer_top_eigenvalues", "geometric_fit", "condition_number"]
+__all__ = ["LayerSpectrum", "GeometricFit", "PowerIteration", "layer_top_eigenvalues", "block_power_iteration",
+           "geometric_fit", "condition_number"]
 
 
 @dataclass
@@ -130,9 +132,151 @@ class LayerSpectrum:
         return {n: float(v) for n, v in zip(self.names, self.top)}
 
 
+# tangent helpers: a "tangent" is a dict of stacked tensors, one row per vector (K rows)
+
 def _dot(a: dict, b: dict) -> torch.Tensor:
     """Per-tangent inner product of two stacked tangent dicts -> shape (K,)."""
     return sum((a[k] * b[k]).flatten(1).sum(1) for k in a)
+
+
+def _norm(a: dict) -> torch.Tensor:
+    """Per-tangent Euclidean norm -> shape (K,)."""
+    return _dot(a, a).sqrt()
+
+
+def _broadcast(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``values`` (K,) viewed as (K, 1, …, 1) to scale the K rows of ``like``."""
+    return values.view(-1, *[1] * (like.dim() - 1))
+
+
+def _divide(a: dict, values: torch.Tensor) -> dict:
+    """Row k of every tensor of ``a`` divided by ``values[k]``."""
+    return {k: t / _broadcast(values, t) for k, t in a.items()}
+
+
+class PowerIteration(NamedTuple):
+    """Per-vector outcome of :func:`block_power_iteration` (CPU tensors of shape (K,))."""
+    estimate: torch.Tensor  # float64 Rayleigh quotient ρ = vᵀHv at the last iteration
+    iterations: torch.Tensor  # long, iterations run
+    change: torch.Tensor  # float64, last relative change of ρ (inf after one iteration)
+    residual: torch.Tensor  # float64, eigen-residual ‖Hv − ρv‖ / |ρ|
+
+
+def block_power_iteration(hvp, start: dict, tol: float, max_iter: int) -> PowerIteration:
+    """K independent power iterations run together, PyHessian-style, on stacked tangents.
+
+    .. math:: v_{t+1} = \\frac{H v_t}{\\|H v_t\\|}, \\qquad ρ_t = v_t^\\top H v_t
+
+    Args:
+        hvp: ``hvp(v, rows) -> Hv`` for the stacked tangents ``v`` of the still-active vectors,
+            ``rows`` their positions among the K (a CPU index tensor); each vector may have its own
+            operator (e.g. its own Hessian block).
+        start: ``{name: (K, *shape) tensor}`` start vectors (normalised here).
+        tol: a vector stops when ρ changes by less than ``tol`` (relative) and its eigen-residual
+            ``‖Hv − ρv‖/|ρ|`` is at most ``√tol`` (a steady ρ alone is not convergence: with
+            eigenvalues ±λ the vector oscillates and ρ stays put anywhere in (−λ, λ)), or when ρ
+            is 0 (a zero operator has nothing to iterate on).
+        max_iter: iterations at most.
+
+    Example:
+        >>> a = torch.diag(torch.tensor([3.0, 1.0, -2.0]))
+        >>> out = block_power_iteration(lambda v, rows: {"w": v["w"] @ a}, {"w": torch.ones(1, 3)}, 1e-8, 500)
+        >>> round(float(out.estimate[0]), 4)
+        3.0
+    """
+    v = _divide(start, _norm(start))
+    k = next(iter(v.values())).shape[0]
+    device = next(iter(v.values())).device  # bookkeeping stays on the CPU, tensors on the vectors' device
+    estimate = torch.zeros(k, dtype=torch.float64)
+    change = torch.full((k,), float("inf"), dtype=torch.float64)
+    residual = torch.full((k,), float("inf"), dtype=torch.float64)
+    iterations = torch.zeros(k, dtype=torch.long)
+    active = torch.ones(k, dtype=torch.bool)
+    for step in range(1, max_iter + 1):
+        idx = active.nonzero().flatten()
+        idx_on_device = idx.to(device)
+        sub = {name: t[idx_on_device] for name, t in v.items()}
+        hv = hvp(sub, idx)
+        rayleigh_on_device = _dot(sub, hv)
+        rayleigh = rayleigh_on_device.double().cpu()
+        prev = estimate[idx]
+        if step > 1:
+            change[idx] = (rayleigh - prev).abs() / (prev.abs() + 1e-12)
+        estimate[idx] = rayleigh
+        iterations[idx] = step
+        resid = {name: hv[name] - _broadcast(rayleigh_on_device.to(hv[name].dtype), hv[name]) * sub[name]
+                 for name in hv}
+        residual[idx] = _norm(resid).double().cpu() / rayleigh.abs().clamp_min(1e-30)
+        for name, t in _divide(hv, _norm(hv).clamp_min(1e-30)).items():
+            v[name][idx_on_device] = t
+        done = (change[idx] < tol) & (residual[idx] <= math.sqrt(tol))
+        done |= rayleigh.abs() < 1e-30
+        active[idx[done]] = False
+        if not active.any():
+            break
+    return PowerIteration(estimate, iterations, change, residual)
+
+
+class _LayerBlocks:
+    """The diagonal Hessian blocks ``H_ℓℓ`` of the mean loss, as one stacked HVP per call.
+
+    The data are cut into minibatches of one task each (an int label: Avalanche's single-task
+    path), weighted by their share of the samples, so that the weighted sum of their HVPs is the
+    full-data block HVP.
+    """
+
+    def __init__(self, model, loss_fn, inputs, targets, task_labels, layer_map, chunk_size, layer_chunk_size):
+        self.layer_map = layer_map
+        self.layer_chunk_size = layer_chunk_size
+        self.block_names = [name for layer in layer_map for name in layer.params]
+        self.owner = torch.tensor([layer.index for layer in layer_map for _ in layer.params])
+        state = {k: v.detach() for k, v in model.named_parameters()}
+        state.update({k: v.detach() for k, v in model.named_buffers()})
+        self.primal = {k: state[k] for k in self.block_names}
+        self.device = next(iter(self.primal.values())).device
+        self.loss_of = batch_loss(model, loss_fn, {k: v for k, v in state.items() if k not in self.primal})
+        self.batches = [(xs, ys, label, weight)
+                        for label, xs, ys, weight in task_batches(model, inputs, targets, task_labels, chunk_size)]
+        with torch.no_grad():
+            for x, y, t, _ in self.batches[:1]:
+                check_finite_loss(self.loss_of(self.primal, x, y, t), "at the parameters being measured")
+
+    def hvp(self, tangents: dict, layer_ids: torch.Tensor, shift: torch.Tensor) -> dict:
+        """``(H_ℓℓ - shift_ℓ I) v_ℓ`` for each stacked tangent (tangent k on layer ``layer_ids[k]``)."""
+        total = {k: torch.zeros_like(v) for k, v in tangents.items()}
+        for x, y, t, weight in self.batches:
+            # reverse-over-reverse: H is symmetric, so the VJP of the gradient is Hv. (Forward-over-
+            # reverse fails inside MSELoss's backward with "ZeroTensors are immutable".)
+            _, hvp = vjp(lambda p, x=x, y=y, t=t: grad(self.loss_of)(p, x, y, t), self.primal)
+            out = vmap(lambda tangent, hvp=hvp: hvp(tangent)[0], chunk_size=self.layer_chunk_size)(tangents)
+            for k in total:
+                total[k] += weight * out[k]
+        shift = shift.to(self.device)
+        return {k: self._in_block(k, layer_ids, total[k]) * total[k] - _broadcast(shift, total[k]) * tangents[k]
+                for k in total}
+
+    def _in_block(self, name: str, layer_ids: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """1 for the tangents whose layer owns parameter ``name``, else 0, broadcast to ``like``."""
+        i = self.block_names.index(name)
+        return _broadcast((self.owner[i] == layer_ids).to(device=self.device, dtype=self.primal[name].dtype), like)
+
+    def start_vectors(self, layer_ids: torch.Tensor, phase: int, seed: int) -> dict:
+        """Random vectors on each layer's own parameters, from a CPU generator per (seed, layer,
+        phase): the same on every device and whatever the layers' grouping."""
+        primal = self.primal
+        v = {name: torch.zeros((len(layer_ids), *primal[name].shape), dtype=primal[name].dtype, device=self.device)
+             for name in self.block_names}
+        for row, layer in enumerate(layer_ids.tolist()):
+            generator = torch.Generator().manual_seed((seed * 1_000_003 + layer) * 2 + phase)
+            for name in self.layer_map[layer].params:
+                v[name][row] = torch.randn(primal[name].shape, generator=generator, dtype=primal[name].dtype)
+        return v
+
+    def power_iteration(self, layer_ids: torch.Tensor, shift: torch.Tensor, phase: int, seed: int, tol: float,
+                        max_iter: int) -> PowerIteration:
+        """:func:`block_power_iteration` on ``H_ℓℓ - shift_ℓ I`` for the layers ``layer_ids``."""
+        return block_power_iteration(lambda v, rows: self.hvp(v, layer_ids[rows], shift[rows]),
+                                     self.start_vectors(layer_ids, phase, seed), tol, max_iter)
 
 
 def layer_top_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: torch.Tensor, *,
@@ -188,120 +332,39 @@ def layer_top_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targe
 
 def _power_iteration(model, loss_fn, inputs, targets, task_labels, layer_map, max_iter, tol,
                      chunk_size, layer_chunk_size, seed) -> LayerSpectrum:
+    """``s_ℓ`` of every layer: a power iteration per layer, then a shifted one for the layers whose
+    dominant eigenvalue is negative (module docstring), in groups of ``layer_chunk_size`` layers."""
+    blocks = _LayerBlocks(model, loss_fn, inputs, targets, task_labels, layer_map, chunk_size, layer_chunk_size)
     n_layers = len(layer_map)
-    block_names = [name for layer in layer_map for name in layer.params]
-    owner = torch.tensor([layer.index for layer in layer_map for _ in layer.params])
-    state = {k: v.detach() for k, v in model.named_parameters()}
-    state.update({k: v.detach() for k, v in model.named_buffers()})
-    primal = {k: state[k] for k in block_names}
-    device = next(iter(primal.values())).device  # bookkeeping stays on the CPU, tensors on the model's device
-    frozen = {k: v for k, v in state.items() if k not in primal}
-    # minibatches of one task each (an int label: Avalanche's single-task path), weighted by their
-    # share of the samples, so that the weighted sum of their HVPs is the full-data block HVP
-    batches = [(xs, ys, label, weight)
-               for label, xs, ys, weight in task_batches(model, inputs, targets, task_labels, chunk_size)]
-
-    loss_of = batch_loss(model, loss_fn, frozen)
-
-    with torch.no_grad():
-        for x, y, t, _ in batches[:1]:
-            check_finite_loss(loss_of(primal, x, y, t), "at the parameters being measured")
-
-    def block_mask(layer_ids: torch.Tensor) -> dict:
-        """mask[name][k] = 1 if parameter `name` belongs to the layer of tangent k."""
-        return {
-            name: (owner[i] == layer_ids).to(device=device, dtype=primal[name].dtype).view(-1, *[1] * primal[name].dim())
-            for i, name in enumerate(block_names)
-        }
-
-    def block_hvp(tangents: dict, layer_ids: torch.Tensor, shift: torch.Tensor) -> dict:
-        """(H_ℓℓ - shift_ℓ I) v_ℓ for each stacked tangent."""
-        total = {k: torch.zeros_like(v) for k, v in tangents.items()}
-        for x, y, t, weight in batches:
-            # reverse-over-reverse: H is symmetric, so the VJP of the gradient is Hv. (Forward-over-
-            # reverse fails inside MSELoss's backward with "ZeroTensors are immutable".)
-            _, hvp = vjp(lambda p, x=x, y=y, t=t: grad(loss_of)(p, x, y, t), primal)
-            out = vmap(lambda tangent, hvp=hvp: hvp(tangent)[0], chunk_size=layer_chunk_size)(tangents)
-            for k in total:
-                total[k] += weight * out[k]
-        mask = block_mask(layer_ids)
-        shift = shift.to(device)
-        return {k: mask[k] * total[k] - shift.view(-1, *[1] * (total[k].dim() - 1)) * tangents[k] for k in total}
-
-    def start_vectors(layer_ids: torch.Tensor, phase: int) -> dict:
-        """Random unit vectors on each layer's own parameters, from a CPU generator per (seed,
-        layer, phase): the same on every device and whatever the layers' grouping."""
-        v = {name: torch.zeros((len(layer_ids), *primal[name].shape), dtype=primal[name].dtype, device=device)
-             for name in block_names}
-        for row, layer in enumerate(layer_ids.tolist()):
-            generator = torch.Generator().manual_seed((seed * 1_000_003 + layer) * 2 + phase)
-            for name in layer_map[layer].params:
-                v[name][row] = torch.randn(primal[name].shape, generator=generator, dtype=primal[name].dtype)
-        return v
-
-    def run(layer_ids: torch.Tensor, shift: torch.Tensor, phase: int):
-        k = len(layer_ids)
-        v = start_vectors(layer_ids, phase)
-        norm = _dot(v, v).sqrt()
-        v = {name: t / norm.view(-1, *[1] * (t.dim() - 1)) for name, t in v.items()}
-        estimate = torch.zeros(k, dtype=torch.float64)
-        change = torch.full((k,), float("inf"), dtype=torch.float64)
-        residual = torch.full((k,), float("inf"), dtype=torch.float64)
-        iterations = torch.zeros(k, dtype=torch.long)
-        active = torch.ones(k, dtype=torch.bool)
-        for step in range(1, max_iter + 1):
-            idx = active.nonzero().flatten()
-            idx_on_device = idx.to(device)
-            sub = {name: t[idx_on_device] for name, t in v.items()}
-            hv = block_hvp(sub, layer_ids[idx], shift[idx])
-            rayleigh_on_device = _dot(sub, hv)
-            rayleigh = rayleigh_on_device.double().cpu()
-            prev = estimate[idx]
-            if step > 1:
-                change[idx] = (rayleigh - prev).abs() / (prev.abs() + 1e-12)
-            estimate[idx] = rayleigh
-            iterations[idx] = step
-            # eigen-residual ‖Hv − ρv‖/|ρ|: a steady Rayleigh quotient alone is not convergence
-            # (with eigenvalues ±λ the vector oscillates and ρ stays put anywhere in (−λ, λ))
-            resid = {name: hv[name] - rayleigh_on_device.to(hv[name].dtype).view(-1, *[1] * (hv[name].dim() - 1))
-                     * sub[name] for name in block_names}
-            residual[idx] = _dot(resid, resid).sqrt().double().cpu() / rayleigh.abs().clamp_min(1e-30)
-            hv_norm = _dot(hv, hv).sqrt().clamp_min(1e-30)
-            for name in block_names:
-                v[name][idx_on_device] = hv[name] / hv_norm.view(-1, *[1] * (hv[name].dim() - 1))
-            done = (change[idx] < tol) & (residual[idx] <= math.sqrt(tol))
-            # an exactly zero block (e.g. dead layer) has nothing to iterate on
-            done |= rayleigh.abs() < 1e-30
-            active[idx[done]] = False
-            if not active.any():
-                break
-        return estimate, iterations, change, residual
-
     # layers in groups of layer_chunk_size: the tangents (one model-sized vector per layer, a few
     # copies per iteration) of one group are held at a time
     dominant, top = torch.zeros(n_layers, dtype=torch.float64), torch.zeros(n_layers, dtype=torch.float64)
     iterations = torch.zeros(n_layers, dtype=torch.long)
     change, residual = torch.zeros(n_layers, dtype=torch.float64), torch.zeros(n_layers, dtype=torch.float64)
     for group in torch.arange(n_layers).split(layer_chunk_size or n_layers):
-        dominant[group], iterations[group], change[group], residual[group] = run(group, torch.zeros(len(group)), 0)
+        dominant[group], iterations[group], change[group], residual[group] = \
+            blocks.power_iteration(group, torch.zeros(len(group)), 0, seed, tol, max_iter)
         top[group] = dominant[group]
         negative = group[dominant[group] < 0]
         if len(negative):
             mu = dominant[negative]
-            shifted, it2, ch2, res2 = run(negative, mu.float(), 1)
+            shifted, it2, ch2, res2 = blocks.power_iteration(negative, mu.float(), 1, seed, tol, max_iter)
             top[negative] = shifted + mu
             iterations[negative] += it2
             change[negative] = ch2
             residual[negative] = res2
+    return _spectrum(layer_map.names, top, dominant, iterations, change, residual, tol, max_iter)
 
+
+def _spectrum(names, top, dominant, iterations, change, residual, tol, max_iter) -> LayerSpectrum:
+    """The :class:`LayerSpectrum`, warning about the layers that did not converge."""
     converged = [bool(c < tol and r <= math.sqrt(tol)) or abs(float(d)) < 1e-30
                  for c, r, d in zip(change, residual, dominant)]
-    names = layer_map.names
     stuck = [f"{names[i]} (last relative change {float(change[i]):.2e}, residual {float(residual[i]):.2e})"
-             for i in range(n_layers) if not converged[i]]
+             for i in range(len(names)) if not converged[i]]
     if stuck:
         warnings.warn(f"power iteration did not reach tol={tol} within max_iter={max_iter} for layers: "
-                      + ", ".join(stuck), RuntimeWarning, stacklevel=3)
+                      + ", ".join(stuck), RuntimeWarning, stacklevel=4)
     return LayerSpectrum(names=names, top=top.numpy(), dominant=dominant.numpy(),
                          iterations=iterations.tolist(), converged=converged,
                          last_relative_change=change.tolist())
