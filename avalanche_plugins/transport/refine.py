@@ -7,6 +7,8 @@ the frozen late layers, by Adam (:func:`refine_key`) or a few damped Gauss–New
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from avalanche_plugins.core.calls import eval_mode, iterate_batches, model_forward
@@ -126,106 +128,159 @@ def gauss_newton_key(key: TransportKey, stitched: StitchedModel, anchors: torch.
     check_int("cg_max_iter", cg_max_iter)
     if key.family == "identity" or iterations == 0:
         return key
-    target, u = _logit_targets(stitched, anchors, task_labels)
-    names = [name for name, _ in key.named_parameters()]
-    n = anchors.shape[0]
-
-    def key_at(params, inputs):
-        return torch.func.functional_call(key, dict(zip(names, params)), (inputs,))
-
-    def late(h, a):
-        return stitched.forward_from_stage(h, anchors[a], _labels_of(task_labels, a, n))
-
-    def objective(params):  # Σ ‖z_late − z(θ)‖² over the anchors, chunk by chunk
-        with torch.no_grad():
-            return sum(float(((target[a] - late(key_at(params, u[a]), a)) ** 2).sum())
-                       for a in iterate_batches(n, chunk_size))
-
-    def jacobian_rows(a, dz_dh):  # (anchors · logits) × P rows of J, anchor-major, float64
-        return torch.cat(_linear_key_rows(key, names, u[a], dz_dh), 2).flatten(0, 1).double()
-
-    def logit_gradients(params):
-        """``(anchors, dz/dh (logits, anchors, *h), residual (anchors · logits))`` chunk by chunk."""
-        for a in iterate_batches(n, rows_per_pass):
-            z, pullback = torch.func.vjp(lambda h, a=a: late(h, a), key_at(params, u[a]))
-            n_logits = z.shape[-1]
-            eye = torch.eye(n_logits, dtype=z.dtype, device=z.device)
-            for c in iterate_batches(n_logits, max(1, rows_per_pass // (a.stop - a.start))):
-                cotangents = eye[c][:, None, :].expand(c.stop - c.start, *z.shape)
-                (dz_dh,) = torch.func.vmap(pullback)(cotangents)        # (|c|, anchors, *h.shape[1:])
-                yield a, dz_dh.detach(), (target[a] - z.detach())[:, c].flatten().double()
-
-    params = tuple(p.detach() for p in key.parameters())
-    sizes = [p.numel() for p in params]
-    n_params = sum(sizes)
-    n_rows = n * target.shape[-1]
-    dual = n_rows < n_params  # solve the smaller Gram matrix
+    problem = _Linearisation(key, stitched, anchors, task_labels, chunk_size)
     if solver == "auto":
-        solver = "cg" if min(n_rows, n_params) ** 2 * max(n_rows, n_params) > _DIRECT_MULTIPLY_ADDS else "direct"
-    rows_per_pass = max(1, min(chunk_size, _ROW_BYTES // (8 * n_params)))  # long rows: fewer per pass
-    lam_scale = damping
+        solver = "cg" if problem.gram_multiply_adds() > _DIRECT_MULTIPLY_ADDS else "direct"
+    if solver == "cg":
+        problem.u64 = problem.u.double()
 
-    u64 = u.double() if solver == "cg" else None
-
-    def key_times(v):  # the key's map with parameters v (flat) on every anchor: ∂h/∂θ · v, (N, *h)
-        return key_at(tuple(part.view(p.shape) for part, p in zip(v.split(sizes), params)), u64)
-
-    def key_transpose_times(cotangent):  # ∇_θ ⟨cotangent, key_θ(u)⟩, flat (the key is linear in θ)
-        zero = tuple(torch.zeros_like(p, dtype=torch.float64) for p in params)
-        grads = torch.func.vjp(lambda q: key_at(q, u64), zero)[1](cotangent)[0]
-        return torch.cat([g.flatten() for g in grads])
-
-    def damped_system(params):
-        """``(diag G, solve)`` of this iteration's linearisation: ``solve(λ)`` gives the step ``δ``."""
-        if solver == "cg":
-            rows = _KeptRows()
-            for a, dz_dh, r in logit_gradients(params):
-                rows.add(a, dz_dh, r, jacobian_rows, keep_rows=n_params <= dz_dh[0, 0].numel())
-            rows.key_times, rows.key_transpose_times = key_times, key_transpose_times
-            rows.merge_logit_gradients()
-            return rows.cg_system(dual=dual, tol=cg_tol, max_iter=cg_max_iter)
-        if dual:
-            rows = _KeptRows()
-            for a, dz_dh, r in logit_gradients(params):
-                rows.add(a, dz_dh, r, jacobian_rows, keep_rows=n_params <= dz_dh[0, 0].numel())
-            gram, rhs = rows.gram(n_params), rows.residual()
-        else:
-            gram = torch.zeros(n_params, n_params, dtype=torch.float64, device=target.device)
-            rhs = torch.zeros(n_params, dtype=torch.float64, device=target.device)
-            for a, dz_dh, r in logit_gradients(params):
-                jac = jacobian_rows(a, dz_dh)
-                gram += jac.T @ jac
-                rhs += jac.T @ r
-        diagonal = gram.diagonal().clone()
-
-        def solve(lam):
-            gram.diagonal().copy_(diagonal + lam)  # G + λI in place: no second Gram-sized matrix
-            solution = torch.linalg.solve(gram, rhs)
-            return rows.transpose_times(solution) if dual else solution
-
-        return diagonal, solve
+        def damped_system(params):
+            return _cg_system(problem, params, tol=cg_tol, max_iter=cg_max_iter)
+    else:
+        damped_system = partial(_dual_system if problem.dual else _primal_system, problem)
 
     with eval_mode(stitched.late_model):
-        loss = objective(params)
-        for _ in range(iterations):
-            diagonal, solve = damped_system(params)
-            base = float(diagonal.mean())
-            if base == 0:
-                break  # the logits do not depend on the key here: nothing to fit
-            for _ in range(max_tries):
-                step = solve(lam_scale * base)
-                trial = tuple(p + d.view_as(p).to(p.dtype) for p, d in zip(params, step.split(sizes)))
-                trial_loss = objective(trial)
-                if trial_loss < loss:
-                    params, loss, lam_scale = trial, trial_loss, lam_scale / 3
-                    break
-                lam_scale *= 10
-            else:
-                break  # no damping lowered the objective: keep the current key
+        params = _levenberg_marquardt(problem.params, problem.objective, damped_system, problem.sizes,
+                                      iterations=iterations, damping=damping, max_tries=max_tries)
     with torch.no_grad():
         for p, value in zip(key.parameters(), params):
             p.copy_(value)
     return key
+
+
+class _Linearisation:
+    """The least-squares problem of :func:`gauss_newton_key`: residuals ``r = z_late − z(θ)`` over
+    the anchors, the rows of their Jacobian ``J`` in the key's parameters θ, and the key's
+    matrix-free products ``∂h/∂θ · v`` and ``∇_θ ⟨cotangent, h(θ)⟩`` (the key is linear in θ)."""
+
+    def __init__(self, key: TransportKey, stitched: StitchedModel, anchors: torch.Tensor, task_labels,
+                 chunk_size: int):
+        self.key, self.stitched, self.anchors, self.task_labels = key, stitched, anchors, task_labels
+        self.chunk_size = chunk_size
+        self.target, self.u = _logit_targets(stitched, anchors, task_labels)
+        self.names = [name for name, _ in key.named_parameters()]
+        self.n = anchors.shape[0]
+        self.params = tuple(p.detach() for p in key.parameters())
+        self.sizes = [p.numel() for p in self.params]
+        self.n_params = sum(self.sizes)
+        self.n_rows = self.n * self.target.shape[-1]
+        self.dual = self.n_rows < self.n_params  # solve the smaller Gram matrix
+        self.rows_per_pass = max(1, min(chunk_size, _ROW_BYTES // (8 * self.n_params)))  # long rows: fewer per pass
+        self.u64 = None  # the anchors' stage activations in float64, for the matrix-free products (CG)
+
+    def gram_multiply_adds(self) -> int:
+        """Cost of forming the smaller Gram matrix, ``min(N·K, P)² · max(N·K, P)``."""
+        return min(self.n_rows, self.n_params) ** 2 * max(self.n_rows, self.n_params)
+
+    def key_at(self, params, inputs):
+        return torch.func.functional_call(self.key, dict(zip(self.names, params)), (inputs,))
+
+    def late(self, h, a: slice):
+        return self.stitched.forward_from_stage(h, self.anchors[a], _labels_of(self.task_labels, a, self.n))
+
+    def objective(self, params) -> float:
+        """``Σ ‖z_late − z(θ)‖²`` over the anchors, chunk by chunk."""
+        with torch.no_grad():
+            return sum(float(((self.target[a] - self.late(self.key_at(params, self.u[a]), a)) ** 2).sum())
+                       for a in iterate_batches(self.n, self.chunk_size))
+
+    def jacobian_rows(self, a: slice, dz_dh) -> torch.Tensor:
+        """The (anchors · logits) × P rows of ``J``, anchor-major, float64."""
+        return torch.cat(_linear_key_rows(self.key, self.names, self.u[a], dz_dh), 2).flatten(0, 1).double()
+
+    def logit_gradients(self, params):
+        """``(anchors, dz/dh (logits, anchors, *h), residual (anchors · logits))`` chunk by chunk."""
+        for a in iterate_batches(self.n, self.rows_per_pass):
+            z, pullback = torch.func.vjp(lambda h, a=a: self.late(h, a), self.key_at(params, self.u[a]))
+            n_logits = z.shape[-1]
+            eye = torch.eye(n_logits, dtype=z.dtype, device=z.device)
+            for c in iterate_batches(n_logits, max(1, self.rows_per_pass // (a.stop - a.start))):
+                cotangents = eye[c][:, None, :].expand(c.stop - c.start, *z.shape)
+                (dz_dh,) = torch.func.vmap(pullback)(cotangents)        # (|c|, anchors, *h.shape[1:])
+                yield a, dz_dh.detach(), (self.target[a] - z.detach())[:, c].flatten().double()
+
+    def key_times(self, v: torch.Tensor) -> torch.Tensor:
+        """The key's map with parameters ``v`` (flat) on every anchor: ``∂h/∂θ · v``, (N, *h)."""
+        return self.key_at(tuple(part.view(p.shape) for part, p in zip(v.split(self.sizes), self.params)), self.u64)
+
+    def key_transpose_times(self, cotangent: torch.Tensor) -> torch.Tensor:
+        """``∇_θ ⟨cotangent, key_θ(u)⟩``, flat (the key is linear in θ)."""
+        zero = tuple(torch.zeros_like(p, dtype=torch.float64) for p in self.params)
+        grads = torch.func.vjp(lambda q: self.key_at(q, self.u64), zero)[1](cotangent)[0]
+        return torch.cat([g.flatten() for g in grads])
+
+    def kept_rows(self, params, *, products: bool = False) -> _KeptRows:
+        """This iteration's :class:`_KeptRows` (with the key's matrix-free products for CG)."""
+        return _KeptRows(self.logit_gradients(params), self.jacobian_rows, self.n_params,
+                         key_times=self.key_times if products else None,
+                         key_transpose_times=self.key_transpose_times if products else None)
+
+
+def _direct_solver(gram: torch.Tensor, rhs: torch.Tensor, back=None):
+    """``(diag G, solve)``: ``solve(λ)`` solves ``(G + λI) x = rhs`` (``G`` modified in place: no
+    second Gram-sized matrix) and returns ``back(x)`` (``x`` when None)."""
+    diagonal = gram.diagonal().clone()
+
+    def solve(lam):
+        gram.diagonal().copy_(diagonal + lam)
+        solution = torch.linalg.solve(gram, rhs)
+        return solution if back is None else back(solution)
+
+    return diagonal, solve
+
+
+def _primal_system(problem: _Linearisation, params):
+    """``P ≤ N·K``: ``(JᵀJ + λI) δ = Jᵀr``, with ``JᵀJ`` and ``Jᵀr`` accumulated chunk by chunk
+    (``J`` never held)."""
+    device = problem.target.device
+    gram = torch.zeros(problem.n_params, problem.n_params, dtype=torch.float64, device=device)
+    rhs = torch.zeros(problem.n_params, dtype=torch.float64, device=device)
+    for a, dz_dh, r in problem.logit_gradients(params):
+        jac = problem.jacobian_rows(a, dz_dh)
+        gram += jac.T @ jac
+        rhs += jac.T @ r
+    return _direct_solver(gram, rhs)
+
+
+def _dual_system(problem: _Linearisation, params):
+    """``N·K < P``: ``(JJᵀ + λI) α = r``, ``δ = Jᵀα``, from the kept rows."""
+    rows = problem.kept_rows(params)
+    return _direct_solver(rows.gram(problem.n_params), rows.residual(), rows.transpose_times)
+
+
+def _cg_system(problem: _Linearisation, params, *, tol: float, max_iter: int):
+    """The damped system in the smaller space by conjugate gradients, never forming the Gram matrix."""
+    rows = problem.kept_rows(params, products=True)
+    return rows.cg_system(dual=problem.dual, tol=tol, max_iter=max_iter)
+
+
+def _levenberg_marquardt(params: tuple, objective, damped_system, sizes: list[int], *, iterations: int,
+                         damping: float, max_tries: int) -> tuple:
+    """Levenberg–Marquardt: ``iterations`` damped Gauss–Newton steps from ``params``.
+
+    ``damped_system(params) -> (diag G, solve)``, ``solve(λ)`` the step for damping ``λ``. The
+    damping is ``λ = scale · mean(diag G)``; a step that does not lower ``objective`` is retried
+    with 10× the scale (up to ``max_tries``), an accepted one divides it by 3. Stops early when
+    ``G`` is zero (nothing depends on the parameters) or no damping lowers the objective.
+    """
+    lam_scale = damping
+    loss = objective(params)
+    for _ in range(iterations):
+        diagonal, solve = damped_system(params)
+        base = float(diagonal.mean())
+        if base == 0:
+            break  # the logits do not depend on the key here: nothing to fit
+        for _ in range(max_tries):
+            step = solve(lam_scale * base)
+            trial = tuple(p + d.view_as(p).to(p.dtype) for p, d in zip(params, step.split(sizes)))
+            trial_loss = objective(trial)
+            if trial_loss < loss:
+                params, loss, lam_scale = trial, trial_loss, lam_scale / 3
+                break
+            lam_scale *= 10
+        else:
+            break  # no damping lowered the objective: keep the current key
+    return params
 
 
 _ROW_BYTES = 1 << 27  # float64 rows of J held at once (per pass, per Gram block): 128 MB
@@ -239,9 +294,19 @@ class _KeptRows:
 
     block_bytes = _ROW_BYTES  # float64 rows per Gram block: recomputed rows are made in fewer, larger blocks
 
-    def __init__(self):
+    def __init__(self, gradients, jacobian_rows, n_params: int, *, key_times=None, key_transpose_times=None):
+        """Keep the chunks of ``gradients`` (``(anchors, dz/dh, residual)``, as
+        :meth:`_Linearisation.logit_gradients` yields them); a chunk keeps its rows when they are
+        shorter than its logit gradients (``n_params ≤ |h|``). With the key's matrix-free products
+        (``∂h/∂θ · v``, ``∇_θ ⟨cotangent, h(θ)⟩``; the CG solver) the logit gradients are merged
+        into one tensor where possible (:meth:`merge_logit_gradients`)."""
         self.chunks, self.residuals, self.offsets = [], [], [0]
         self.merged = None  # (anchors, logits, |h|): every chunk's logit gradients in one tensor
+        self.key_times, self.key_transpose_times = key_times, key_transpose_times
+        for a, dz_dh, r in gradients:
+            self.add(a, dz_dh, r, jacobian_rows, keep_rows=n_params <= dz_dh[0, 0].numel())
+        if key_times is not None:
+            self.merge_logit_gradients()
 
     def merge_logit_gradients(self) -> None:
         """When every chunk keeps the logit gradients of all logits for consecutive anchors, move
@@ -260,10 +325,6 @@ class _KeptRows:
             merged[anchors] = value
             self.chunks[i] = (anchors, merged[anchors], is_rows, jacobian_rows, shape)
         self.merged = merged
-
-    # matrix-free products through the key (set for the CG solver): ∂h/∂θ · v on every anchor, and
-    # its transpose ∇_θ ⟨cotangent, h(θ)⟩
-    key_times = key_transpose_times = None
 
     def add(self, anchors: slice, dz_dh, residual, jacobian_rows, *, keep_rows: bool) -> None:
         # logit gradients are kept anchor-major, (anchors, logits, |h|), for batched products
