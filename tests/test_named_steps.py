@@ -117,3 +117,37 @@ def test_the_direct_solver_adds_the_damping_on_the_diagonal_and_maps_the_solutio
     diagonal, solve = _direct_solver(gram.clone(), rhs, back=lambda x: 2 * x)
     assert diagonal.tolist() == [2.0, 3.0]
     torch.testing.assert_close(solve(0.5), 2 * expected)
+
+
+def test_discover_layers_steps_one_rule_each():
+    from avalanche_plugins.core import layers as L
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.token = nn.Parameter(torch.zeros(4))
+            self.fc = nn.Linear(4, 4)
+            self.act = nn.ReLU()
+            self.bn = nn.BatchNorm1d(4)
+            self.attn = nn.MultiheadAttention(4, 2)
+            self.fc2 = nn.Linear(4, 4)
+            self.late_bn = nn.BatchNorm1d(4)
+
+        def forward(self, x):
+            h = self.bn(self.act(self.fc(x + self.token)))
+            a = self.attn(h[None], h[None], h[None])[0][0]
+            return self.late_bn(torch.tanh(self.fc2(a)))  # tanh called as a function: invisible to the trace
+
+    net = Net()
+    trace = L._trace(net, torch.randn(3, 4))
+    assert [trace.names[m] for m, _, _ in trace.calls] == ["fc", "act", "bn", "attn", "fc2", "late_bn"]
+    layers = L._choose_layers(net, trace)
+    assert [trace.names[m] for m in layers] == ["fc", "attn", "fc2"]
+    norm_of = L._attach_norms(trace, layers)
+    assert {trace.names[m]: n for m, n in norm_of.items()} == {"fc": "bn"}
+    owner, unassigned = L._assign_parameters(net, trace, layers)
+    assert {p: trace.names[m] for p, m in owner.items()}["attn.out_proj.weight"] == "attn"
+    assert unassigned == {"token": "parameter of a container, not of a layer", "bn.weight": "normalisation layer",
+                          "bn.bias": "normalisation layer", "late_bn.weight": "normalisation layer",
+                          "late_bn.bias": "normalisation layer"}
+    assert L._untraced_norms(trace, layers, norm_of) == {"fc2": "late_bn"}

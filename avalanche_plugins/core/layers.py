@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 from torch import nn
@@ -244,59 +245,96 @@ def discover_layers(model: nn.Module, example_input) -> LayerMap:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    names = {module: name for name, module in model.named_modules()}
     _check_no_tied_parameters(model)
-    calls: list[tuple[nn.Module, torch.Tensor | None, torch.Tensor | None]] = []
-    call_count: dict[nn.Module, int] = {}
+    trace = _trace(model, example_input)
+    layer_modules = _choose_layers(model, trace)
+    norm_of = _attach_norms(trace, layer_modules)
+    owner, unassigned = _assign_parameters(model, trace, layer_modules)
+    layers = [_layer_info(model, trace, index, m, owner, norm_of) for index, m in enumerate(layer_modules)]
+    norms = {trace.names[m]: m for m in trace.executed if _is_norm(m)}
+    return LayerMap(layers=layers, unassigned=unassigned, norms=norms,
+                    untraced_norms=_untraced_norms(trace, layer_modules, norm_of))
+
+
+@dataclass
+class _Trace:
+    """One traced forward pass: every submodule call in completion order, with its first input
+    and output tensors."""
+    names: dict  # module -> its name in the model
+    calls: list  # (module, first input tensor or None, first output tensor or None)
+    call_count: dict  # module -> calls in the pass
+
+    @cached_property  # read once the pass has run
+    def executed(self) -> set:
+        return set(self.call_count)
+
+    @cached_property
+    def io(self) -> dict:
+        return {m: (inp, out) for m, inp, out in self.calls}
+
+
+def _owns_params(m: nn.Module) -> bool:
+    return next(m.parameters(recurse=False), None) is not None
+
+
+def _is_norm(m: nn.Module) -> bool:
+    return isinstance(m, NORM_TYPES)
+
+
+def _trace(model: nn.Module, example_input) -> _Trace:
+    """Run ``model`` once on ``example_input`` (eval mode, no graph) with a forward hook on every
+    submodule."""
+    trace = _Trace(names={module: name for name, module in model.named_modules()}, calls=[], call_count={})
 
     def hook(module, inputs, output):
-        call_count[module] = call_count.get(module, 0) + 1
-        calls.append((module, first_tensor(inputs), first_tensor(output)))
+        trace.call_count[module] = trace.call_count.get(module, 0) + 1
+        trace.calls.append((module, first_tensor(inputs), first_tensor(output)))
 
-    handles = [m.register_forward_hook(hook) for m in names if m is not model]
+    handles = [m.register_forward_hook(hook) for m in trace.names if m is not model]
     try:
         with eval_mode(model), torch.no_grad():
             _run(model, example_input)
     finally:
         for h in handles:
             h.remove()
+    return trace
 
-    executed = set(call_count)
 
-    def owns_params(m):
-        return next(m.parameters(recurse=False), None) is not None
-
-    def is_norm(m):
-        return isinstance(m, NORM_TYPES)
+def _choose_layers(model: nn.Module, trace: _Trace) -> list[nn.Module]:
+    """Rule 1: the executed modules that own parameters, are no norm and have no executed
+    descendant that owns parameters, in execution order; none, or one run twice, is an error."""
+    executed = trace.executed
 
     def has_executed_param_descendant(m):
-        return any(
-            sub is not m and sub in executed and owns_params(sub) and not is_norm(sub)
-            for sub in m.modules()
-        )
+        return any(sub is not m and sub in executed and _owns_params(sub) and not _is_norm(sub)
+                   for sub in m.modules())
 
-    layer_modules = [
-        m for m in executed if owns_params(m) and not is_norm(m) and not has_executed_param_descendant(m)
-    ]
+    layer_modules = [m for m in executed
+                     if _owns_params(m) and not _is_norm(m) and not has_executed_param_descendant(m)]
     if not layer_modules:
         raise ValueError(
             f"model {type(model).__name__} has no parametrised layer executed by the example input "
             "(expected at least one Linear/Conv/attention or other module owning parameters)"
         )
-    shared = [names[m] for m in layer_modules if call_count[m] > 1]
+    shared = [trace.names[m] for m in layer_modules if trace.call_count[m] > 1]
     if shared:
         raise ValueError(
             f"layers {shared} run more than once per forward pass (weight sharing); "
             "depth is ambiguous, so discover_layers does not support shared layers"
         )
-
     # Order: completion order of hooks, which equals start order for leaf layers.
-    order = {m: i for i, (m, _, _) in enumerate(calls)}
+    order = {m: i for i, (m, _, _) in enumerate(trace.calls)}
     layer_modules.sort(key=lambda m: order[m])
-    io = {m: (inp, out) for m, inp, out in calls}
+    return layer_modules
+
+
+def _attach_norms(trace: _Trace, layer_modules: list[nn.Module]) -> dict[nn.Module, str]:
+    """Rule 2: ``{layer: name of its norm}``, the norm layer that receives the layer's output,
+    directly or through elementwise modules (the first such norm wins)."""
+    calls = trace.calls
     norm_of: dict[nn.Module, str] = {}
     for k, (m, inp, _) in enumerate(calls):
-        if not is_norm(m) or inp is None:
+        if not _is_norm(m) or inp is None:
             continue
         # the latest earlier call that produced `inp`; walk back through elementwise modules
         # (Linear -> ReLU -> BatchNorm1d is common; an in-place ReLU returns its input object)
@@ -312,16 +350,20 @@ def discover_layers(model: nn.Module, example_input) -> LayerMap:
                 tensor = source_in
                 continue
             if source in layer_modules and source not in norm_of:
-                norm_of[source] = names[m]
+                norm_of[source] = trace.names[m]
             break
+    return norm_of
 
+
+def _assign_parameters(model: nn.Module, trace: _Trace, layer_modules: list[nn.Module]):
+    """Rule 3: ``(owner, unassigned)``: every parameter's layer (the nearest layer at or above its
+    module, covering never-called children such as ``MHA.out_proj``), or the reason it has none."""
     layer_set = set(layer_modules)
     owner: dict[str, nn.Module] = {}
     unassigned: dict[str, str] = {}
     for pname, _ in model.named_parameters():
         mod_path = pname.rsplit(".", 1)[0] if "." in pname else ""
         module = model.get_submodule(mod_path)
-        # climb to the nearest layer (covers never-called children of a layer, e.g. MHA.out_proj)
         path = mod_path
         while module not in layer_set and path:
             path = path.rsplit(".", 1)[0] if "." in path else ""
@@ -330,43 +372,40 @@ def discover_layers(model: nn.Module, example_input) -> LayerMap:
             owner[pname] = module
             continue
         direct = model.get_submodule(mod_path)
-        if is_norm(direct):
+        if _is_norm(direct):
             unassigned[pname] = "normalisation layer"
-        elif direct not in executed and direct is not model:
+        elif direct not in trace.executed and direct is not model:
             unassigned[pname] = "module not executed by the example input"
         else:
             unassigned[pname] = "parameter of a container, not of a layer"
+    return owner, unassigned
 
+
+def _layer_info(model: nn.Module, trace: _Trace, index: int, m: nn.Module, owner: dict, norm_of: dict) -> LayerInfo:
+    """The :class:`LayerInfo` of layer ``m`` at position ``index``."""
+    kind = _kind(m)
+    in_units, out_units = _units(m, kind, *trace.io[m])
     params = dict(model.named_parameters())
-    layers = []
-    for index, m in enumerate(layer_modules):
-        kind = _kind(m)
-        in_units, out_units = _units(m, kind, *io[m])
-        layers.append(
-            LayerInfo(
-                name=names[m],
-                index=index,
-                module=m,
-                params={p: params[p] for p, mod in owner.items() if mod is m},
-                in_units=int(in_units),
-                out_units=int(out_units),
-                norm=norm_of.get(m),
-                kind=kind,
-            )
-        )
-    norms = {names[m]: m for m in executed if is_norm(m)}
-    # A BatchNorm that no layer claims but that runs right after a layer of matching width reads that
-    # layer's output through an operation the hooks cannot see (an activation called as a function).
+    return LayerInfo(name=trace.names[m], index=index, module=m,
+                     params={p: params[p] for p, mod in owner.items() if mod is m},
+                     in_units=int(in_units), out_units=int(out_units), norm=norm_of.get(m), kind=kind)
+
+
+def _untraced_norms(trace: _Trace, layer_modules: list[nn.Module], norm_of: dict) -> dict[str, str]:
+    """A BatchNorm that no layer claims but that runs right after a layer of matching width reads
+    that layer's output through an operation the hooks cannot see (an activation called as a
+    function): ``{layer name: norm name}``."""
     attached = set(norm_of.values())
+    io = trace.io
     untraced_norm: dict[str, str] = {}
-    for k, (m, _input, _) in enumerate(calls):
-        if not isinstance(m, nn.modules.batchnorm._BatchNorm) or names[m] in attached:
+    for k, (m, _input, _) in enumerate(trace.calls):
+        if not isinstance(m, nn.modules.batchnorm._BatchNorm) or trace.names[m] in attached:
             continue
-        before = [c for c, _, _ in calls[:k] if c in layer_modules]
+        before = [c for c, _, _ in trace.calls[:k] if c in layer_modules]
         if before and before[-1] not in norm_of and io[before[-1]][1] is not None \
                 and io[before[-1]][1].dim() >= 2 and io[before[-1]][1].shape[1] == m.num_features:
-            untraced_norm.setdefault(names[before[-1]], names[m])
-    return LayerMap(layers=layers, unassigned=unassigned, norms=norms, untraced_norms=untraced_norm)
+            untraced_norm.setdefault(trace.names[before[-1]], trace.names[m])
+    return untraced_norm
 
 
 def example_input(model: nn.Module, inputs: torch.Tensor, task_labels=None, n: int = 2):
