@@ -20,7 +20,7 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from avalanche_plugins.study.config import Study, load_study, sources_for
+from avalanche_plugins.study.config import Study, load_study, sources_for, strategy_for
 from avalanche_plugins.study.harness.cli import is_skipped
 from avalanche_plugins.study.harness.jobs import Timer, run_jobs
 from avalanche_plugins.study.harness.protocol import expand_grid, select_best, setting_label
@@ -81,8 +81,16 @@ def _label(setting: dict) -> str:
 
 
 def _cells(study: Study, skip) -> list[tuple[dict, dict]]:
-    return [(scenario, strategy) for scenario in study.scenarios for strategy in study.strategies
+    """``(scenario, strategy spec for it)`` of every cell not skipped (recipes merged per scenario)."""
+    return [(scenario, strategy_for(strategy, scenario)) for scenario in study.scenarios for strategy in study.strategies
             if not is_skipped(skip, scenario["name"], strategy["name"]) and not is_skipped(skip, strategy["name"])]
+
+
+def _cell_label(setting: dict, strategy: dict) -> str:
+    """The setting's label; a recipe without a grid is labelled by its recipe."""
+    if not setting and strategy.get("recipe"):
+        return "recipe" + (f" ({', '.join(strategy['overridden'])} overridden)" if strategy.get("overridden") else "")
+    return _label(setting)
 
 
 def plan_tuning_jobs(study: Study, skip=()) -> list[tuple[StudyJob, dict]]:
@@ -91,7 +99,7 @@ def plan_tuning_jobs(study: Study, skip=()) -> list[tuple[StudyJob, dict]]:
     for scenario, strategy in _cells(study, skip):
         for setting in expand_grid(strategy["grid"]) if strategy["grid"] else []:
             spec, training = apply_setting(strategy, study.training, setting)
-            jobs.append((StudyJob(study.name, scenario, study.model, training, spec, _label(setting), [],
+            jobs.append((StudyJob(study.name, scenario, study.model, training, spec, _cell_label(setting, strategy), [],
                                   study.loggers, study.tune_seed, "validation",
                                   sources_for(study, scenario, study.model, spec), tuple(study.paths)), setting))
     return jobs
@@ -106,7 +114,7 @@ def plan_test_jobs(study: Study, chosen: dict, skip=()) -> list[StudyJob]:
         setting = chosen.get(scenario["name"], {}).get(strategy["name"], {}).get("setting", {})
         spec, training = apply_setting(strategy, study.training, setting)
         for seed in range(study.seeds):
-            jobs.append(StudyJob(study.name, scenario, study.model, training, spec, _label(setting),
+            jobs.append(StudyJob(study.name, scenario, study.model, training, spec, _cell_label(setting, strategy),
                                  study.metrics, study.loggers, seed, "test",
                                  sources_for(study, scenario, study.model, spec, study.metrics), tuple(study.paths)))
     return jobs
@@ -207,6 +215,16 @@ def _tables_md(tables: dict) -> str:
     return "\n\n".join(parts)
 
 
+def _recipe_lines(config: dict) -> list[str]:
+    lines = []
+    for strategy in config["strategies"]:
+        for scenario, spec in strategy.get("per_scenario", {}).items():
+            over = f"; overridden by the config: {', '.join(spec['overridden'])}" if spec.get("overridden") else ""
+            values = ", ".join(f"{k}={v}" for k, v in {**spec["kwargs"], **spec["training"]}.items())
+            lines.append(f"- {scenario} / {strategy['name']}: recipe `{spec['recipe']}` ({values or 'defaults'}{over})")
+    return lines
+
+
 def _chosen_lines(saved: dict) -> list[str]:
     lines = []
     for scenario, strategies in saved.get("chosen", {}).items():
@@ -255,6 +273,10 @@ def report(saved: dict) -> str:
     chosen = _chosen_lines(saved)
     if chosen:
         lines += ["## Chosen hyper-parameters", "", *chosen, ""]
+    recipes = _recipe_lines(config)
+    if recipes:
+        lines += ["## Recipes", "", "Tuned settings shipped with the package (`avalanche-study recipes`):", "",
+                  *recipes, ""]
     lines += ["## Results", "", saved["tables"]["markdown"], ""]
     if saved["tables"].get("failed"):
         lines += ["## Failed runs", "", "Not scored: left out of every mean, interval, test and figure.", "",

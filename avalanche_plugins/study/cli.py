@@ -6,6 +6,8 @@
                                [--executor local|ray] [--address ADDR] [--skip NAMES] [--data-root DIR]
     avalanche-study check CONFIG [--quick] [--data-root DIR]   # every error of the config, nothing run
     avalanche-study report RESULTS_JSON                        # re-print a saved study's tables
+    avalanche-study recipes                                    # the shipped tuned recipes
+    avalanche-study reproduce [SCENARIO ...] [--quick]         # rerun recipes, fail on any drift
 
 ``run`` writes to ``./out/study/<name>`` under the working directory unless ``--out`` says
 otherwise. Dotted ``module:function`` names in the config resolve against the config file's
@@ -40,6 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--data-root", default=None, help="fills the data_root of scenarios that name none")
     report = commands.add_parser("report", help="re-print the tables of a saved results.json (runs nothing)")
     report.add_argument("results", metavar="RESULTS_JSON", help="a study's results.json")
+    recipes = commands.add_parser("recipes", help="list the shipped tuned recipes (scenario, strategy, values, ACC)")
+    recipes.add_argument("--folder", default=None, help="recipe files other than the shipped ones")
+    reproduce = commands.add_parser("reproduce", help="rerun recipes; fail naming every ACC that left its tolerance")
+    reproduce.add_argument("scenarios", nargs="*", help="recipe scenarios (default: all; --quick: split_digits)")
+    reproduce.add_argument("--quick", action="store_true",
+                           help="the Split digits recipes of four strategies, seed 0 (about a minute)")
+    reproduce.add_argument("--folder", default=None, help="recipe files other than the shipped ones")
+    reproduce.add_argument("--data-root", default=None, help="folder holding MNIST/raw (MNIST recipes)")
+    reproduce.add_argument("--out", default="out/reproduce", help="output folder (default out/reproduce)")
+    reproduce.add_argument("--workers", type=int, default=1, help="processes running jobs in parallel")
+    reproduce.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.run_parser = run  # parse_args resolves run's shared flags (seeds, skip, command line)
     return parser
 
@@ -90,6 +103,34 @@ def _report(args) -> dict:
     return {"report": text}
 
 
+def _recipes(args) -> str:
+    from avalanche_plugins.study.recipe_book import recipe_table
+
+    text = recipe_table(args.folder)
+    print(text, flush=True)
+    return text
+
+
+def _reproduce(args) -> list[dict]:
+    from avalanche_plugins.study.recipe_book import reproduce
+
+    rows = reproduce(args.scenarios or None, quick=args.quick, folder=args.folder, out=args.out,
+                     data_root=args.data_root, workers=args.workers, progress=not args.no_progress)
+    lines = ["| scenario | strategy | seeds | recipe ACC | rerun ACC | tolerance | |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['scenario']} | {r['strategy']} | {r['seeds']} | {r['expected']:.4f} | {r['got']:.4f} | "
+                     f"±{r['tolerance']:.4f} | {'ok' if r['ok'] else 'LEFT ITS TOLERANCE'} |")
+    print("\n".join(lines), flush=True)
+    bad = [r for r in rows if not r["ok"]]
+    if bad:
+        for r in bad:
+            cause = f" ({r['error']})" if r["error"] else ""
+            print(f"{PROG} reproduce: {r['scenario']}/{r['strategy']}: ACC {r['got']:.4f} is outside "
+                  f"{r['expected']:.4f} ± {r['tolerance']:.4f}{cause}", file=sys.stderr)
+        raise SystemExit(1)
+    return rows
+
+
 def main(argv=None) -> int:
     """Entry point of ``avalanche-study`` (and ``python -m avalanche_plugins.study``); exit status 0
     (a bad config exits with 2 and its errors on stderr)."""
@@ -112,6 +153,10 @@ def run_command(argv=None):
     args = parser.parse_args(argv)
     if name == "check":
         return _check(args)
+    if name == "recipes":
+        return _recipes(args)
+    if name == "reproduce":
+        return _reproduce(args)
     return _report(args)
 
 

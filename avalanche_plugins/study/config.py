@@ -30,7 +30,7 @@ from avalanche_plugins.study.registry import (
 )
 from avalanche_plugins.study.scenarios import BUILTIN_SCENARIOS
 
-__all__ = ["BUILTIN_SCENARIOS", "ALWAYS_METRICS", "LOGGERS", "STRATEGY_INJECTED", "METRIC_INJECTED",
+__all__ = ["strategy_for", "BUILTIN_SCENARIOS", "ALWAYS_METRICS", "LOGGERS", "STRATEGY_INJECTED", "METRIC_INJECTED",
            "TRAINING_DEFAULTS", "Study", "load_study"]
 
 TRAINING_DEFAULTS = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.0, "weight_decay": 0.0, "epochs": 1,
@@ -48,7 +48,7 @@ MODEL_INJECTED = ("input_shape", "n_classes", "multihead")
 _TOP = ("name", "description", "seeds", "tune_seed", "reference", "scenarios", "model", "training",
         "strategies", "metrics", "loggers", "quick")
 _SCENARIO = ("name", "benchmark", "n_experiences", "task_incremental", "data_root", "kwargs")
-_STRATEGY = ("name", "class", "kwargs", "plugins", "grid", "training")
+_STRATEGY = ("name", "class", "kwargs", "plugins", "grid", "training", "recipe")
 _QUICK = ("seeds", "training", "scenarios", "grid", "metrics")
 
 
@@ -81,7 +81,8 @@ class Study:
         return next(s for s in self.strategies if s["name"] == name)
 
 
-def load_study(config, *, quick: bool = False, seeds: int | None = None, data_root=None, deep: bool = True) -> Study:
+def load_study(config, *, quick: bool = False, seeds: int | None = None, data_root=None, deep: bool = True,
+               recipe_folder=None) -> Study:
     """Read and validate a study: a YAML/TOML path or an already parsed mapping.
 
     ``quick`` applies the config's ``quick:`` overrides; ``seeds`` replaces ``seeds``;
@@ -90,7 +91,9 @@ def load_study(config, *, quick: bool = False, seeds: int | None = None, data_ro
     directory. Every error of the config is collected and raised at once (one
     :class:`ConfigError` listing them, each naming its key); ``deep`` (default) also runs the
     semantic checks that need the scenario: experience counts that do not divide the classes, and
-    a model that cannot be built for (or run on) the scenario's input shape.
+    a model that cannot be built for (or run on) the scenario's input shape. A strategy with
+    ``recipe: true`` takes the tuned recipe of each scenario (``recipe_folder``: recipe files
+    other than the shipped ones; :mod:`~avalanche_plugins.study.recipe_book`).
     """
     source = None
     if isinstance(config, (str, Path)):
@@ -136,7 +139,8 @@ def load_study(config, *, quick: bool = False, seeds: int | None = None, data_ro
     )
     for key, target, fn in (("scenarios", study.scenarios, lambda e, w: _scenario(e, w, data_root)),
                             ("metrics", study.metrics, _metric),
-                            ("strategies", study.strategies, lambda e, w: _strategy(e, w, study.training))):
+                            ("strategies", study.strategies,
+                             lambda e, w: _strategy_or_recipe(e, w, study.training, study.scenarios, recipe_folder))):
         entries = section(lambda key=key: _list(raw.get(key, []), key, empty=key == "metrics"), [])
         for i, entry in enumerate(entries):
             made = section(lambda entry=entry, i=i, fn=fn, key=key: fn(entry, f"{key}[{i}]"), None)
@@ -167,7 +171,8 @@ def load_study(config, *, quick: bool = False, seeds: int | None = None, data_ro
 def _dotted_names(study: Study) -> list[str]:
     names = [s["benchmark"] for s in study.scenarios] + [study.model["name"]] + [m["name"] for m in study.metrics]
     for strategy in study.strategies:
-        names += [strategy["class"], *(p["name"] for p in strategy["plugins"])]
+        for spec in strategy.get("per_scenario", {}).values() or [strategy]:
+            names += [spec["class"], *(p["name"] for p in spec["plugins"])]
     return [n for n in names if ":" in n]
 
 
@@ -414,6 +419,35 @@ def _training_value(key: str, given, where: str) -> None:
         check_value(given, float, None, where)
         if given < 0 or (key == "lr" and given == 0):
             raise ConfigError(f"{where}: expected a {'positive' if key == 'lr' else 'non-negative'} number, got {given!r}")
+
+
+def _strategy_or_recipe(entry, path: str, training: dict, scenarios: list[dict], folder) -> dict:
+    """A strategy entry; with ``recipe:``, validated once per scenario with that scenario's recipe
+    merged in (``per_scenario``: ``{scenario name: spec with "recipe" and "overridden"}``)."""
+    if not isinstance(entry, Mapping) or entry.get("recipe") in (None, False):
+        return _strategy(entry, path, training)
+    from avalanche_plugins.study.recipe_book import find_recipe, merge_recipe
+
+    name = _string(entry.get("name"), f"{path}.name")
+    recipe = entry["recipe"]
+    if recipe is not True and not isinstance(recipe, str):
+        raise ConfigError(f"{path}.recipe: expected true or a recipe name, got {recipe!r}")
+    found, per = ErrorList(), {}
+    for scenario in scenarios:
+        with found.attempt():
+            label, shipped = find_recipe(scenario, name if recipe is True else recipe, f"{path}.recipe", folder)
+            merged, overridden = merge_recipe(dict(entry), shipped)
+            spec = _strategy(merged, path, training)
+            per[scenario["name"]] = {**spec, "recipe": label, "overridden": overridden}
+    found.raise_if_any()
+    if not per:
+        raise ConfigError(f"{path}.recipe: the study has no scenario to take a recipe for")
+    return {**next(iter(per.values())), "per_scenario": per}
+
+
+def strategy_for(strategy: dict, scenario: dict) -> dict:
+    """The strategy spec that runs on ``scenario`` (its recipe merged in, if it has one)."""
+    return strategy.get("per_scenario", {}).get(scenario["name"], strategy)
 
 
 def _strategy(entry, path: str, training: dict) -> dict:

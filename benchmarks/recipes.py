@@ -1,0 +1,179 @@
+"""Tuning the shipped recipes, and writing them from the kept runs.
+
+``python -m benchmarks.recipes tune SCENARIO [--data-root ../shared/data] [--workers N]`` runs the
+tuning study ``studies/recipes/SCENARIO.yaml`` (every strategy's grid on the validation split with
+seed 0, then 3 test seeds at the chosen setting) into ``out/recipes/SCENARIO``.
+
+``python -m benchmarks.recipes write [SCENARIO ...]`` reads those runs and writes
+
+* ``avalanche_plugins/study/recipes/SCENARIO.yaml`` — the shipped recipe file (a strategy whose
+  chosen setting failed on any test seed is left out, and listed as not shipped);
+* ``docs/results/recipes/SCENARIO/`` — the run's tables, chosen settings and command (the kept
+  summary; the raw cache stays in ``out/``);
+* ``docs/recipes.md`` — per scenario: strategy | grid | chosen values | validation ACC | test ACC ±
+  std | Forgetting | time, generated from the kept summaries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ("split_digits", "split_mnist", "split_mnist_task", "permuted_mnist")
+RECIPES = ROOT / "avalanche_plugins" / "study" / "recipes"
+KEPT = ROOT / "docs" / "results" / "recipes"
+
+
+def _mean_std(values) -> tuple[float, float]:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return float("nan"), float("nan")
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else float("nan")
+    return mean, std
+
+
+def recipe_from_results(saved: dict) -> tuple[dict, list[str]]:
+    """``(recipe file contents, strategies not shipped with the reason)`` of a tuning run."""
+    from avalanche_plugins.study.runner import apply_setting
+
+    config = saved["config"]
+    scenario = dict(config["scenarios"][0])
+    key = scenario["name"]
+    recipe = {"scenario": {k: scenario[k] for k in ("benchmark", "n_experiences", "task_incremental")},
+              "model": config["model"], "training": config["training"],
+              "tuned_by": {"config": f"studies/recipes/{key}.yaml", "command": saved.get("command"),
+                           "code_version": saved.get("code_version"),
+                           "data": ("scikit-learn's bundled 8x8 digits" if scenario["benchmark"].endswith("_digits")
+                                    else saved.get("data")),
+                           "machine": saved.get("machine"), "tune_seed": config["tune_seed"]},
+              "strategies": {}}
+    skipped = []
+    tuning = {(r["strategy"], r["setting"]): r["acc"] for r in saved["tuning"]}
+    for strategy in config["strategies"]:
+        name = strategy["name"]
+        choice = saved["chosen"].get(key, {}).get(name, {"setting": {}, "label": "default"})
+        runs = sorted((r for r in saved["runs"] if r["strategy"] == name), key=lambda r: r["seed"])
+        failed = [r for r in runs if r.get("error")]
+        if "failed" in choice or failed or not runs:
+            reason = choice.get("failed") or "; ".join(f"seed {r['seed']}: {r['error']}" for r in failed) or "no runs"
+            skipped.append(f"{name}: {reason}")
+            continue
+        spec, training = apply_setting(strategy, {}, choice["setting"])
+        recipe["strategies"][name] = {
+            "class": spec["class"], "kwargs": spec["kwargs"], "plugins": spec["plugins"], "training": training,
+            "grid": strategy["grid"], "chosen": choice["label"],
+            "validation_acc": choice.get("val_acc", tuning.get((name, choice["label"]))),
+            "test": {"seeds": [r["seed"] for r in runs],
+                     **{m: [r[m] for r in runs] for m in ("acc", "acc_til", "forgetting", "bwt", "train_s")}},
+        }
+    return recipe, skipped
+
+
+def _table(key: str, recipe: dict, skipped: list[str]) -> str:
+    def grid_text(grid):
+        return "; ".join(f"{k.rpartition('.')[2] if not k.startswith('training.') else k}: "
+                         f"{', '.join(map(str, v))}" for k, v in grid.items()) or "—"
+
+    lines = [f"## {key}", "", "| strategy | grid | chosen | validation ACC | test ACC ± std | Forgetting ± std | time (s) |",
+             "|---|---|---|---|---|---|---|"]
+    for name, entry in recipe["strategies"].items():
+        acc, forgetting, time = (_mean_std(entry["test"][m]) for m in ("acc", "forgetting", "train_s"))
+        lines.append(f"| {name} | {grid_text(entry['grid'])} | {entry['chosen']} | {entry['validation_acc']:.3f} | "
+                     f"{acc[0]:.3f} ± {acc[1]:.3f} | {forgetting[0]:.3f} ± {forgetting[1]:.3f} | {time[0]:.1f} |")
+    tuned = recipe["tuned_by"]
+    lines += ["", f"Model `{recipe['model']['name']}` {recipe['model'].get('kwargs', {})}, training {recipe['training']}; "
+              f"{len(next(iter(recipe['strategies'].values()))['test']['seeds']) if recipe['strategies'] else 0} test "
+              f"seeds; tuned with seed {tuned['tune_seed']} on the validation split. Command: `{tuned['command']}` "
+              f"(code {tuned['code_version']})."]
+    if skipped:
+        lines += ["", "Not shipped (a setting that failed on any seed is never shipped):", "",
+                  *(f"- {s}" for s in skipped)]
+    return "\n".join(lines)
+
+
+def write(keys, out_root: Path = ROOT / "out" / "recipes") -> list[Path]:
+    import yaml
+
+    written = []
+    tables = []
+    for key in keys:
+        results = out_root / key / "results.json"
+        if not results.is_file():
+            print(f"no kept run for {key} ({results}); skipped", file=sys.stderr)
+            continue
+        saved = json.loads(results.read_text())
+        recipe, skipped = recipe_from_results(saved)
+        RECIPES.mkdir(parents=True, exist_ok=True)
+        path = RECIPES / f"{key}.yaml"
+        header = (f"# Tuned recipes for {key}, written by `python -m benchmarks.recipes write {key}` from the run of\n"
+                  f"# studies/recipes/{key}.yaml (docs/recipes.md). Values are what the study protocol chose.\n")
+        path.write_text(header + yaml.safe_dump(recipe, sort_keys=False, width=110))
+        kept = KEPT / key
+        kept.mkdir(parents=True, exist_ok=True)
+        (kept / "tables.md").write_text((out_root / key / "tables.md").read_text())
+        (kept / "summary.json").write_text(json.dumps({"command": saved.get("command"),
+                                                       "code_version": saved.get("code_version"),
+                                                       "data": saved.get("data"), "machine": saved.get("machine"),
+                                                       "chosen": saved["chosen"], "not_shipped": skipped,
+                                                       "wall_seconds": saved.get("wall_seconds")}, indent=1))
+        tables.append(_table(key, recipe, skipped))
+        written.append(path)
+    if tables:
+        existing = {}
+        doc = ROOT / "docs" / "recipes.md"
+        if doc.is_file():
+            for block in doc.read_text().split("\n## ")[1:]:
+                existing[block.split("\n", 1)[0].strip()] = "## " + block.rstrip()
+        for table in tables:
+            existing[table.split("\n", 1)[0][3:].strip()] = table
+        ordered = [existing[k] for k in SCENARIOS if k in existing] + [v for k, v in existing.items() if k not in SCENARIOS]
+        doc.write_text(_DOC_HEAD + "\n\n".join(ordered) + "\n")
+    return written
+
+
+_DOC_HEAD = """# Recipes: tuned baselines, shipped with the package
+
+Generated by `python -m benchmarks.recipes write` from the kept runs (`docs/results/recipes/`); do not
+edit by hand. Each scenario's strategies were tuned by the study protocol: a grid over the one or
+two hyper-parameters that matter and the learning rate, each setting run once on a validation split
+held out from the training data (seed 0), the best final average accuracy chosen, then 3 test seeds
+at the chosen setting. Machine: a 2-core CPU, no GPU. Data: scikit-learn's 8×8 digits for Split
+digits; the MNIST subset (8,000 train / 2,000 test digits) for the MNIST scenarios, with epochs cut
+to fit the machine (see each table). Use one in a study with `{name: EWC, recipe: true}`; list them
+with `avalanche-study recipes`; check them with `avalanche-study reproduce`.
+
+"""
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.recipes", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    tune = commands.add_parser("tune", help="run the tuning study of a scenario")
+    tune.add_argument("scenario", choices=SCENARIOS)
+    tune.add_argument("--data-root", default=None)
+    tune.add_argument("--workers", type=int, default=1)
+    writer = commands.add_parser("write", help="write recipes and docs/recipes.md from the kept runs")
+    writer.add_argument("scenarios", nargs="*", help=f"default: all of {', '.join(SCENARIOS)}")
+    args = parser.parse_args(argv)
+    unknown = [s for s in getattr(args, "scenarios", []) if s not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenario(s) {', '.join(unknown)}; expected {', '.join(SCENARIOS)}")
+    if args.command == "tune":
+        cmd = [sys.executable, "-m", "avalanche_plugins.study", "run", f"studies/recipes/{args.scenario}.yaml",
+               "--out", f"out/recipes/{args.scenario}", "--workers", str(args.workers)]
+        if args.data_root:
+            cmd += ["--data-root", args.data_root]
+        return subprocess.run(cmd, cwd=ROOT, check=True)
+    for path in write(args.scenarios or SCENARIOS):
+        print(f"wrote {path.relative_to(ROOT)}")
+    return None
+
+
+if __name__ == "__main__":
+    main()
