@@ -85,6 +85,29 @@ def _per_sample_chunks(model, loss_fn, params, consts, x, y, label, chunk_size):
         yield grads, values
 
 
+def _per_sample_moments(model, loss_fn, params, consts, inputs, targets, groups, batch_size, chunk_size):
+    """``(L, ‖g‖², E‖ĝ_B‖²)`` from per-sample gradients: the minibatch second moment in closed form,
+    ``‖g‖² + tr(Σ)/B · (N − B)/(N − 1)`` (batches of ``B`` drawn without replacement)."""
+    n = inputs.shape[0]
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    sq_sum = torch.zeros((), dtype=torch.float64)
+    g_sum = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in params.items()}
+    for label, xs, ys, _ in task_batches(model, inputs, targets, groups=groups):
+        for grads, values in _per_sample_chunks(model, loss_fn, params, consts, xs, ys, label, chunk_size):
+            sq = _sq_norms(grads)
+            check_finite_loss(sq.sum(), "(gradient) while computing per-sample gradients")
+            loss_sum += values.detach().double().sum().cpu()
+            sq_sum += sq.sum().cpu()
+            for k, g in grads.items():
+                g_sum[k] += g.sum(0).double()
+    loss = float(loss_sum) / n
+    grad_norm_sq = sum(float((g / n).pow(2).sum()) for g in g_sum.values())
+    trace = max(float(sq_sum) / n - grad_norm_sq, 0.0)
+    correction = (n - batch_size) / (n - 1) if n > 1 else 0.0
+    second_moment = grad_norm_sq + trace / batch_size * correction
+    return loss, grad_norm_sq, second_moment
+
+
 def _minibatch_second_moment(model, loss_fn, params, consts, inputs, targets, task_labels, groups,
                              batches, chunk_size):
     """Mean over ``batches`` (rows of indices) of ``‖ĝ_B‖²``, the minibatch-mean gradient's norm."""
@@ -206,22 +229,8 @@ def optimization_readiness(model: nn.Module, loss_fn, inputs: torch.Tensor, targ
 
     with eval_mode(model):
         if estimator == "per_sample":
-            loss_sum = torch.zeros((), dtype=torch.float64)
-            sq_sum = torch.zeros((), dtype=torch.float64)
-            g_sum = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in params.items()}
-            for label, xs, ys, _ in task_batches(model, inputs, targets, groups=groups):
-                for grads, values in _per_sample_chunks(model, loss_fn, params, consts, xs, ys, label, chunk_size):
-                    sq = _sq_norms(grads)
-                    check_finite_loss(sq.sum(), "(gradient) while computing per-sample gradients")
-                    loss_sum += values.detach().double().sum().cpu()
-                    sq_sum += sq.sum().cpu()
-                    for k, g in grads.items():
-                        g_sum[k] += g.sum(0).double()
-            loss = float(loss_sum) / n
-            grad_norm_sq = sum(float((g / n).pow(2).sum()) for g in g_sum.values())
-            trace = max(float(sq_sum) / n - grad_norm_sq, 0.0)
-            correction = (n - batch_size) / (n - 1) if n > 1 else 0.0
-            second_moment = grad_norm_sq + trace / batch_size * correction
+            loss, grad_norm_sq, second_moment = _per_sample_moments(model, loss_fn, params, consts, inputs, targets,
+                                                                    groups, batch_size, chunk_size)
         else:
             loss, grad_norm_sq = _full_gradient(model, loss_fn, params, consts, inputs, targets, groups,
                                                 chunk_size)
