@@ -119,3 +119,20 @@ def test_recipe_folder_ships_in_the_package():
     import avalanche_plugins.study as study
 
     assert (resources.files(study) / RECIPE_DIR / "split_digits.yaml").is_file()
+
+
+def test_documented_recipe_example_is_valid():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "study.md").read_text()
+    block = text.split("## Recipes", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    study = load_study(yaml.safe_load(block))
+    replay = study.strategy("Replay")["per_scenario"]["split_digits"]
+    assert replay["kwargs"]["mem_size"] == 500 and replay["overridden"] == ["kwargs.mem_size"]
+    assert study.strategy("LAE")["per_scenario"]["split_digits"]["recipe"] == "split_digits/LayerAdaptiveEWC_smoothed"
+
+
+@pytest.mark.slow  # every Split digits recipe, 3 seeds: about 90 s
+def test_reproduce_every_split_digits_recipe(tmp_path):
+    rows = run_command(["reproduce", "split_digits", "--out", str(tmp_path), "--no-progress", "--workers", "2"])
+    assert len(rows) == len(load_recipes()["split_digits"]["strategies"]) and all(r["ok"] for r in rows)
