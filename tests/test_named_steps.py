@@ -151,3 +151,26 @@ def test_discover_layers_steps_one_rule_each():
                           "bn.bias": "normalisation layer", "late_bn.weight": "normalisation layer",
                           "late_bn.bias": "normalisation layer"}
     assert L._untraced_norms(trace, layers, norm_of) == {"fc2": "late_bn"}
+
+
+def test_grow_leaves_the_default_interventions_alone_and_treats_its_newborns_with_its_own():
+    from avalanche_plugins.structural import Interventions, UnitMasks
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 10), nn.ReLU(), nn.Linear(10, 2))
+    masks = UnitMasks(net, torch.randn(2, 3))
+    masks.set_masks({"0": torch.arange(10) < 5})
+    default = masks.interventions
+    assert masks.newborn_interventions is default
+    iv = Interventions(newborn_lr=0.1)
+    masks.grow({"0": torch.arange(10.0)}, {"0": 7}, interventions=iv)
+    assert masks.interventions is default and masks.newborn_interventions is iv
+
+
+def test_the_slot_types_are_public_and_the_unit_policy_lives_apart_from_the_mask():
+    import avalanche_plugins.structural.masks as masks_module
+    from avalanche_plugins.structural import interventions, scores, selection, slots
+
+    assert masks_module._Slot is slots.Slot and masks_module._Layer is slots.MaskedLayer  # old pickles load
+    assert scores.lowest_active is selection.lowest_active and scores.highest_masked is selection.highest_masked
+    assert interventions.reinit_rows.__annotations__["layer"] in ("MaskedLayer", slots.MaskedLayer)

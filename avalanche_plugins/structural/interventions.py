@@ -31,15 +31,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from avalanche_plugins.core.checks import check_choice, check_positive
 from avalanche_plugins.core.optim import adam_update
-
-if TYPE_CHECKING:  # annotations only: masks imports this module
-    from avalanche_plugins.structural.masks import _Layer, _Slot
+from avalanche_plugins.structural.slots import MaskedLayer, Slot
 
 __all__ = ["INCOMING", "OPTIMIZER_STATES", "OUTGOING", "Interventions", "fresh_adam_update", "reinit_rows",
            "zero_optimizer_entries"]
@@ -85,7 +82,7 @@ class Interventions:
 
 
 
-def reinit_rows(layer: _Layer, units: torch.Tensor) -> None:
+def reinit_rows(layer: MaskedLayer, units: torch.Tensor) -> None:
     """PyTorch's default init, ``U(±1/√fan_in)``, for the rows of ``units``; BN to 1/0, 0/1."""
     weight = layer.module.weight
     fan_in = weight[0].numel()
@@ -102,7 +99,7 @@ def reinit_rows(layer: _Layer, units: torch.Tensor) -> None:
 
 
 
-def zero_optimizer_entries(optimizer, slots: list[_Slot], units: torch.Tensor) -> None:
+def zero_optimizer_entries(optimizer, slots: list[Slot], units: torch.Tensor) -> None:
     for slot in slots:
         param = slot.tensor
         state = optimizer.state.get(param, {})

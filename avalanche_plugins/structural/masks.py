@@ -44,7 +44,6 @@ holds one class, :class:`UnitMasks`, whose hooks, snapshots and edits maintain o
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -58,7 +57,8 @@ from avalanche_plugins.structural.interventions import (
     reinit_rows,
     zero_optimizer_entries,
 )
-from avalanche_plugins.structural.scores import highest_masked, lowest_active
+from avalanche_plugins.structural.selection import highest_masked, lowest_active
+from avalanche_plugins.structural.slots import MaskedLayer, Slot
 
 __all__ = ["UnitMasks", "remove_mask_hooks"]
 
@@ -131,53 +131,8 @@ def remove_mask_hooks(model: nn.Module) -> int:
     return removed
 
 
-@dataclass(eq=False)
-class _Slot:
-    """One tensor of a layer whose unit-indexed entries are frozen / edited together."""
-
-    owner: nn.Module
-    attr: str  # parameter or buffer name on ``owner``
-    dim: int  # unit dimension in the tensor
-    columns: torch.Tensor | None = None  # (units, k) indices along ``dim``; None: index = unit
-    # resolve the owner by path on every access: Avalanche replaces a growing head's Linear
-    root: nn.Module | None = None
-    path: str | None = None
-
-    @property
-    def tensor(self) -> torch.Tensor:
-        owner = self.owner if self.root is None else self.root.get_submodule(self.path)
-        return getattr(owner, self.attr)
-
-    def indices(self, units: torch.Tensor) -> torch.Tensor:
-        if self.columns is None:
-            return units
-        return self.columns[units].reshape(-1)
-
-
-@dataclass(eq=False)
-class _Layer:
-    name: str
-    module: nn.Module
-    kind: str  # "linear" or "conv"
-    norm: nn.Module | None
-    hook: _MaskHook
-    incoming: list[_Slot]  # weight rows, bias, BN affine (parameters)
-    norm_buffers: list[_Slot]  # BN running statistics
-    outgoing: _Slot | None  # consumer weight columns (the consumer of the latest probed task)
-    consumer: str | None
-    other_outgoing: list[_Slot] = field(default_factory=list)  # other task heads' columns
-
-    @property
-    def outgoing_slots(self) -> list[_Slot]:
-        return ([self.outgoing] if self.outgoing is not None else []) + self.other_outgoing
-
-    @property
-    def size(self) -> int:
-        return self.hook.multiplier.numel()
-
-    @property
-    def param_slots(self) -> list[_Slot]:
-        return self.incoming + self.outgoing_slots
+# the slot types under their former names, so that UnitMasks pickled before they became public load
+_Slot, _Layer = Slot, MaskedLayer
 
 
 def _example_tensor(example_input):
@@ -241,7 +196,7 @@ class UnitMasks:
         self.model = model
         self.activation = activation
         layer_map = layer_map if layer_map is not None else discover_layers(model, example_input)
-        self.layers: dict[str, _Layer] = {}
+        self.layers: dict[str, MaskedLayer] = {}
         skipped = {}
         for info in list(layer_map)[:-1]:  # the last layer is the head: never masked
             if info.kind not in ("linear", "conv"):
@@ -267,7 +222,8 @@ class UnitMasks:
         for name, slot in self._find_consumers(layer_map, example_input).items():
             self.layers[name].outgoing, self.layers[name].consumer = slot, slot.path
         self.steps = 0  # optimizer steps seen by after_step (unit ages are counted in these)
-        self.interventions = Interventions()
+        self.interventions = Interventions()  # the default of grow(); never changed by grow()
+        self._grown_with: Interventions | None = None  # those of the last grow(), for its newborns
         self.born: dict[str, torch.Tensor] = {
             name: torch.full((layer.size,), -1, dtype=torch.long, device=layer.hook.multiplier.device)
             for name, layer in self.layers.items()}  # step at recruitment, -1: never recruited
@@ -279,24 +235,24 @@ class UnitMasks:
 
     # --------------------------------------------------------------------------------- setup
 
-    def _build_layer(self, info, norm) -> _Layer:
+    def _build_layer(self, info, norm) -> MaskedLayer:
         module = info.module
         device = next(module.parameters()).device
         multiplier = torch.ones(info.out_units, device=device)
         hook = _MaskHook(multiplier, unit_dim=-1 if info.kind == "linear" else 1)
-        incoming = [_Slot(module, n, 0) for n in ("weight", "bias") if getattr(module, n, None) is not None]
+        incoming = [Slot(module, n, 0) for n in ("weight", "bias") if getattr(module, n, None) is not None]
         buffers = []
         if norm is not None:
-            incoming += [_Slot(norm, n, 0) for n in ("weight", "bias") if getattr(norm, n, None) is not None]
-            buffers = [_Slot(norm, n, 0) for n in ("running_mean", "running_var")
+            incoming += [Slot(norm, n, 0) for n in ("weight", "bias") if getattr(norm, n, None) is not None]
+            buffers = [Slot(norm, n, 0) for n in ("running_mean", "running_var")
                        if getattr(norm, n, None) is not None]
-        return _Layer(info.name, module, info.kind, norm, hook, incoming, buffers, None, None)
+        return MaskedLayer(info.name, module, info.kind, norm, hook, incoming, buffers, None, None)
 
     @torch.no_grad()
-    def _find_consumers(self, layer_map: LayerMap, example_input) -> dict[str, _Slot]:
+    def _find_consumers(self, layer_map: LayerMap, example_input) -> dict[str, Slot]:
         """Probe which later layer's input columns each unit feeds (module docstring); returns the
         outgoing slot per layer that has a consumer."""
-        found: dict[str, _Slot] = {}
+        found: dict[str, Slot] = {}
         order = layer_map.names
         x = _example_tensor(example_input)[:1]
         for name, layer in self.layers.items():
@@ -318,10 +274,10 @@ class UnitMasks:
             if info.kind in ("linear", "conv") and groups == 1 and bool((counts == counts[0]).all()) \
                     and int(counts[0]) > 0 and bool((touched.sum(0) <= 1).all()):
                 columns = touched.nonzero()[:, 1].reshape(layer.size, int(counts[0]))
-                found[name] = _Slot(info.module, "weight", 1, columns, root=self.model, path=info.name)
+                found[name] = Slot(info.module, "weight", 1, columns, root=self.model, path=info.name)
         return found
 
-    def _probe_starts(self, layer: _Layer) -> list:
+    def _probe_starts(self, layer: MaskedLayer) -> list:
         """Where the 2n+1 probe copies may start: the probed layer itself (None), its enclosing
         modules from the innermost, then the model's input (the model itself)."""
         point = layer.norm if layer.norm is not None else layer.module
@@ -330,7 +286,7 @@ class UnitMasks:
         enclosing = [self.model.get_submodule(".".join(parts[:i])) for i in range(len(parts) - 1, 0, -1)]
         return [None, *enclosing, self.model]
 
-    def _probe(self, layer: _Layer, later: list, example_input, x: torch.Tensor, start):
+    def _probe(self, layer: MaskedLayer, later: list, example_input, x: torch.Tensor, start):
         """``(consumer info, touched (n, features))`` of the first later layer whose input the ± probes
         of ``layer``'s units change (the forward stops there: layers run in map order, once each),
         None when none changes, ``_INCONCLUSIVE`` when the copies starting at ``start`` (None: the
@@ -501,7 +457,7 @@ class UnitMasks:
         """``[(tensor, dim, entry indices, unit birth steps)]`` of units still being corrected."""
         if self.last_grow_step is None:
             return []
-        iv = self.interventions
+        iv = self.newborn_interventions
         window = 0
         if iv.newborn_lr != 1.0:
             window = max(window, int(40 * iv.newborn_lr_halflife))
@@ -545,12 +501,12 @@ class UnitMasks:
             shape[dim] = -1
             age = age.view(shape)
             update = afters[j] - before
-            if self.interventions.optimizer_state == "fresh" and optimizer is not None:
+            if self.newborn_interventions.optimizer_state == "fresh" and optimizer is not None:
                 fresh = fresh_adam_update(optimizer, tensor, dim, idx, before, age)
                 if fresh is not None:
                     update = fresh
-            if self.interventions.newborn_lr != 1.0:
-                update = update * self.interventions.lr_multiplier(age)
+            if self.newborn_interventions.newborn_lr != 1.0:
+                update = update * self.newborn_interventions.lr_multiplier(age)
             tensor.data.index_copy_(dim, idx, before + update)
         self._pending, self._before = [], {}
         self.restore()
@@ -629,7 +585,7 @@ class UnitMasks:
         ``{name: recruited unit indices}``.
         """
         iv = interventions if interventions is not None else self.interventions
-        self.interventions = iv
+        self._grown_with = iv  # the newborns' treatment in after_step; the default stays as it is
         if iv.optimizer_state != "keep" and optimizer is None:
             raise ValueError(f"optimizer_state={iv.optimizer_state!r} needs the optimizer")
         if iv.optimizer_state == "fresh" and optimizer is not None and not isinstance(
@@ -710,6 +666,13 @@ class UnitMasks:
                 values.append(a)
             out[name] = torch.cat(values, 1).mean(1)
         return out
+
+    @property
+    def newborn_interventions(self) -> Interventions:
+        """The interventions that treat the units born at the last :meth:`grow` (its argument, or
+        :attr:`interventions` when it had none or before any grow)."""
+        grown_with = getattr(self, "_grown_with", None)  # absent from masks pickled before it existed
+        return self.interventions if grown_with is None else grown_with
 
     # ------------------------------------------------------------------------------- pickle
 
