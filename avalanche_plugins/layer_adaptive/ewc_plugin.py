@@ -36,14 +36,17 @@ from avalanche_plugins._avalanche.data import (
     experience_layer_map,
     experience_tensors,
 )
+from avalanche_plugins._avalanche.preflight import preflight, with_output_transform
 from avalanche_plugins.core.checks import (
     check_choice,
     check_int,
     check_no_recurrent,
     check_positive,
 )
+from avalanche_plugins.core.outputs import check_output_transform
 from avalanche_plugins.layer_adaptive.curvature import CURVATURE_METHODS, DEFAULT_SAMPLES
 from avalanche_plugins.layer_adaptive.curvature_metric import (
+    curvature_probe,
     logs_sensitivity,
     measure_profile,
     sensitivity_values,
@@ -55,6 +58,7 @@ from avalanche_plugins.layer_adaptive.fisher import (
     expected_fisher,
 )
 from avalanche_plugins.layer_adaptive.profile import LayerProfile, layer_profile
+from avalanche_plugins.layer_adaptive.quadratic import fold_quadratic, pad_to, quadratic_penalty
 from avalanche_plugins.layer_adaptive.schedules import SCHEDULES, layer_weights
 
 __all__ = ["EWCProfile", "LayerAdaptiveEWCPlugin"]
@@ -66,17 +70,6 @@ class EWCProfile(LayerProfile):
     (when a schedule or ``log_profile`` measured it) and the strengths ``λ_ℓ = ewc_lambda · w_ℓ``."""
 
     lambdas: list[float] = field(default_factory=list)
-
-
-def _pad_to(tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """Zero-pad at the end of grown dimensions (Avalanche's ``ParamData.expand`` convention)."""
-    if tensor.shape == shape:
-        return tensor
-    if len(shape) != tensor.dim() or any(n < o for n, o in zip(shape, tensor.shape)):
-        raise ValueError(f"parameter shrank or changed rank: {tuple(tensor.shape)} -> {tuple(shape)}")
-    out = tensor.new_zeros(shape)
-    out[tuple(slice(0, s) for s in tensor.shape)] = tensor
-    return out
 
 
 class LayerAdaptiveEWCPlugin(SupervisedPlugin):
@@ -104,6 +97,15 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
     :param log_profile: measure ``s_ℓ`` after every experience even for schedules that do not need
         it, and publish it (per-layer dict, κ, α̂, bar chart) through the strategy's evaluator.
     :param seed: seeds sample selection and power-iteration start vectors.
+    :param output_transform: for a model whose forward returns a tuple or a dict, a function from
+        its output to the logits tensor (the Fisher and ``s_ℓ`` then use ``strategy._criterion`` on
+        those logits); without it such a model is refused before training (``ValueError`` naming it).
+
+    At the first experience, before any iteration, a pre-flight
+    (:mod:`avalanche_plugins._avalanche.preflight`) checks the output type, the layer map and, on
+    two samples, the curvature estimator (``measured``/``smoothed``/``log_profile``) and the
+    per-sample Fisher (``empirical``/``expected``): an unsupported model is refused before
+    training, not after the first experience.
 
     Parameters outside every layer of the layer map get weight 1 and a one-time warning;
     normalisation parameters share the weight of the layer they follow, and heads not run by the
@@ -116,8 +118,10 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
                  spectrum_chunk_size: int | None = None,
                  spectrum_max_iter: int = 100, spectrum_tol: float = 1e-3, fisher_samples: int | None = None,
                  fisher_chunk_size: int = 16,
-                 log_profile: bool = False, seed: int = 0):
+                 log_profile: bool = False, seed: int = 0, output_transform=None):
         super().__init__()
+        check_output_transform(output_transform)
+        self.output_transform = output_transform
         check_positive("ewc_lambda", ewc_lambda, allow_zero=True)
         check_choice("schedule", schedule, SCHEDULES)
         check_choice("fisher", fisher, FISHER_KINDS)
@@ -178,21 +182,21 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         if not self._curvature:
             return torch.zeros((), device=next(model.parameters()).device)
         names, curvature, anchor = self._current_flat(model)
-        params = dict(model.named_parameters())
-        # one pass per parameter over views of the flat buffers: no concatenated copy of θ, whose
-        # model-sized temporaries (forward and backward) cost more than the arithmetic on a ResNet-18
-        total, offset = 0.0, 0
-        for n in names:
-            p = params[n]
-            size = p.numel()
-            c, a = curvature[offset:offset + size].view_as(p), anchor[offset:offset + size].view_as(p)
-            total = total + (c * (p - a).pow(2)).sum()
-            offset += size
-        return total + self._const
+        return quadratic_penalty(dict(model.named_parameters()), names, curvature, anchor) + self._const
 
     # ------------------------------------------------------------------ callbacks
     def before_training_exp(self, strategy, **kwargs):
         check_experience_granularity(strategy, "LayerAdaptiveEWCPlugin")
+        preflight(self, strategy, self._probe, output_transform=self.output_transform)
+
+    def _probe(self, model, loss_fn, x, y, task_labels):
+        """The pre-flight's estimators on its few samples (the batched Fisher is a plain backward pass)."""
+        if self.schedule in ("measured", "smoothed") or self.log_profile:
+            curvature_probe(self.curvature, self.spectrum_chunk_size)(model, loss_fn, x, y, task_labels)
+        if self.fisher == "empirical":
+            empirical_fisher(model, loss_fn, x, y, task_labels=task_labels)
+        elif self.fisher == "expected":
+            expected_fisher(model, x, task_labels=task_labels)
 
     def before_training(self, strategy, **kwargs):
         if self.fisher in ("empirical", "expected"):  # per-sample gradients: refuse before training
@@ -202,6 +206,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         if self._curvature and self.ewc_lambda > 0:
             strategy.loss += self.penalty(strategy.model)
 
+    @with_output_transform
     def after_training_exp(self, strategy, **kwargs):
         model = strategy.model
         exp_id = strategy.clock.train_exp_counter
@@ -252,25 +257,13 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
     @torch.no_grad()
     def _fold(self, model, importances: dict, weight_of: dict) -> None:
         """Add this experience's quadratic λ w F (θ - θ*)² to the folded one."""
-        params = dict(model.named_parameters())
-        for name, theta in params.items():
+        for name, theta in model.named_parameters():
             theta = theta.detach().double()
             new_a = self.ewc_lambda * weight_of[name] * importances[name].detach().double()
-            if name not in self._curvature:
-                self._curvature[name], self._anchor[name] = new_a, theta.clone()
-                continue
-            if self.mode == "online":  # decayed importances accumulate; the anchor moves to θ*
-                old_a = self.decay_factor * _pad_to(self._curvature[name], theta.shape)
-                self._curvature[name], self._anchor[name] = old_a + new_a, theta.clone()
-                continue
-            old_a = _pad_to(self._curvature[name], theta.shape)
-            old_m = _pad_to(self._anchor[name], theta.shape)
-            total = old_a + new_a
-            safe = total.where(total > 0, torch.ones_like(total))
-            # completing the square: a(θ-m1)² + b(θ-m2)² = (a+b)(θ-m)² + ab/(a+b)(m1-m2)²
-            self._const += float((old_a * new_a / safe * (old_m - theta).pow(2)).sum())
-            self._curvature[name] = total
-            self._anchor[name] = torch.where(total > 0, (old_a * old_m + new_a * theta) / safe, theta)
+            self._curvature[name], self._anchor[name], constant = fold_quadratic(
+                self._curvature.get(name), self._anchor.get(name), new_a, theta,
+                online=self.mode == "online", decay=self.decay_factor)
+            self._const += constant
         self._flat = None
         self._current_flat(model)
 
@@ -280,8 +273,8 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         if self._flat is None or self._flat[0] != shapes:
             device = next(model.parameters()).device
             dtype = next(model.parameters()).dtype
-            curvature = torch.cat([_pad_to(self._curvature[n], s).reshape(-1) for n, s in shapes])
-            anchor = torch.cat([_pad_to(self._anchor[n], s).reshape(-1) for n, s in shapes])
+            curvature = torch.cat([pad_to(self._curvature[n], s).reshape(-1) for n, s in shapes])
+            anchor = torch.cat([pad_to(self._anchor[n], s).reshape(-1) for n, s in shapes])
             self._flat = (shapes, curvature.to(device, dtype), anchor.to(device, dtype))
         shapes, curvature, anchor = self._flat
         return [n for n, _ in shapes], curvature, anchor
