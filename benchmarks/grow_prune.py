@@ -98,6 +98,8 @@ class Setting:
     batch_size: int = 32
     replay_per_class: int = 5
     data_root: str | None = None
+    epochs_per_cycle: int = 1  # > 1 on the plasticity stream: one edit per experience, E epochs to integrate
+    ticket: bool = True  # retrain the final mask as a ticket (off on the plasticity stream)
 
 
 def make_model(setting: Setting, n_classes: int, input_shape, leaky: bool = False) -> nn.Module:
@@ -119,14 +121,88 @@ def make_plugin(method: str, setting: Setting, c: float, seed: int):
         return None
     if method == "prune":
         fraction = 1 - c ** (1 / setting.edits)  # IMP: (1 - f)^edits = c
-        return PrunePlugin(c, prune_fraction_per_cycle=min(1.0, fraction + 1e-9), epochs_per_cycle=1,
+        return PrunePlugin(c, prune_fraction_per_cycle=min(1.0, fraction + 1e-9),
+                           epochs_per_cycle=setting.epochs_per_cycle,
                            rewind_to="init", cycle_scope=scope, seed=seed)
     seed_c = c / 2
     activation = functools.partial(nn.functional.leaky_relu, negative_slope=0.01) \
         if method == "grow+leaky" else torch.relu
     return GrowPlugin(c, seed_compactness=seed_c, grow_fraction_per_cycle=(c - seed_c) / setting.edits + 1e-9,
-                      epochs_per_cycle=1, score="activation", threshold=0.0, cycle_scope=scope, seed=seed,
+                      epochs_per_cycle=setting.epochs_per_cycle, score="activation", threshold=0.0, cycle_scope=scope, seed=seed,
                       activation=activation, track_newborn=True, **GROW_VARIANTS[method])
+
+
+class NewbornCourse:
+    """Per-iteration newborn/incumbent gradient ratio after every growth event of a
+    :class:`GrowPlugin` (an Avalanche plugin placed after it): the time course of integration.
+
+    ``events``: per growth, ``{"edit", "iteration", "ratio"}`` with ``ratio`` the mean per-unit
+    gradient norm of the newborn units over the incumbents' (pooled over the masked layers), one
+    value per ``bin`` training iterations, until the next growth or the end of training.
+    :func:`steps_to_parity` reads from it how many iterations the newborns need to reach the
+    incumbents' gradient norm."""
+
+    def __init__(self, grow: GrowPlugin, bin: int = 10):
+        from avalanche.core import SupervisedPlugin
+
+        self.grow, self.bin, self.events, self._seen = grow, bin, [], 0
+        self._new = self._old = 0.0
+        self._n = 0
+        self.plugin = type("NewbornCoursePlugin", (SupervisedPlugin,), {"after_backward": self._after_backward})()
+
+    def _after_backward(self, strategy, **kwargs):
+        masks = self.grow.masks
+        if masks is None or not self.grow.history:
+            return
+        if len(self.grow.history) != self._seen:
+            self._seen = len(self.grow.history)
+            self.events.append({"edit": self._seen, "iteration": strategy.clock.train_iterations, "ratio": []})
+            self._new = self._old = 0.0
+            self._n = 0
+        newborn, active = masks.newborn(), masks.masks
+        grads = masks.unit_grad_norms()
+        new = torch.cat([g[newborn[k]] for k, g in grads.items()])
+        old = torch.cat([g[active[k] & ~newborn[k]] for k, g in grads.items()])
+        if not new.numel() or not old.numel():
+            return
+        self._new += float(new.mean())
+        self._old += float(old.mean())
+        self._n += 1
+        if self._n == self.bin:
+            self.events[-1]["ratio"].append(self._new / self._old if self._old > 0 else float("nan"))
+            self._new = self._old = 0.0
+            self._n = 0
+
+
+def steps_to_parity(ratios, bin: int = 10, window: int = 3) -> tuple[int | None, int]:
+    """Iterations after insertion until the newborn gradient ratio first reaches 1 (a moving
+    average over ``window`` bins of ``bin`` iterations): ``(steps or None when never, steps observed)``.
+
+    Example:
+        >>> steps_to_parity([0.2, 0.5, 0.9, 1.2, 1.3, 1.1], bin=10, window=2)
+        (40, 60)
+    """
+    r = np.asarray(ratios, dtype=float)
+    for i in range(window - 1, len(r)):
+        if np.nanmean(r[i - window + 1:i + 1]) >= 1.0:
+            return (i + 1) * bin, len(r) * bin
+    return None, len(r) * bin
+
+
+class CurrentTaskAccuracy:
+    """Test accuracy on each experience right after training on it (plasticity: how well a new task
+    is still learned), as an Avalanche plugin."""
+
+    def __init__(self, test_stream):
+        from avalanche.core import SupervisedPlugin
+
+        self.test, self.values = list(test_stream), []
+        self.plugin = type("CurrentTaskAccuracyPlugin", (SupervisedPlugin,),
+                           {"after_training_exp": self._after_exp})()
+
+    def _after_exp(self, strategy, **kwargs):
+        i = strategy.experience.current_experience
+        self.values.append(stream_accuracy(strategy, [self.test[i]], batch_size=512))
 
 
 def replay(setting: Setting):
@@ -142,13 +218,16 @@ def run_one(setting: Setting, stream, method: str, c: float, seed: int, *, ticke
     leaky = method == "grow+leaky"
     model = make_model(setting, stream.n_classes, stream.input_shape, leaky)
     plugin = make_plugin(method, setting, c, seed)
-    cycles = CycleAccuracyMetric(stream.benchmark.test_stream, 1,
+    cycles = CycleAccuracyMetric(stream.benchmark.test_stream, setting.epochs_per_cycle,
                                  cycle_scope="experience" if setting.n_experiences == 1 else "stream")
     metrics = [cycles] + ([NewbornGradientMetric(plugin)] if isinstance(plugin, GrowPlugin) else [])
+    course = NewbornCourse(plugin) if isinstance(plugin, GrowPlugin) else None
+    current = CurrentTaskAccuracy(stream.benchmark.test_stream) if setting.n_experiences > 1 else None
+    extra = [x.plugin for x in (course, current) if x is not None]
     strategy = Naive(model=model, optimizer=make_optimizer(setting, model.parameters()),
                      criterion=nn.CrossEntropyLoss(), train_mb_size=setting.batch_size,
                      train_epochs=setting.epochs, eval_mb_size=512, device="cpu",
-                     plugins=[p for p in [plugin] if p is not None] + replay(setting),
+                     plugins=[p for p in [plugin] if p is not None] + replay(setting) + extra,
                      evaluator=quiet_evaluator(*metrics))
     with Timer() as timer, quiet_deprecations():
         for experience in stream.benchmark.train_stream:
@@ -164,13 +243,21 @@ def run_one(setting: Setting, stream, method: str, c: float, seed: int, *, ticke
         ratios = [r["grad_ratio"] for r in plugin.newborn_log if math.isfinite(r["grad_ratio"])]
         row["newborn_grad_ratio"] = float(np.mean(ratios)) if ratios else None
         row["newborn_log"] = plugin.newborn_log
-    if plugin is not None and ticket:
+        row["newborn_course"] = course.events
+        parity = [steps_to_parity(e["ratio"], course.bin) for e in course.events]
+        row["steps_to_parity"] = [p[0] for p in parity]
+        row["steps_observed"] = [p[1] for p in parity]
+    if current is not None:
+        row["current_task_acc"] = current.values
+        row["plasticity"] = float(np.mean(current.values))
+    if plugin is not None and ticket and setting.ticket:
         with quiet_deprecations():
             result = retrain_ticket(
                 plugin.masks.masks, lambda: make_model(setting, stream.n_classes, stream.input_shape, leaky),
                 stream, optimizer_factory=lambda p: make_optimizer(setting, p),
                 train_epochs=setting.epochs, train_mb_size=setting.batch_size,
                 plugins_factory=lambda: replay(setting), seed=seed + 1000,
+                epochs_per_cycle=setting.epochs_per_cycle,
                 cycle_scope="experience" if setting.n_experiences == 1 else "stream",
                 activation=plugin.activation)
         row["ticket_acc"], row["ticket_taa"] = result.acc, result.taa
@@ -223,6 +310,15 @@ def settings_for(args) -> list[Setting]:
                         **mnist)]
         if not quick:
             out.append(Setting("mlp iid mnist", n_experiences=1, hidden=(256, 256), epochs=6, edits=3, **mnist))
+        # the i.i.d. CNN (issue 25): where the dense CNN learns (>= 0.97), beside the MLP at the same protocol
+        out.append(Setting("cnn iid mnist", model="cnn", n_experiences=1, widths=tuple(args.cnn_widths),
+                           epochs=6, edits=3, lr=args.cnn_lr, **mnist))
+        # loss of plasticity: Permuted MNIST, one edit at the start of every experience, then E epochs
+        # (the integration time) before the next task; no tickets
+        for e in args.integration_epochs:
+            out.append(Setting(f"mlp permuted mnist E{e}", scenario="permuted", n_experiences=args.permuted_experiences,
+                               hidden=(256, 256), epochs=e, epochs_per_cycle=e, edits=args.permuted_experiences - 1,
+                               ticket=False, **mnist))
     return out
 
 
@@ -312,8 +408,9 @@ def analysis(rows: list[dict]) -> str:
             seeds = sorted(k[3] for k in by if k[:3] == (s, "grow", c) and (s, "prune", c, k[3]) in by)
             cells = []
             for key in ("acc", "taa", "ticket_acc", "ticket_taa"):
-                d = [by[(s, "grow", c, x)][key] - by[(s, "prune", c, x)][key] for x in seeds]
-                cells.append(f"{np.mean(d):+.3f} ({sum(v > 0 for v in d)}/{len(d)})")
+                d = [by[(s, "grow", c, x)][key] - by[(s, "prune", c, x)][key] for x in seeds
+                     if by[(s, "grow", c, x)][key] is not None and by[(s, "prune", c, x)][key] is not None]
+                cells.append(f"{np.mean(d):+.3f} ({sum(v > 0 for v in d)}/{len(d)})" if d else "–")
             out.append(f"| {s} | {c:.0%} | " + " | ".join(cells) + " |")
     out += ["", "Newborn gradient ratio: intervention − plain Grow (paired over compactness × seed); "
             "Grow's newborn/incumbent activation ratio",
@@ -360,15 +457,33 @@ def main(argv=None) -> dict:
                         help="epochs of the IID settings (default: per setting; at least edits + 1)")
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
                         help="sgd: lr 0.01, momentum 0.9; adam: lr 1e-3")
+    parser.add_argument("--iid-edits", type=int, default=None,
+                        help="edit cycles of the IID settings (default: per setting)")
+    parser.add_argument("--cnn-widths", default="8,16,32", help="channels of 'cnn iid mnist'")
+    parser.add_argument("--cnn-lr", type=float, default=0.05, help="SGD lr of 'cnn iid mnist'")
+    parser.add_argument("--variant-compactness", default=None,
+                        help="compactness at which the grow+intervention methods run (default: every target)")
+    parser.add_argument("--integration-epochs", default="1,2,4",
+                        help="epochs per experience of the 'mlp permuted mnist E*' settings (integration time)")
+    parser.add_argument("--permuted-experiences", type=int, default=10, help="experiences of Permuted MNIST")
+    parser.add_argument("--permuted-methods", default="dense,prune,grow",
+                        help="methods on the 'mlp permuted mnist E*' settings")
+    parser.add_argument("--seed-list", default=None, help="explicit seeds (comma-separated; overrides --seeds)")
+    parser.add_argument("--merge", default=None, metavar="JOBS_JSONL",
+                        help="comma-separated job caches: write results.json/report from their rows (runs nothing)")
     args = parse_args(parser, argv)
+    args.cnn_widths = [int(v) for v in split_list(args.cnn_widths)]
+    args.integration_epochs = [int(v) for v in split_list(args.integration_epochs)]
     if args.report:
         return {"report": print_report(args.report, report)}
     default_methods = ("dense", "prune", "grow", "grow+zero_out", "grow+fresh_state") if args.quick else METHODS
     methods = _methods(args.methods, default_methods, parser, "--methods")
     cnn_methods = _methods(args.cnn_methods, methods, parser, "--cnn-methods")
     iid_methods = _methods(args.iid_methods, methods, parser, "--iid-methods")
+    permuted_methods = _methods(args.permuted_methods, (), parser, "--permuted-methods")
+    variant_c = [float(v) for v in split_list(args.variant_compactness)] or None
     targets = [float(v) for v in split_list(args.compactness or ("0.3" if args.quick else "0.2,0.3,0.4,0.5"))]
-    seeds = range(args.seeds)
+    seeds = [int(v) for v in split_list(args.seed_list)] if args.seed_list else range(args.seeds)
     settings = settings_for(args)
     if args.settings:
         names = split_list(args.settings)
@@ -378,7 +493,9 @@ def main(argv=None) -> dict:
         settings = [s for s in settings if s.name in names]
     settings = [s for s in settings if not is_skipped(args.skip, s.name)]
     for i, setting in enumerate(settings):
-        epochs = args.iid_epochs if setting.n_experiences == 1 else args.epochs
+        if setting.n_experiences == 1 and args.iid_edits is not None:
+            setting = settings[i] = replace(setting, edits=args.iid_edits)
+        epochs = args.iid_epochs if setting.n_experiences == 1 else None if setting.ticket is False else args.epochs
         if epochs is not None:
             if setting.n_experiences == 1 and epochs <= setting.edits:
                 parser.error(f"--iid-epochs must exceed the {setting.edits} edits of {setting.name!r}")
@@ -388,13 +505,27 @@ def main(argv=None) -> dict:
     for setting in settings:
         for seed in seeds:
             for method in (cnn_methods if setting.model == "cnn" else
-                           iid_methods if setting.n_experiences == 1 else methods):
+                           iid_methods if setting.n_experiences == 1 else
+                           permuted_methods if setting.scenario == "permuted" else methods):
                 if method == "grow+leaky" and setting.model != "mlp":
                     continue
-                jobs += [Job("run", setting, method, c, seed) for c in ([1.0] if method == "dense" else targets)]
+                cs = [1.0] if method == "dense" else \
+                    [c for c in targets if variant_c is None or method in ("prune", "grow") or c in variant_c]
+                jobs += [Job("run", setting, method, c, seed) for c in cs]
     start = time.perf_counter()
-    done = run_jobs(run_job, jobs, cache=f"{args.out}/jobs.jsonl", executor=make_executor(args),
-                    desc="grow/prune", progress=not args.no_progress)
+    if args.merge:  # the rows of earlier runs' caches (e.g. runs split over processes), last row per job
+        import json
+
+        merged = {}
+        for cache in split_list(args.merge):
+            for line in open(cache).read().splitlines():
+                entry = json.loads(line)
+                row = entry["row"]
+                merged[(row.get("kind"), row["setting"], row.get("method"), row.get("compactness"), row.get("seed"))] = row
+        done = list(merged.values())
+    else:
+        done = run_jobs(run_job, jobs, cache=f"{args.out}/jobs.jsonl", executor=make_executor(args),
+                        desc="grow/prune", progress=not args.no_progress)
     wall = time.perf_counter() - start
     timing = [r for r in done if r.get("kind") == "timing"]
     rows = [r for r in done if r.get("kind") != "timing"]

@@ -1,0 +1,345 @@
+"""Layer-adaptive EWC on a pretrained backbone: does pretraining make curvature depth-dependent?
+
+"Layers Matter" (Moser et al., 2026) measures κ = max_ℓ s_ℓ / min_ℓ s_ℓ = 22–195 on backbones
+pretrained on large data and finds early layers far more sensitive. The from-scratch runs of
+``benchmarks.layer_adaptive_ewc`` measure κ = 1.7–10. This benchmark pretrains the small CNN of
+``benchmarks.grow_prune`` (4 conv blocks with BatchNorm, global average pooling; 5 layers with the
+head) to convergence on half the MNIST classes (0–4, ``--pretrain-epochs`` at SGD lr 0.05, the last two at 0.005), then continues on a
+stream of the rest ({5, 6}, then {7, 8, 9}), task-incremental (one head per experience) and/or
+class-incremental (one 10-way head).
+
+* **Before the stream** (job ``profile``): the top Hessian-block eigenvalue s_ℓ of every layer on
+  256 samples of the pretraining classes, κ and the fitted α̂, for the pretrained network and for
+  the same network after one epoch (the from-scratch regime of the older runs), plus its test
+  accuracy on the pretraining classes. Pretrained weights are cached in ``OUT/pretrained/``.
+* **Stream** (one job per method × λ × seed): the pretrained weights are loaded, the pretraining
+  experience is "trained" for 0 epochs (so each plugin computes its importances and spectrum at
+  the pretrained weights), then each later experience for ``--epochs`` epochs (SGD lr 0.01,
+  momentum 0.9, batch 64). Methods: Naive, Avalanche ``EWCPlugin`` (uniform), and
+  ``LayerAdaptiveEWCPlugin`` geometric (α grid), measured and smoothed (s_ℓ from the plugin's
+  Fisher blocks). λ (and α) are chosen on a validation split (15 % of the training images) with
+  seed 0 (:mod:`avalanche_plugins.study.harness.protocol`); the chosen settings run on the test
+  split with ``--seeds`` seeds. Reported: final average accuracy over the three experiences,
+  the pretraining classes' final accuracy and average forgetting.
+
+Every job goes through :func:`avalanche_plugins.study.harness.jobs.run_jobs` (resumable cache
+``OUT/jobs.jsonl``). Run ``python -m benchmarks.lae_pretrained --help``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from avalanche_plugins.study.harness.cli import (
+    benchmark_parser,
+    make_executor,
+    parse_args,
+    split_list,
+)
+from avalanche_plugins.study.harness.data import VALIDATION_FRACTION, load_mnist_arrays
+from avalanche_plugins.study.harness.jobs import Timer, run_jobs, seed_everything
+from avalanche_plugins.study.harness.models import build_model
+from avalanche_plugins.study.harness.protocol import TUNE_SEED, select_best
+from avalanche_plugins.study.harness.results import (
+    format_table,
+    print_report,
+    summarize,
+    write_results,
+)
+from avalanche_plugins.study.harness.training import accuracy_evaluator, quiet_deprecations
+
+METHODS = ("naive", "ewc", "lae_geometric", "lae_measured", "lae_smoothed")
+_ACC = re.compile(r"^Top1_Acc_Exp/eval_phase/test_stream/(?:Task\d+/)?Exp(\d+)$")
+
+
+@dataclass(frozen=True)
+class Job:
+    kind: str  # "profile" | "run"
+    scenario: str  # "task" | "class"
+    seed: int
+    validation: bool = False
+    method: str = "naive"
+    ewc_lambda: float = 0.0
+    alpha: float | None = None
+    widths: tuple[int, ...] = (8, 16, 32, 64)
+    pretrain_epochs: int = 15
+    epochs: int = 2
+    data_root: str | None = None
+    out: str = "out/lae_pretrained"
+
+
+def make_benchmark(data_root, task_incremental: bool, validation: bool):
+    """Classes 0–4 (pretraining), then {5, 6}, then {7, 8, 9}; fixed class order."""
+    from avalanche.benchmarks import nc_benchmark
+
+    xtr, ytr, xte, yte = load_mnist_arrays(data_root)
+    if validation:
+        rng = np.random.default_rng(0)
+        held = []
+        for c in range(10):
+            idx = np.flatnonzero(ytr.numpy() == c)
+            rng.shuffle(idx)
+            held.extend(idx[: int(round(VALIDATION_FRACTION * len(idx)))])
+        held = np.sort(np.array(held))
+        keep = np.setdiff1d(np.arange(len(ytr)), held)
+        xtr, ytr, xte, yte = xtr[keep], ytr[keep], xtr[held], ytr[held]
+    return nc_benchmark(TensorDataset(xtr, ytr), TensorDataset(xte, yte), n_experiences=3,
+                        task_labels=task_incremental, fixed_class_order=list(range(10)),
+                        per_exp_classes={0: 5, 1: 2}, class_ids_from_zero_in_each_exp=task_incremental,
+                        class_ids_from_zero_from_first_exp=not task_incremental)
+
+
+def _strategy(model, plugins, epochs: int, lr: float):
+    from avalanche.training.supervised import Naive
+
+    return Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
+                 criterion=nn.CrossEntropyLoss(), train_mb_size=64, train_epochs=epochs, eval_mb_size=512,
+                 device="cpu", plugins=plugins, evaluator=accuracy_evaluator())
+
+
+def _model(job: Job):
+    return build_model("cnn", (1, 28, 28), 10, multihead=job.scenario == "task", widths=job.widths)
+
+
+def _samples(dataset, n: int, seed: int):
+    idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:n].sort().values.tolist()
+    items = [dataset[i] for i in idx]
+    x = torch.stack([it[0] for it in items])
+    y = torch.as_tensor([int(it[1]) for it in items])
+    t = torch.as_tensor([int(it[2]) for it in items])
+    return x, y, t
+
+
+def _profile(model, experience, multihead: bool, seed: int) -> dict:
+    """Hessian-block top eigenvalues per layer (256 samples), κ and α̂."""
+    from avalanche_plugins.layer_adaptive import layer_top_eigenvalues
+    from avalanche_plugins.layer_adaptive.profile import layer_profile
+
+    x, y, t = _samples(experience.dataset.eval(), 256, seed)
+    spectrum = layer_top_eigenvalues(model, nn.CrossEntropyLoss(), x, y, max_iter=100, tol=1e-3,
+                                     seed=seed, task_labels=t if multihead else None)
+    prof = layer_profile(0, spectrum)
+    return {"layers": list(prof.layer_names), "s": [float(v) for v in spectrum.top], "kappa": None if prof.kappa is None else float(prof.kappa),
+            "alpha_hat": None if prof.alpha_hat is None else float(prof.alpha_hat)}
+
+
+def _eval(strategy, benchmark) -> dict[int, float]:
+    metrics = strategy.eval(benchmark.test_stream, num_workers=0)
+    return {int(m.group(1)): v for k, v in metrics.items() if (m := _ACC.match(k))}
+
+
+def pretrained(job: Job, benchmark) -> tuple[Path, dict]:
+    """Pretrain (or load) the network on the first experience; returns the weight file and, when
+    trained here, the profile after one epoch and at the end."""
+    path = Path(job.out) / "pretrained" / (f"{job.scenario}_s{job.seed}_{'val' if job.validation else 'test'}"
+                                           f"_w{'-'.join(map(str, job.widths))}_e{job.pretrain_epochs}.pt")
+    if path.exists():
+        return path, {}
+    seed_everything(job.seed)
+    model = _model(job)
+    strategy = _strategy(model, [], 1, lr=0.05)
+    first = benchmark.train_stream[0]
+    info = {}
+    with quiet_deprecations():
+        strategy.train(first, num_workers=0)
+        info["one_epoch"] = _profile(model, first, job.scenario == "task", job.seed)
+        info["one_epoch_acc"] = _eval(strategy, benchmark).get(0)
+        strategy.train_epochs = job.pretrain_epochs - 3
+        strategy.train(first, num_workers=0)
+        for group in strategy.optimizer.param_groups:  # two final epochs at a tenth of the lr: converge
+            group["lr"] = 0.005
+        strategy.train_epochs = 2
+        strategy.train(first, num_workers=0)
+    info["pretrained"] = _profile(model, first, job.scenario == "task", job.seed)
+    info["pretrained_acc"] = _eval(strategy, benchmark).get(0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), path)
+    return path, info
+
+
+class _Load:
+    """Loads the pretrained weights after the strategy's model adaptation of experience 0."""
+
+    def __init__(self, path):
+        from avalanche.core import SupervisedPlugin
+
+        self.path = path
+        self.plugin = type("LoadPretrained", (SupervisedPlugin,), {"before_training_exp": self._load})()
+
+    def _load(self, strategy, **kwargs):
+        if strategy.clock.train_exp_counter == 0:
+            own = strategy.model.state_dict()  # the heads of later tasks (made by evaluations) are not loaded
+            saved = {k: v for k, v in torch.load(self.path).items() if k in own}
+            strategy.model.load_state_dict(saved, strict=False)
+
+
+def plugins_for(job: Job) -> list:
+    from avalanche.training.plugins import EWCPlugin
+
+    from avalanche_plugins import LayerAdaptiveEWCPlugin
+
+    if job.method == "naive":
+        return []
+    if job.method == "ewc":
+        return [EWCPlugin(ewc_lambda=job.ewc_lambda)]
+    return [LayerAdaptiveEWCPlugin(job.ewc_lambda, schedule=job.method[4:], alpha=job.alpha or 2.0,
+                                   curvature="fisher", seed=job.seed)]
+
+
+def run_job(job: Job) -> dict:
+    benchmark = make_benchmark(job.data_root, job.scenario == "task", job.validation)
+    path, info = pretrained(job, benchmark)
+    fields = {k: v for k, v in asdict(job).items() if k not in ("data_root", "out")}
+    if job.kind == "profile":
+        if not info:  # weights were cached by an earlier run: re-measure the pretrained profile
+            model = _model(job)
+            strategy = _strategy(model, [_Load(path).plugin], 0, lr=0.01)
+            with quiet_deprecations():
+                strategy.train(benchmark.train_stream[0], num_workers=0)
+            info = {"pretrained": _profile(model, benchmark.train_stream[0], job.scenario == "task", job.seed),
+                    "pretrained_acc": _eval(strategy, benchmark).get(0)}
+        p = info["pretrained"]
+        print(f"profile {job.scenario} seed {job.seed} val={job.validation}: pretrained acc "
+              f"{info['pretrained_acc']:.3f} κ {p['kappa']:.1f} α̂ {p['alpha_hat']}", flush=True)
+        return {**fields, **info}
+    seed_everything(job.seed)
+    model = _model(job)
+    plugins = plugins_for(job)
+    strategy = _strategy(model, [_Load(path).plugin, *plugins], 0, lr=0.01)
+    n = len(benchmark.train_stream)
+    acc = np.full((n, n), np.nan)
+    try:
+        with Timer() as timer, quiet_deprecations():
+            for i, experience in enumerate(benchmark.train_stream):
+                strategy.train_epochs = 0 if i == 0 else job.epochs
+                strategy.train(experience, num_workers=0)
+                for j, v in _eval(strategy, benchmark).items():
+                    acc[i, j] = v
+    except ValueError as error:  # a λ too large diverges (NaN loss): a grid outcome
+        return {**fields, "acc": float("nan"), "acc_pretrain_classes": float("nan"), "forgetting": float("nan"),
+                "error": str(error)}
+    if not np.isfinite(acc[-1]).all() or any(not torch.isfinite(p).all() for p in model.parameters()):
+        return {**fields, "acc": float("nan"), "acc_pretrain_classes": float("nan"), "forgetting": float("nan"),
+                "error": "non-finite weights"}
+    row = {**fields, "acc": float(np.mean(acc[-1])), "acc_pretrain_classes": float(acc[-1, 0]),
+           "forgetting": float(np.mean([np.max(acc[j:n - 1, j]) - acc[n - 1, j] for j in range(n - 1)])),
+           "accuracy_matrix": acc.tolist(), "wall_s": timer.seconds}
+    profiles = [p for p in plugins if hasattr(p, "profiles")]
+    if profiles and profiles[0].profiles:
+        row["lambdas"] = profiles[0].lambdas
+    print(f"{job.scenario} {job.method:<14} λ={job.ewc_lambda:g} α={job.alpha} seed {job.seed} "
+          f"val={job.validation}: ACC {row['acc']:.3f} pretrain-classes {row['acc_pretrain_classes']:.3f} "
+          f"({timer.seconds:.0f}s)", flush=True)
+    return row
+
+
+def report(saved: dict) -> str:
+    lines = []
+    prof = [r for r in saved["runs"] if r["kind"] == "profile" and not r["validation"]]
+    if prof:
+        lines += ["Per-layer top Hessian eigenvalue s_ℓ before the stream (test-split runs, mean over seeds)",
+                  "| scenario | network | acc (classes 0–4) | s_ℓ per layer | κ | α̂ | n |", "|---|---|---|---|---|---|---|"]
+        for sc in dict.fromkeys(r["scenario"] for r in prof):
+            for key, acc_key in (("one_epoch", "one_epoch_acc"), ("pretrained", "pretrained_acc")):
+                rs = [r for r in prof if r["scenario"] == sc and key in r]
+                if not rs:
+                    continue
+                s = np.mean([r[key]["s"] for r in rs], axis=0)
+                kap = [r[key]["kappa"] for r in rs]
+                ah = [r[key]["alpha_hat"] for r in rs if r[key]["alpha_hat"] is not None]
+                lines.append(f"| {sc} | {key.replace('_', ' ')} | {np.mean([r[acc_key] for r in rs]):.3f} | "
+                             + ", ".join(f"{v:.3g}" for v in s) + f" | {np.mean(kap):.1f} ({min(kap):.1f}–{max(kap):.1f}) | "
+                             + (f"{np.mean(ah):.2f}" if ah else "–") + f" | {len(rs)} |")
+    lines += ["", format_table(saved["summary"], ["scenario", "method", "ewc_lambda", "alpha"],
+                               ["acc", "acc_pretrain_classes", "forgetting"])]
+    lines += ["", "Paired over seeds: each schedule − uniform EWC (final ACC; scipy paired t-test)",
+              "| scenario | method | ΔACC mean | seeds higher | t-test p | Δ pretrain-classes acc |", "|---|---|---|---|---|---|"]
+    lines += [paired_line(saved["runs"], sc, m) for sc in dict.fromkeys(s["scenario"] for s in saved["summary"])
+              for m in METHODS if m != "ewc"]
+    return "\n".join(lines)
+
+
+def paired_line(rows, scenario, method) -> str:
+    from scipy import stats
+
+    test = [r for r in rows if r["kind"] == "run" and not r["validation"] and r["scenario"] == scenario]
+    base = {r["seed"]: r for r in test if r["method"] == "ewc"}
+    other = {r["seed"]: r for r in test if r["method"] == method}
+    seeds = sorted(set(base) & set(other))
+    d = np.array([other[s]["acc"] - base[s]["acc"] for s in seeds])
+    dp = np.array([other[s]["acc_pretrain_classes"] - base[s]["acc_pretrain_classes"] for s in seeds])
+    if len(d) < 2 or not np.isfinite(d).all():
+        return f"| {scenario} | {method} | – | – | – | – |"
+    p = stats.ttest_rel([other[s]["acc"] for s in seeds], [base[s]["acc"] for s in seeds]).pvalue
+    return (f"| {scenario} | {method} | {d.mean():+.4f} | {int((d > 0).sum())}/{len(d)} | {p:.3f} | "
+            f"{dp.mean():+.4f} |")
+
+
+def main(argv=None) -> dict:
+    parser = benchmark_parser("lae_pretrained", __doc__.splitlines()[0])
+    parser.add_argument("--scenarios", default="task,class", help="task and/or class (incremental)")
+    parser.add_argument("--lambdas", default="1,10,100,1000")
+    parser.add_argument("--alphas", default="0.5,2,4", help="α grid of the geometric schedule")
+    parser.add_argument("--widths", default="8,16,32,64")
+    parser.add_argument("--pretrain-epochs", type=int, default=15)
+    parser.add_argument("--epochs", type=int, default=3, help="epochs per later experience")
+    args = parse_args(parser, argv)
+    if args.report:
+        return {"report": print_report(args.report, report)}
+    scenarios = split_list(args.scenarios)
+    lambdas = [float(v) for v in split_list(args.lambdas)]
+    alphas = [float(v) for v in split_list(args.alphas)]
+    if args.quick:
+        scenarios, lambdas, alphas = scenarios[:1], lambdas[1:3], alphas[1:2]
+        args.pretrain_epochs, args.epochs = min(args.pretrain_epochs, 4), 1
+    common = dict(widths=tuple(int(v) for v in split_list(args.widths)), pretrain_epochs=args.pretrain_epochs,
+                  epochs=args.epochs, data_root=args.data_root, out=args.out)
+    seeds = list(range(args.seeds))
+    executor = make_executor(args)
+    start = time.perf_counter()
+
+    def run(jobs, desc):
+        return run_jobs(run_job, jobs, cache=f"{args.out}/jobs.jsonl", executor=executor, desc=desc,
+                        progress=not args.no_progress)
+
+    tune_jobs = [Job("profile", sc, TUNE_SEED, True, **common) for sc in scenarios]
+    for sc in scenarios:
+        for m in METHODS[1:]:
+            for lam in lambdas:
+                for a in (alphas if m == "lae_geometric" else [None]):
+                    tune_jobs.append(Job("run", sc, TUNE_SEED, True, m, lam, a, **common))
+    tuning = run(tune_jobs, "tuning (validation)")
+    best = select_best([r for r in tuning if r["kind"] == "run"], lambda r: (r["scenario"], r["method"]))
+    test_jobs = [Job("profile", sc, s, False, **common) for sc in scenarios for s in seeds]
+    for sc in scenarios:
+        for m in METHODS:
+            if m != "naive" and (sc, m) not in best:
+                print(f"{sc}/{m}: every tuned setting diverged; not run", flush=True)
+                continue
+            lam, a = (0.0, None) if m == "naive" else (best[(sc, m)]["ewc_lambda"], best[(sc, m)]["alpha"])
+            test_jobs += [Job("run", sc, s, False, m, lam, a, **common) for s in seeds]
+    test = run(test_jobs, "test")
+    rows = tuning + test
+    wall = time.perf_counter() - start
+    runs = [r for r in test if r["kind"] == "run"]
+    summary = summarize(runs, ["scenario", "method", "ewc_lambda", "alpha"], ["acc", "acc_pretrain_classes", "forgetting"])
+    out = write_results(args.out, args, config={"args": vars(args), "scenarios": scenarios, "lambdas": lambdas,
+                                                "alphas": alphas, **{k: v for k, v in common.items() if k != "out"}},
+                        rows=rows, summary=summary, wall_seconds=wall,
+                        extra={"chosen": {f"{k[0]}/{k[1]}": {"ewc_lambda": v["ewc_lambda"], "alpha": v["alpha"],
+                                                              "val_acc": v["acc"]} for k, v in best.items()}})
+    text = print_report(out / "results.json", report, out_dir=out)
+    print(f"wrote {out}/results.json, results.csv, report.md ({wall:.0f}s)")
+    return {"rows": rows, "summary": summary, "report": text, "out": out}
+
+
+if __name__ == "__main__":
+    main()
