@@ -112,7 +112,7 @@ def _recipes(args) -> str:
 
 
 def _reproduce(args) -> list[dict]:
-    from avalanche_plugins.study.recipe_book import reproduce
+    from avalanche_plugins.study.reproduce import reproduce
 
     rows = reproduce(args.scenarios or None, quick=args.quick, folder=args.folder, out=args.out,
                      data_root=args.data_root, workers=args.workers, progress=not args.no_progress)

@@ -24,7 +24,7 @@ each of the study's scenarios (``recipe: OnlineEWC`` names another entry); kwarg
 training the config gives override the recipe's (the report says which). A setting that diverged
 on any seed is never shipped (``benchmarks.recipes write`` leaves it out).
 
-:func:`reproduce` reruns recipes and compares each strategy's test ACC with the recipe's:
+:func:`avalanche_plugins.study.reproduce.reproduce` reruns recipes and compares each strategy's test ACC with the recipe's:
 tolerance ``min(3 · SE, 0.02)`` of the recipe's own seeds (``0.02`` for one seed).
 """
 
@@ -35,8 +35,7 @@ import math
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["RECIPE_DIR", "find_recipe", "load_recipes", "recipe_key", "recipe_table", "reproduce",
-           "reproduction_study", "tolerance"]
+__all__ = ["RECIPE_DIR", "find_recipe", "load_recipes", "merge_recipe", "recipe_key", "recipe_table", "tolerance"]
 
 RECIPE_DIR = "recipes"  # folder of avalanche_plugins.study holding the shipped recipe files
 
@@ -142,53 +141,6 @@ def tolerance(values) -> float:
     mean = sum(values) / len(values)
     se = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
     return min(3 * se, 0.02)
-
-
-QUICK = {"split_digits": ("Naive", "EWC", "Replay", "LayerAdaptiveEWC_smoothed")}
-
-
-def reproduction_study(key: str, recipe: dict, strategies=None, *, seeds: int | None = None,
-                       data_root=None) -> dict:
-    """The study config that reruns ``recipe``'s strategies (all, or ``strategies``) with its model,
-    training and seeds (``seeds``: the first N)."""
-    names = list(strategies or recipe["strategies"])
-    n = seeds or len(next(iter(recipe["strategies"].values()))["test"]["seeds"])
-    scenario = {"name": key, **recipe["scenario"]}
-    if data_root is not None and recipe["scenario"]["benchmark"] != "split_digits":
-        scenario["data_root"] = data_root
-    return {"name": f"reproduce_{key}", "seeds": n, "reference": names[0], "scenarios": [scenario],
-            "model": recipe["model"], "training": recipe["training"],
-            "strategies": [{"name": name, "recipe": True} for name in names]}
-
-
-def reproduce(keys=None, *, quick: bool = False, folder=None, out="out/reproduce", data_root=None,
-              workers: int = 1, progress: bool = True) -> list[dict]:
-    """Rerun recipes (``quick``: the Split digits recipes of four strategies, seed 0) and return
-    one row per number: ``{scenario, strategy, metric, expected, got, tolerance, ok}``."""
-    from avalanche_plugins.study.api import run_study
-    from avalanche_plugins.study.config import load_study
-
-    recipes = load_recipes(folder)
-    rows = []
-    for key in (keys or (QUICK if quick else recipes)):
-        recipe = recipes[key]
-        names = [n for n in QUICK.get(key, ()) if n in recipe["strategies"]] if quick else None
-        config = reproduction_study(key, recipe, names, seeds=1 if quick else None, data_root=data_root)
-        study = load_study(config, recipe_folder=folder)
-        result = run_study(study, out=Path(out) / key, workers=workers, progress=progress)
-        for name in config["strategies"]:
-            name = name["name"]
-            entry = recipe["strategies"][name]
-            runs = {r["seed"]: r for r in result.rows if r["strategy"] == name}
-            expected = entry["test"]["acc"][: len(runs) or 1]
-            got = [runs[s]["acc"] if s in runs else float("nan") for s in entry["test"]["seeds"][: len(expected)]]
-            tol = tolerance(entry["test"]["acc"])
-            exp_mean, got_mean = sum(expected) / len(expected), sum(got) / len(got)
-            ok = math.isfinite(got_mean) and abs(got_mean - exp_mean) <= tol
-            rows.append({"scenario": key, "strategy": name, "metric": "acc", "seeds": len(expected),
-                         "expected": exp_mean, "got": got_mean, "tolerance": tol, "ok": ok,
-                         "error": next((r.get("error") for r in runs.values() if r.get("error")), "")})
-    return rows
 
 
 def recipe_table(folder=None) -> str:
