@@ -188,3 +188,23 @@ def test_metric_with_a_dead_layer_logs_finite_values_and_names_it():
         values = value.values() if isinstance(value, dict) else [value] if isinstance(value, float) else []
         assert all(np.isfinite(v) for v in values), name
     assert np.isfinite(metric.history[-1].kappa)
+
+
+def test_every_layer_dead_publishes_the_profile_without_kappa():
+    """All-zero bias-free weights: every s_ℓ is 0; the published values (LayerAdaptiveEWCPlugin's
+    log_profile goes through sensitivity_values) leave κ out instead of crashing on kappa None."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 8, bias=False), nn.ReLU(), nn.Linear(8, 10, bias=False))
+    for p in model.parameters():
+        nn.init.zeros_(p)
+    plugin = LayerAdaptiveEWCPlugin(1.0, schedule="geometric", log_profile=True, spectrum_samples=16)
+    stream = digits_stream(5)
+    strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0), criterion=nn.CrossEntropyLoss(),
+                     train_mb_size=32, train_epochs=1, plugins=[plugin],
+                     evaluator=EvaluationPlugin(accuracy_metrics(experience=True), loggers=[]))
+    with pytest.warns(RuntimeWarning, match="dead"):
+        strategy.train(stream.benchmark.train_stream[0], num_workers=0)
+    assert plugin.profiles[0].kappa is None
+    last = strategy.evaluator.get_last_metrics()
+    assert "LayerSensitivity/train_phase/train_stream/Task000/Exp000" in last
+    assert not any(name.startswith("LayerSensitivityKappa") for name in last)

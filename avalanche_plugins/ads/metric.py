@@ -29,6 +29,11 @@ realised values sit side by side under the same suffix):
 
 Every record (with the seconds spent) is appended to :attr:`ArchitectureDrivenShiftMetric.history`.
 
+At the first experience, before any iteration, a pre-flight
+(:mod:`avalanche_plugins._avalanche.preflight`) runs ADS on two samples of it (the model's output
+type, its layer map, forward-mode AD through every layer): an unsupported model is refused before
+training, not at the second experience.
+
 Side effects: none on the training run. ADS reads parameters through ``torch.func`` (no
 ``.grad`` written, nothing changed), the model runs in eval mode (restored), the optimizer is only
 read, sample draws use seeded generators and the global torch RNG (CPU and the strategy's CUDA
@@ -44,6 +49,7 @@ import torch
 from avalanche.evaluation.metric_results import MetricValue
 
 from avalanche_plugins._avalanche.data import check_experience_granularity, experience_tensors
+from avalanche_plugins._avalanche.preflight import preflight, with_output_transform
 from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.ads import (
     ADS_OPTIMIZERS,
@@ -58,6 +64,7 @@ from avalanche_plugins.core.checks import (
     check_no_recurrent,
     check_positive,
 )
+from avalanche_plugins.core.outputs import check_output_transform
 from avalanche_plugins.core.stats import expected_calibration_error
 
 __all__ = ["ArchitectureDrivenShiftMetric"]
@@ -82,6 +89,10 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
         linear extrapolation over a whole experience overshoots by orders of magnitude
         (docs/ads.md).
     :param n_bins: ECE bins. :param seed: base seed; experience ``e`` uses ``seed + e``.
+    :param output_transform: for a model whose forward returns a tuple or a dict, a function from
+        its output to the logits tensor (ADS, the realised shift and the ECE are then those of the
+        logits, and ``strategy._criterion`` is applied to them); without it such a model is refused
+        before training with a ``ValueError`` naming it.
 
     Raises ``ValueError`` naming the argument for bad arguments.
 
@@ -97,8 +108,10 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
 
     def __init__(self, calibration_size: int = 64, *, lr: float | None = None, steps: int | None = None,
                  optimizer: str | None = None, path: str = "logit", probe_steps: int = 10,
-                 n_bins: int = 15, seed: int = 0):
+                 n_bins: int = 15, seed: int = 0, output_transform=None):
         super().__init__()
+        check_output_transform(output_transform)
+        self.output_transform = output_transform
         check_int("calibration_size", calibration_size)
         if lr is not None:
             check_positive("lr", lr)
@@ -154,8 +167,18 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
     def before_training(self, strategy) -> None:
         check_no_recurrent(strategy.model, "ArchitectureDrivenShiftMetric")  # before any training
 
+    def _probe(self, model, loss_fn, x, y, t) -> None:
+        """ADS with the old set = the new set = the pre-flight's samples, one step."""
+        architecture_driven_shift(model, loss_fn, x, x, y, lr=self.lr or 1e-3, steps=1,
+                                  optimizer=self.optimizer or "sgd", path=self.path, probe_steps=2,
+                                  old_task_labels=t, new_task_labels=t)
+        model_outputs(model, x, t, 1024)
+
+    @with_output_transform
     def before_training_exp(self, strategy) -> list[MetricValue] | None:
         check_experience_granularity(strategy, "ArchitectureDrivenShiftMetric")
+        with self.measuring(strategy):
+            preflight(self, strategy, self._probe, output_transform=self.output_transform)
         self._pending = None
         if not self._buffer:
             return None
@@ -202,6 +225,7 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
         logits = logits.nan_to_num(nan=torch.finfo(logits.dtype).min)
         return expected_calibration_error(logits, targets, self.n_bins)
 
+    @with_output_transform
     def after_training_exp(self, strategy) -> list[MetricValue] | None:
         values = None
         with self.measuring(strategy):

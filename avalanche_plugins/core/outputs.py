@@ -9,12 +9,13 @@ naming ``output_transform`` instead of failing later on ``'tuple' object has no 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
 
-__all__ = ["OutputTransform", "describe_output", "logits_of"]
+__all__ = ["OutputTransform", "check_output_transform", "describe_output", "logits_of", "transformed_output"]
 
 
 def describe_output(output) -> str:
@@ -89,3 +90,50 @@ class OutputTransform(nn.Module):
 
     def forward(self, *args, **kwargs):
         return logits_of(self.module(*args, **kwargs), self.transform)
+
+
+_ACTIVE = "_avalanche_plugins_output_transformed"
+
+
+@contextlib.contextmanager
+def transformed_output(model: nn.Module, transform: Callable | None):
+    """Inside the block, ``model(x)`` returns ``logits_of(model's output, transform)``: a forward
+    hook on ``model`` itself, removed on exit. Parameter and module names stay those of ``model``
+    (unlike :class:`OutputTransform`, which nests it), so estimators keyed by parameter name, the
+    layer map and ``torch.func.functional_call`` see the same model. ``transform`` None: nothing
+    changes (a non-tensor output then fails in :func:`logits_of` where the caller checks it).
+    Nested blocks on the same model apply the transform once (the outermost one).
+
+    >>> class Pair(nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.fc = nn.Linear(2, 3)
+    ...     def forward(self, x):
+    ...         return self.fc(x), x
+    >>> pair = Pair()
+    >>> with transformed_output(pair, lambda out: out[0]):
+    ...     pair(torch.zeros(1, 2)).shape
+    torch.Size([1, 3])
+    >>> type(pair(torch.zeros(1, 2))).__name__
+    'tuple'
+    """
+    if transform is None or getattr(model, _ACTIVE, False):  # nested blocks transform once
+        yield model
+        return
+    if not callable(transform):
+        raise TypeError(f"output_transform must be callable (model output -> logits tensor), "
+                        f"got {type(transform).__name__}")
+    handle = model.register_forward_hook(lambda module, args, output: logits_of(output, transform))
+    object.__setattr__(model, _ACTIVE, True)
+    try:
+        yield model
+    finally:
+        handle.remove()
+        object.__delattr__(model, _ACTIVE)
+
+
+def check_output_transform(output_transform) -> None:
+    """``TypeError`` unless ``output_transform`` is None or callable (the constructors' check)."""
+    if output_transform is not None and not callable(output_transform):
+        raise TypeError(f"output_transform must be None or a callable (model output -> logits tensor), "
+                        f"got {type(output_transform).__name__}")

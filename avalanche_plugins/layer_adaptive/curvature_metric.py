@@ -14,7 +14,7 @@ from avalanche_plugins.layer_adaptive.curvature import layer_curvature
 from avalanche_plugins.layer_adaptive.hessian import LayerSpectrum
 from avalanche_plugins.layer_adaptive.profile import LayerProfile
 
-__all__ = ["logs_sensitivity", "measure_profile", "sensitivity_values"]
+__all__ = ["curvature_probe", "logs_sensitivity", "measure_profile", "sensitivity_values"]
 
 
 _CACHE = "_avalanche_plugins_layer_spectrum"
@@ -45,6 +45,20 @@ def measure_profile(strategy, *, method: str, n_samples: int, chunk_size: int | 
     return spectrum
 
 
+def curvature_probe(method: str, chunk_size: int | None = None):
+    """The pre-flight probe of a component measuring s_ℓ by ``method``
+    (:func:`avalanche_plugins._avalanche.preflight.preflight`): the estimator on the pre-flight's few
+    samples with the smallest budget (two power iterations for ``hessian``)."""
+
+    def probe(model, loss_fn, x, y, task_labels):
+        options = {} if chunk_size is None else {"chunk_size": chunk_size}
+        if method == "hessian":
+            options.update(max_iter=2, tol=1.0)
+        layer_curvature(model, loss_fn, x, y, method=method, task_labels=task_labels, **options)
+
+    return probe
+
+
 def logs_sensitivity(strategy) -> bool:
     """Whether the strategy's evaluator already has a metric that logs the sensitivity profile."""
     evaluator = getattr(strategy, "evaluator", None)
@@ -52,14 +66,20 @@ def logs_sensitivity(strategy) -> bool:
 
 
 def sensitivity_values(origin, strategy, profile: LayerProfile, x: int) -> list[MetricValue]:
-    """MetricValues for a profile: per-layer dict, κ, α̂ and a bar-chart figure."""
+    """MetricValues for a profile: per-layer dict, κ, α̂ and a bar-chart figure.
+
+    κ is left out when it is undefined (``profile.kappa`` None: every layer dead) and α̂ when fewer
+    than two layers are live; the per-layer dict and the figure are always there, so no value
+    handed to a logger is None, inf or NaN."""
     values = [
         MetricValue(origin, metric_name("LayerSensitivity", strategy), dict(zip(profile.layer_names, profile.spectrum)), x),
-        MetricValue(origin, metric_name("LayerSensitivityKappa", strategy), float(profile.kappa), x),
     ]
+    if profile.kappa is not None:
+        values.append(MetricValue(origin, metric_name("LayerSensitivityKappa", strategy), float(profile.kappa), x))
     if profile.alpha_hat is not None:
         values.append(MetricValue(origin, metric_name("LayerSensitivityAlphaHat", strategy), float(profile.alpha_hat), x))
     fig = profile_figure(profile.layer_names, profile.spectrum,
-                         f"s_l after experience {profile.experience} (kappa={profile.kappa:.3g})")
+                         f"s_l after experience {profile.experience} "
+                         + ("(every layer dead)" if profile.kappa is None else f"(kappa={profile.kappa:.3g})"))
     values.append(MetricValue(origin, metric_name("LayerSensitivityProfile", strategy), figure_image(fig), x))
     return values

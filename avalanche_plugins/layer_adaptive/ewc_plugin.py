@@ -36,14 +36,17 @@ from avalanche_plugins._avalanche.data import (
     experience_layer_map,
     experience_tensors,
 )
+from avalanche_plugins._avalanche.preflight import preflight, with_output_transform
 from avalanche_plugins.core.checks import (
     check_choice,
     check_int,
     check_no_recurrent,
     check_positive,
 )
+from avalanche_plugins.core.outputs import check_output_transform
 from avalanche_plugins.layer_adaptive.curvature import CURVATURE_METHODS, DEFAULT_SAMPLES
 from avalanche_plugins.layer_adaptive.curvature_metric import (
+    curvature_probe,
     logs_sensitivity,
     measure_profile,
     sensitivity_values,
@@ -94,6 +97,15 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
     :param log_profile: measure ``s_ℓ`` after every experience even for schedules that do not need
         it, and publish it (per-layer dict, κ, α̂, bar chart) through the strategy's evaluator.
     :param seed: seeds sample selection and power-iteration start vectors.
+    :param output_transform: for a model whose forward returns a tuple or a dict, a function from
+        its output to the logits tensor (the Fisher and ``s_ℓ`` then use ``strategy._criterion`` on
+        those logits); without it such a model is refused before training (``ValueError`` naming it).
+
+    At the first experience, before any iteration, a pre-flight
+    (:mod:`avalanche_plugins._avalanche.preflight`) checks the output type, the layer map and, on
+    two samples, the curvature estimator (``measured``/``smoothed``/``log_profile``) and the
+    per-sample Fisher (``empirical``/``expected``): an unsupported model is refused before
+    training, not after the first experience.
 
     Parameters outside every layer of the layer map get weight 1 and a one-time warning;
     normalisation parameters share the weight of the layer they follow, and heads not run by the
@@ -106,8 +118,10 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
                  spectrum_chunk_size: int | None = None,
                  spectrum_max_iter: int = 100, spectrum_tol: float = 1e-3, fisher_samples: int | None = None,
                  fisher_chunk_size: int = 16,
-                 log_profile: bool = False, seed: int = 0):
+                 log_profile: bool = False, seed: int = 0, output_transform=None):
         super().__init__()
+        check_output_transform(output_transform)
+        self.output_transform = output_transform
         check_positive("ewc_lambda", ewc_lambda, allow_zero=True)
         check_choice("schedule", schedule, SCHEDULES)
         check_choice("fisher", fisher, FISHER_KINDS)
@@ -173,6 +187,16 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
     # ------------------------------------------------------------------ callbacks
     def before_training_exp(self, strategy, **kwargs):
         check_experience_granularity(strategy, "LayerAdaptiveEWCPlugin")
+        preflight(self, strategy, self._probe, output_transform=self.output_transform)
+
+    def _probe(self, model, loss_fn, x, y, task_labels):
+        """The pre-flight's estimators on its few samples (the batched Fisher is a plain backward pass)."""
+        if self.schedule in ("measured", "smoothed") or self.log_profile:
+            curvature_probe(self.curvature, self.spectrum_chunk_size)(model, loss_fn, x, y, task_labels)
+        if self.fisher == "empirical":
+            empirical_fisher(model, loss_fn, x, y, task_labels=task_labels)
+        elif self.fisher == "expected":
+            expected_fisher(model, x, task_labels=task_labels)
 
     def before_training(self, strategy, **kwargs):
         if self.fisher in ("empirical", "expected"):  # per-sample gradients: refuse before training
@@ -182,6 +206,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         if self._curvature and self.ewc_lambda > 0:
             strategy.loss += self.penalty(strategy.model)
 
+    @with_output_transform
     def after_training_exp(self, strategy, **kwargs):
         model = strategy.model
         exp_id = strategy.clock.train_exp_counter

@@ -27,6 +27,11 @@ and get the rate the fit predicts at their depth (see
 :func:`~avalanche_plugins.layer_adaptive.schedules.layer_weights`, which also warns naming them),
 floored like every other. A training loss that is non-finite at the end of an
 epoch stops the run with a ``FloatingPointError`` that names the rates in use.
+
+At the first experience, before any iteration, a pre-flight
+(:mod:`avalanche_plugins._avalanche.preflight`) checks the model's output type, its layer map and,
+for ``smoothed``, the curvature estimator on two samples: an unsupported model is refused before
+training, not after the first experience.
 """
 
 from __future__ import annotations
@@ -36,9 +41,11 @@ import torch
 from avalanche.core import SupervisedPlugin
 
 from avalanche_plugins._avalanche.data import check_experience_granularity, experience_layer_map
+from avalanche_plugins._avalanche.preflight import preflight, with_output_transform
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
+from avalanche_plugins.core.outputs import check_output_transform
 from avalanche_plugins.layer_adaptive.curvature import CURVATURE_METHODS, DEFAULT_SAMPLES
-from avalanche_plugins.layer_adaptive.curvature_metric import measure_profile
+from avalanche_plugins.layer_adaptive.curvature_metric import curvature_probe, measure_profile
 from avalanche_plugins.layer_adaptive.schedules import layer_weights
 
 __all__ = ["LayerAdaptiveLRPlugin"]
@@ -59,12 +66,17 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
     :param spectrum_samples, spectrum_max_iter, spectrum_tol: measurement budget (smoothed;
         samples None: 128 for ``fisher``, 256 for ``hessian``; iterations and tolerance: ``hessian``).
     :param seed: seeds the measurement.
+    :param output_transform: for a model whose forward returns a tuple or a dict, a function from
+        its output to the logits tensor (the measurement applies ``strategy._criterion`` to them);
+        without it such a model is refused before training with a ``ValueError`` naming it.
     """
 
     def __init__(self, schedule: str = "geometric", alpha: float = 0.5, base_lr: float | None = None, *,
                  curvature: str = "fisher", spectrum_samples: int | None = None, spectrum_max_iter: int = 100, spectrum_tol: float = 1e-3,
-                 seed: int = 0, min_lr_ratio: float = 1e-3):
+                 seed: int = 0, min_lr_ratio: float = 1e-3, output_transform=None):
         super().__init__()
+        check_output_transform(output_transform)
+        self.output_transform = output_transform
         check_choice("schedule", schedule, ("geometric", "smoothed"))
         check_positive("alpha", alpha)
         if base_lr is not None:
@@ -100,8 +112,11 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
             relative = inverse / inverse.max()
         return self.base_lr * np.maximum(relative, self.min_lr_ratio)
 
+    @with_output_transform
     def before_training_exp(self, strategy, **kwargs):
         check_experience_granularity(strategy, "LayerAdaptiveLRPlugin")
+        preflight(self, strategy, curvature_probe(self.curvature) if self.schedule == "smoothed" else None,
+                  output_transform=self.output_transform)
         optimizer = strategy.optimizer
         if self.base_lr is None:
             self.base_lr = float(optimizer.param_groups[0]["lr"])
@@ -132,6 +147,7 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
                 f"per-layer rates from {min(rates, default=float('nan')):.3g} to {max(rates, default=float('nan')):.3g} "
                 f"(schedule={self.schedule!r}, alpha={self.alpha}, base_lr={self.base_lr}): lower base_lr")
 
+    @with_output_transform
     def after_training_exp(self, strategy, **kwargs):
         if self.schedule == "smoothed":
             spectrum = measure_profile(strategy, method=self.curvature, n_samples=self.spectrum_samples,

@@ -15,7 +15,10 @@ the dict, are named in a ``RuntimeWarning`` and in ``history[i].dead_layers``, a
 κ and α̂, so no logged value is inf or NaN; κ (and the bar chart) is not logged when every layer
 is dead, α̂ not when fewer than two are live.
 
-It never changes the model, the optimizer or torch's global RNG stream.
+It never changes the model, the optimizer or torch's global RNG stream. At the first experience,
+before any iteration, it runs a pre-flight (:mod:`avalanche_plugins._avalanche.preflight`): the
+model's output type, its layer map and the curvature estimator on two samples, so an unsupported
+model is refused before training, not after the first experience.
 """
 
 from __future__ import annotations
@@ -25,10 +28,16 @@ import time
 from avalanche.evaluation.metric_results import MetricValue
 
 from avalanche_plugins._avalanche.data import check_experience_granularity, metric_name
+from avalanche_plugins._avalanche.preflight import preflight, with_output_transform
 from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
+from avalanche_plugins.core.outputs import check_output_transform
 from avalanche_plugins.layer_adaptive.curvature import CURVATURE_METHODS, DEFAULT_SAMPLES
-from avalanche_plugins.layer_adaptive.curvature_metric import measure_profile, sensitivity_values
+from avalanche_plugins.layer_adaptive.curvature_metric import (
+    curvature_probe,
+    measure_profile,
+    sensitivity_values,
+)
 from avalanche_plugins.layer_adaptive.profile import LayerProfile, layer_profile
 
 __all__ = ["LayerSensitivityMetric"]
@@ -43,6 +52,10 @@ class LayerSensitivityMetric(RecordingMetric[dict]):
     :param max_iter, tol: power-iteration budget and tolerance (``hessian``).
     :param curvature: ``fisher`` (default) or ``hessian`` (see ``layer_adaptive.curvature``).
     :param seed: sample selection and start vectors (offset by the experience counter).
+    :param output_transform: for a model whose forward returns a tuple or a dict, a function from
+        its output to the logits tensor (e.g. ``lambda out: out[0]``); the measurement then applies
+        ``strategy._criterion`` to those logits. Without it such a model is refused before training
+        with a ``ValueError`` naming ``output_transform``.
 
     Example::
 
@@ -51,8 +64,10 @@ class LayerSensitivityMetric(RecordingMetric[dict]):
     """
 
     def __init__(self, n_samples: int | None = None, chunk_size: int | None = None, max_iter: int = 100,
-                 tol: float = 1e-3, seed: int = 0, *, curvature: str = "fisher"):
+                 tol: float = 1e-3, seed: int = 0, *, curvature: str = "fisher", output_transform=None):
         super().__init__()
+        check_output_transform(output_transform)
+        self.output_transform = output_transform
         check_choice("curvature", curvature, CURVATURE_METHODS)
         if n_samples is None:
             n_samples = DEFAULT_SAMPLES[curvature]
@@ -73,7 +88,10 @@ class LayerSensitivityMetric(RecordingMetric[dict]):
 
     def before_training_exp(self, strategy) -> None:
         check_experience_granularity(strategy, "LayerSensitivityMetric")
+        preflight(self, strategy, curvature_probe(self.curvature, self.chunk_size),
+                  output_transform=self.output_transform)
 
+    @with_output_transform
     def after_training_exp(self, strategy) -> list[MetricValue]:
         exp_id = strategy.clock.train_exp_counter
         start = time.perf_counter()

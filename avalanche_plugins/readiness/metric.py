@@ -42,6 +42,10 @@ All values, with the seeds, sizes and the seconds spent, are also appended to
 :attr:`OptimizationReadinessMetric.history` (one dict per training experience); ``result()``
 returns the last OR.
 
+Its first measurement runs before the first iteration; a pre-flight
+(:mod:`avalanche_plugins._avalanche.preflight`: the model's output type, the layer map when
+``baselines=True``, OR on two samples) names the metric when a model is unsupported.
+
 Side effects: none on the training run. Every estimator reads the parameters through
 ``torch.func`` (nothing is written to ``.grad``, parameters and buffers are not changed), the
 model is evaluated in eval mode (restored afterwards), the optimizer is not touched, random draws
@@ -72,9 +76,11 @@ import torch
 from avalanche.evaluation.metric_results import MetricValue
 
 from avalanche_plugins._avalanche.data import check_experience_granularity, experience_tensors
+from avalanche_plugins._avalanche.preflight import preflight, with_output_transform
 from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.core.calls import eval_mode, is_multitask
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
+from avalanche_plugins.core.outputs import check_output_transform
 from avalanche_plugins.readiness import (
     ESTIMATORS,
     OPTIMIZERS,
@@ -110,6 +116,9 @@ class OptimizationReadinessMetric(RecordingMetric[float]):
         the ground-truth minibatches.
     :param hessian_max_params: the Hessian baseline is exact when the model has at most this many
         trainable parameters, Gauss–Newton otherwise (default 1: always Gauss–Newton).
+    :param output_transform: for a model whose forward returns a tuple or a dict, a function from
+        its output to the logits tensor (``strategy._criterion`` is applied to them); without it
+        such a model is refused before training with a ``ValueError`` naming it.
 
     Raises ``ValueError`` naming the argument for bad arguments. At run time the estimators' own
     errors propagate (e.g. a zero loss makes OR undefined; an experience with fewer samples than
@@ -134,8 +143,10 @@ class OptimizationReadinessMetric(RecordingMetric[float]):
                  estimator: str = "sampled", baselines: bool = False, n_probe: int = 256,
                  ground_truth_k: int | None = None, ground_truth_lr: float = 0.01,
                  ground_truth_optimizer: str = "sgd", ground_truth_runs: int = 32, seed: int = 0,
-                 *, hessian_max_params: int = 1):
+                 *, hessian_max_params: int = 1, output_transform=None):
         super().__init__()
+        check_output_transform(output_transform)
+        self.output_transform = output_transform
         check_int("n_samples", n_samples)
         check_int("batch_size", batch_size)
         if batch_size > n_samples:
@@ -169,9 +180,17 @@ class OptimizationReadinessMetric(RecordingMetric[float]):
 
     # ----------------------------------------------------------------------------------------
 
+    def _probe(self, model, loss_fn, x, y, t) -> None:
+        with eval_mode(model):
+            optimization_readiness(model, loss_fn, x, y, batch_size=1, n_batches=1, estimator=self.estimator,
+                                   seed=self.seed, task_labels=t)
+
+    @with_output_transform
     def before_training_exp(self, strategy) -> list[MetricValue]:
         check_experience_granularity(strategy, "OptimizationReadinessMetric")
         with self.measuring(strategy):
+            preflight(self, strategy, self._probe, output_transform=self.output_transform,
+                      layer_map=self.baselines)
             record = self.measure(strategy)
         self.history.append(record)
         return self._values(strategy, record)

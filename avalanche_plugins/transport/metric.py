@@ -8,7 +8,7 @@ stitched model on the evaluation batches as they stream by, and logs at ``after_
 
     TransportKeyAcc/eval_phase/test_stream/Task000/Exp000/stage=layer2/family=channel
     TransportKeyAcc/.../stage=layer2/family=channel/control=global_shuffle
-    TransportKeyRecovery/.../stage=layer2/family=channel           (NaN when nothing was forgotten)
+    TransportKeyRecovery/.../stage=layer2/family=channel           (not logged when nothing was forgotten)
     TransportKeyAccCheckpoint/...  and  TransportKeyAccUpdated/...  (acc_A and acc_AB, same batches)
     TransportKeyProfile/...                                         (figure: recovery per stage)
 
@@ -36,6 +36,7 @@ from avalanche.evaluation.metric_results import MetricValue
 
 from avalanche_plugins._avalanche.data import check_experience_granularity, metric_name
 from avalanche_plugins._avalanche.figures import figure_image
+from avalanche_plugins._avalanche.preflight import preflight
 from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.core.calls import eval_mode, model_forward
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
@@ -142,6 +143,9 @@ class TransportKeyMetric(RecordingMetric[dict]):
 
     def before_training_exp(self, strategy):
         check_experience_granularity(strategy, "TransportKeyMetric")
+        # before any training: a model whose forward returns a tuple or dict is refused now, not at
+        # the first evaluation after the second experience
+        preflight(self, strategy, layer_map=False, takes_output_transform=False)
         return None
 
     def after_training_exp(self, strategy):
@@ -240,7 +244,8 @@ class TransportKeyMetric(RecordingMetric[dict]):
         acc_base, rec_base = metric_name("TransportKeyAcc", strategy), metric_name("TransportKeyRecovery", strategy)
         for name in acc:
             values.append(MetricValue(self, f"{acc_base}/{name}", acc[name], x_plot))
-            values.append(MetricValue(self, f"{rec_base}/{name}", rec[name], x_plot))
+            if math.isfinite(rec[name]):  # NaN (nothing forgotten) stays in history, never reaches a logger
+                values.append(MetricValue(self, f"{rec_base}/{name}", rec[name], x_plot))
         values.append(MetricValue(self, metric_name("TransportKeyProfile", strategy),
                                   figure_image(self._figure(record)), x_plot))
         return values

@@ -1,0 +1,127 @@
+"""Pre-flight: every plugin and metric checks the user's model before the first training iteration.
+
+A plugin or metric that measures something after an experience would otherwise meet an
+unsupported model only then, after an experience of training has been spent. :func:`preflight`
+runs, at the first ``before_training_exp`` (after Avalanche's model adaptation, before any
+iteration), on the strategy's model and :data:`PREFLIGHT_SAMPLES` samples of the first
+experience:
+
+1. the **output type**: the model's output must be a logits tensor, or ``output_transform`` must
+   turn it into one (:func:`~avalanche_plugins.core.outputs.logits_of`);
+2. the **layer map** (:func:`~avalanche_plugins.core.layers.discover_layers`): no tied weights,
+   no layer run twice per forward pass, at least one parametrised layer;
+3. the component's own **probe**: its estimator run once on those few samples with the smallest
+   budget (one power iteration, one step), which meets what a structural check cannot foresee
+   (recurrent layers under ``vmap``, operations without forward-mode AD, a loss the estimator
+   cannot use).
+
+Anything that fails raises the original exception type (``ValueError``, ``TypeError``,
+``NotImplementedError``; other errors as ``RuntimeError``) with a message that starts with the
+component's name and says it refused before training. Nothing of the run changes: the model is
+evaluated in eval mode (train flags restored), torch's RNG (CPU and the strategy's device) is
+restored, the estimators read parameters through ``torch.func`` and write no ``.grad``.
+
+A component checks a given model once (it keeps the id of the model it checked), so the cost is
+paid at the first experience only; ``owner.preflight_seconds`` holds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from avalanche_plugins._avalanche.data import experience_batches, preserved_rng
+from avalanche_plugins.core.calls import eval_mode, model_forward
+from avalanche_plugins.core.layers import discover_layers, example_input
+from avalanche_plugins.core.outputs import describe_output, logits_of, transformed_output
+
+__all__ = ["PREFLIGHT_SAMPLES", "PreflightProbe", "first_samples", "preflight", "with_output_transform"]
+
+PREFLIGHT_SAMPLES = 2  # enough for every estimator (the Fisher blocks' debiasing needs 2)
+
+# probe(model, loss_fn, x, y, task_labels): the component's estimator on a few samples
+PreflightProbe = Callable[[torch.nn.Module, Callable, torch.Tensor, torch.Tensor, torch.Tensor], object]
+
+
+def first_samples(strategy, n: int = PREFLIGHT_SAMPLES):
+    """The first ``n`` samples ``(x, y, task_labels)`` of the current experience on the strategy's
+    device (the training dataset's order; torch's RNG left as it was)."""
+    batches = experience_batches(strategy, batch_size=n)
+    try:
+        x, y, t = next(batches)
+    except StopIteration:
+        raise ValueError("the experience's dataset is empty") from None
+    finally:
+        batches.close()
+    return x, y, torch.as_tensor(t).to(x.device)
+
+
+def _refusal(component: str, error: Exception, n: int) -> Exception:
+    message = (f"{component} refuses this model before training (checked on {n} samples of the first "
+               f"experience): {error}")
+    if type(error) in (ValueError, TypeError, NotImplementedError):
+        return type(error)(message)
+    return RuntimeError(f"{message} ({type(error).__name__})")
+
+
+def preflight(owner, strategy, probe: PreflightProbe | None = None, *, output_transform=None,
+              layer_map: bool = True, takes_output_transform: bool = True) -> None:
+    """Check ``strategy.model`` for ``owner`` (a plugin or metric) before the first iteration
+    (module docstring); a no-op for a model ``owner`` already checked.
+
+    :param probe: ``probe(model, loss_fn, x, y, task_labels)``, the component's estimator on the
+        few samples, run with ``output_transform`` applied to the model's output.
+    :param output_transform: the component's ``output_transform`` (None: the output must be a tensor).
+    :param layer_map: check the layer map (every component but one that needs no layers).
+    :param takes_output_transform: False for a component without an ``output_transform``
+        argument: a non-tensor output is then refused with a message that says how to wrap the model.
+    :raises ValueError, TypeError, NotImplementedError, RuntimeError: naming ``owner``'s class, the
+        module or argument at fault and what to do.
+    """
+    model = strategy.model
+    if getattr(owner, "_preflight_checked", None) == id(model):
+        return
+    component = type(owner).__name__
+    start = time.perf_counter()
+    with preserved_rng(strategy.device):
+        x, y, t = first_samples(strategy)
+        try:
+            with transformed_output(model, output_transform):
+                with eval_mode(model), torch.no_grad():
+                    output = model_forward(model, x, t)
+                if not takes_output_transform and not isinstance(output, torch.Tensor):
+                    raise ValueError(f"the model returned {describe_output(output)}, not a logits tensor, and "
+                                     f"{component} takes no output_transform: give it a model whose forward "
+                                     "returns the logits, e.g. avalanche_plugins.core.outputs.OutputTransform("
+                                     "model, lambda out: out[0])")
+                logits_of(output)  # a tensor, or a ValueError asking for output_transform
+                if layer_map:
+                    discover_layers(model, example_input(model, x, t))
+                if probe is not None:
+                    with warnings.catch_warnings():  # two samples: convergence / dead-layer warnings say nothing
+                        warnings.simplefilter("ignore")
+                        probe(model, strategy._criterion, x, y, t)
+        except (ValueError, TypeError, NotImplementedError, RuntimeError, IndexError) as error:
+            raise _refusal(component, error, x.shape[0]) from error
+    owner._preflight_checked = id(model)
+    owner.preflight_seconds = time.perf_counter() - start
+
+
+def with_output_transform(callback):
+    """Decorator for a plugin/metric callback ``(self, strategy, ...)``: the model's output goes
+    through ``self.output_transform`` while the callback runs
+    (:func:`~avalanche_plugins.core.outputs.transformed_output`; nothing when it is None)."""
+
+    @functools.wraps(callback)
+    def wrapper(self, strategy, *args, **kwargs):
+        transform = getattr(self, "output_transform", None)
+        context = contextlib.nullcontext() if transform is None else transformed_output(strategy.model, transform)
+        with context:
+            return callback(self, strategy, *args, **kwargs)
+
+    return wrapper
