@@ -100,6 +100,7 @@ class Setting:
     data_root: str | None = None
     epochs_per_cycle: int = 1  # > 1 on the plasticity stream: one edit per experience, E epochs to integrate
     ticket: bool = True  # retrain the final mask as a ticket (off on the plasticity stream)
+    subset: int | None = None  # MNIST only: the first N train / N // 2 test images (every experience)
 
 
 def make_model(setting: Setting, n_classes: int, input_shape, leaky: bool = False) -> nn.Module:
@@ -318,8 +319,31 @@ def settings_for(args) -> list[Setting]:
         for e in args.integration_epochs:
             out.append(Setting(f"mlp permuted mnist E{e}", scenario="permuted", n_experiences=args.permuted_experiences,
                                hidden=(256, 256), epochs=e, epochs_per_cycle=e, edits=args.permuted_experiences - 1,
-                               ticket=False, **mnist))
+                               ticket=False, subset=args.permuted_subset, **mnist))
     return out
+
+
+def plot_course(rows, path) -> None:
+    """Newborn/incumbent gradient ratio against iterations since the last growth (mean over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    keys = dict.fromkeys((r["setting"], r["method"], r["compactness"]) for r in rows if r.get("newborn_course"))
+    for st, m, c in keys:
+        curves = [r["newborn_course"][-1]["ratio"] for r in rows
+                  if (r["setting"], r["method"], r["compactness"]) == (st, m, c) and r["newborn_course"]]
+        n = min(len(x) for x in curves)
+        if n:
+            ax.plot(10 * np.arange(1, n + 1), np.mean([x[:n] for x in curves], axis=0), label=f"{st} {m} c={c:.0%}")
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.set(xlabel="iterations since the last growth", ylabel="newborn / incumbent gradient norm", yscale="log")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def plot_trajectories(rows, path) -> None:
@@ -357,13 +381,22 @@ class Job:
 
 
 @functools.lru_cache(maxsize=4)
-def _stream(dataset: str, scenario: str, n_experiences: int, data_root):
-    return make_stream(dataset, scenario, n_experiences=n_experiences, data_root=data_root, seed=0)
+def _stream(dataset: str, scenario: str, n_experiences: int, data_root, subset: int | None = None):
+    if subset is None:
+        return make_stream(dataset, scenario, n_experiences=n_experiences, data_root=data_root, seed=0)
+    from avalanche_plugins.study.harness import data
+
+    full = make_stream(dataset, scenario, n_experiences=1, data_root=data_root, seed=0)
+    xtr, ytr, xte, yte = data.load_mnist_arrays(data_root)
+    arrays = (xtr[:subset], ytr[:subset], xte[:subset // 2], yte[:subset // 2])
+    bench = data._from_arrays(arrays, scenario, n_experiences, False, 0)
+    return replace(full, benchmark=bench, description=f"{scenario} {dataset} ({n_experiences} experiences, "
+                                                      f"first {subset} train / {subset // 2} test images)")
 
 
 def run_job(job: Job) -> dict:
     setting = job.setting
-    stream = _stream(setting.dataset, setting.scenario, setting.n_experiences, setting.data_root)
+    stream = _stream(setting.dataset, setting.scenario, setting.n_experiences, setting.data_root, setting.subset)
     if job.kind == "timing":
         dense_s = time_per_epoch(setting, stream, None)
         masked_s = time_per_epoch(setting, stream, job.c)
@@ -429,12 +462,94 @@ def analysis(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-VALUES = ("acc", "taa", "ticket_acc", "ticket_taa", "newborn_grad_ratio")
+def _paired(a, b) -> str:
+    """``mean(a − b) [sd] d_z, seeds a > b, paired t-test p`` over aligned per-seed values."""
+    from scipy import stats
+
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    keep = np.isfinite(a) & np.isfinite(b)
+    a, b = a[keep], b[keep]
+    if len(a) < 2:
+        return "–"
+    d = a - b
+    sd = d.std(ddof=1)
+    p = stats.ttest_rel(a, b).pvalue if sd > 0 else float("nan")
+    dz = d.mean() / sd if sd > 0 else float("nan")
+    return f"{d.mean():+.3f} (d_z {dz:+.1f}; {int((d > 0).sum())}/{len(d)} up; p {p:.3f})"
+
+
+def verdict_tables(rows: list[dict]) -> str:
+    """The tests behind the verdicts of issue 25 (paired over seeds; scipy):
+
+    1. newborn/incumbent gradient and activation ratio per growth cycle, one-sample t-test of
+       log(grad ratio) against 0, and iterations until the newborns' gradient norm reaches the
+       incumbents' (:func:`steps_to_parity`) after the last growth;
+    2. Grow − Prune on ACC, TAA, ticket ACC, ticket TAA per setting and compactness;
+    3. each intervention − plain Grow on the grad ratio, ACC, TAA and ticket ACC;
+    4. on the plasticity settings, Grow − Prune (ACC, TAA, current-task accuracy) per integration time.
+    """
+    from scipy import stats
+
+    by = {(r["setting"], r["method"], r["compactness"], r["seed"]): r for r in rows}
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    out = ["Claim 1: newborn units (plain Grow; per seed the mean over growth cycles)",
+           "| setting | c | grad ratio | log-ratio t-test p (ratio < 1) | act ratio | after the last growth: ratio first → last "
+           "50 iterations; iterations to parity |",
+           "|---|---|---|---|---|---|"]
+    for st in settings:
+        for c in sorted({k[2] for k in by if k[:2] == (st, "grow")}):
+            rs = [by[k] for k in sorted(by) if k[:3] == (st, "grow", c)]
+            g = np.array([np.mean([e["grad_ratio"] for e in r["newborn_log"]]) for r in rs])
+            a = np.array([np.mean([e["newborn_act"] / e["incumbent_act"] for e in r["newborn_log"]
+                                   if e["incumbent_act"] > 0]) for r in rs])
+            p = stats.ttest_1samp(np.log(g), 0.0, alternative="less").pvalue if len(g) > 1 else float("nan")
+            last = [(r.get("steps_to_parity") or [None])[-1] for r in rs]
+            observed = [(r.get("steps_observed") or [0])[-1] for r in rs]
+            reached = [x for x in last if x is not None]
+            course = [r["newborn_course"][-1]["ratio"] for r in rs if r.get("newborn_course")]
+            start_end = [(np.mean(x[:5]), np.mean(x[-5:])) for x in course if len(x) >= 5]
+            parity = ((f"ratio {np.mean([a for a, _ in start_end]):.2f} → {np.mean([b for _, b in start_end]):.2f}; "
+                       if start_end else "") + f"{len(reached)}/{len(last)} seeds reach it"
+                      + (f" (median {np.median(reached):.0f})" if reached else "")
+                      + f"; {int(np.median(observed))} observed")
+            out.append(f"| {st} | {c:.0%} | {g.mean():.3f} ± {g.std(ddof=1) if len(g) > 1 else 0:.3f} | {p:.2g} | "
+                       f"{a.mean():.2f} | {parity} |")
+    out += ["", "Claim 2: Grow − Prune, paired over seeds: mean (d_z; seeds where Grow is higher; paired t-test p)",
+            "| setting | c | ACC | TAA | ticket ACC | ticket TAA | current-task acc |", "|---|---|---|---|---|---|---|"]
+    for st in settings:
+        for c in sorted({k[2] for k in by if k[:2] == (st, "grow")}):
+            seeds = sorted(k[3] for k in by if k[:3] == (st, "grow", c) and (st, "prune", c, k[3]) in by)
+            if not seeds:
+                continue
+            cells = []
+            for key in ("acc", "taa", "ticket_acc", "ticket_taa", "plasticity"):
+                g = [by[(st, "grow", c, x)].get(key) for x in seeds]
+                q = [by[(st, "prune", c, x)].get(key) for x in seeds]
+                cells.append("–" if None in g + q else _paired(g, q))
+            out.append(f"| {st} | {c:.0%} | " + " | ".join(cells) + " |")
+    out += ["", "Claim 3: intervention − plain Grow, paired over seeds (same c)",
+            "| setting | c | intervention | grad ratio | ACC | TAA | ticket ACC | ticket TAA |",
+            "|---|---|---|---|---|---|---|---|"]
+    for st in settings:
+        for iv in INTERVENTIONS:
+            for c in sorted({k[2] for k in by if k[:2] == (st, f"grow+{iv}")}):
+                seeds = sorted(k[3] for k in by if k[:3] == (st, f"grow+{iv}", c) and (st, "grow", c, k[3]) in by)
+                cells = []
+                for key in ("newborn_grad_ratio", "acc", "taa", "ticket_acc", "ticket_taa"):
+                    v = [by[(st, f"grow+{iv}", c, x)].get(key) for x in seeds]
+                    b = [by[(st, "grow", c, x)].get(key) for x in seeds]
+                    cells.append("–" if None in v + b else _paired(v, b))
+                out.append(f"| {st} | {c:.0%} | {iv} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+VALUES = ("acc", "taa", "ticket_acc", "ticket_taa", "newborn_grad_ratio", "plasticity")
 
 
 def report(saved: dict) -> str:
     """The summary table, the paired analysis and the masked/dense time per epoch of a saved run."""
-    lines = [format_table(saved["summary"], ["setting", "method", "compactness"], VALUES), analysis(saved["runs"])]
+    lines = [format_table(saved["summary"], ["setting", "method", "compactness"], VALUES), analysis(saved["runs"]),
+             "", verdict_tables(saved["runs"])]
     if saved.get("timing"):
         lines.append("masked/dense time per epoch: " + ", ".join(f"{t['setting']} {t['masked_over_dense']:.2f}"
                                                                for t in saved["timing"]))
@@ -466,6 +581,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--integration-epochs", default="1,2,4",
                         help="epochs per experience of the 'mlp permuted mnist E*' settings (integration time)")
     parser.add_argument("--permuted-experiences", type=int, default=10, help="experiences of Permuted MNIST")
+    parser.add_argument("--permuted-subset", type=int, default=None,
+                        help="Permuted MNIST on the first N training (N // 2 test) images of the subset (cost)")
     parser.add_argument("--permuted-methods", default="dense,prune,grow",
                         help="methods on the 'mlp permuted mnist E*' settings")
     parser.add_argument("--seed-list", default=None, help="explicit seeds (comma-separated; overrides --seeds)")
@@ -538,6 +655,7 @@ def main(argv=None) -> dict:
                         extra={"timing": timing, "masked_over_dense_time_per_epoch":
                                max((t["masked_over_dense"] for t in timing), default=None)})
     plot_trajectories(rows, out / "trajectory.png")
+    plot_course(rows, out / "newborn_course.png")
     text = print_report(out / "results.json", report, out_dir=out)
     print(f"wrote {out}/results.json, results.csv, report.md, trajectory.png, jobs.jsonl ({wall:.0f}s)")
     return {"rows": rows, "summary": summary, "timing": timing, "out": out, "report": text}
