@@ -164,8 +164,6 @@ LONG_FUNCTIONS = {
                                                      "split planned",
     "avalanche_plugins.transport.keys.fit_transport_key": "the closed-form fit per key family, one "
                                                           "branch each; ~60 lines",
-    "avalanche_plugins.study.config.load_study": "study/ is being moved into the package; it is split "
-                                                 "with that move",
 }
 
 

@@ -95,68 +95,12 @@ def load_study(config, *, quick: bool = False, seeds: int | None = None, data_ro
     ``recipe: true`` takes the tuned recipe of each scenario (``recipe_folder``: recipe files
     other than the shipped ones; :mod:`~avalanche_plugins.study.recipe_book`).
     """
-    source = None
-    if isinstance(config, (str, Path)):
-        source = str(config)
-        set_search_paths(Path(config).resolve().parent, Path.cwd())
-        config = _read(Path(config))
-    else:
-        set_search_paths(Path.cwd())
-    if not isinstance(config, Mapping):
-        raise ConfigError(f"config: expected a mapping of keys, got {type(config).__name__}")
+    raw, source = _raw_config(config)
     found = ErrorList()
-    raw = copy.deepcopy(dict(config))
-    with found.attempt():
-        _keys(raw, "", _TOP, required=("scenarios", "strategies"))
-    quick_spec: dict = {}
-    with found.attempt():
-        quick_spec = _quick(raw.get("quick", {}))
-    if quick:
-        raw = _apply_quick(raw, quick_spec)
-    if seeds is not None:
-        raw["seeds"] = seeds
-
-    def section(fn, fallback):
-        with found.attempt():
-            return fn()
-        return fallback
-
-    study = Study(
-        name=section(lambda: _string(raw.get("name", Path(source).stem if source else "study"), "name"), "study"),
-        description=section(lambda: _string(raw.get("description", ""), "description"), ""),
-        seeds=section(lambda: _int(raw.get("seeds", 3), "seeds", minimum=1), 1),
-        tune_seed=section(lambda: _int(raw.get("tune_seed", 0), "tune_seed", minimum=0), 0),
-        reference="",
-        scenarios=[],
-        model=section(lambda: _model(raw.get("model", "mlp")), None),
-        training=section(lambda: _training(raw.get("training", {}), "training", defaults=TRAINING_DEFAULTS),
-                         dict(TRAINING_DEFAULTS)),
-        strategies=[],
-        metrics=[],
-        loggers=section(lambda: _loggers(raw.get("loggers", [])), []),
-        source=source,
-        quick=quick_spec,
-    )
-    for key, target, fn in (("scenarios", study.scenarios, lambda e, w: _scenario(e, w, data_root)),
-                            ("metrics", study.metrics, _metric),
-                            ("strategies", study.strategies,
-                             lambda e, w: _strategy_or_recipe(e, w, study.training, study.scenarios, recipe_folder))):
-        entries = section(lambda key=key: _list(raw.get(key, []), key, empty=key == "metrics"), [])
-        for i, entry in enumerate(entries):
-            made = section(lambda entry=entry, i=i, fn=fn, key=key: fn(entry, f"{key}[{i}]"), None)
-            if made is not None:
-                target.append(made)
-    with found.attempt():
-        _unique([s["name"] for s in study.scenarios], "scenarios", "name")
-    with found.attempt():
-        _unique([s["name"] for s in study.strategies], "strategies", "name")
-    with found.attempt():
-        _unique([m["name"] for m in study.metrics], "metrics", "name")
-    names = [s["name"] for s in study.strategies]
-    reference = raw.get("reference", names[0] if names else None)
-    if reference is not None and names and reference not in names:
-        found.errors.append(f"reference: {reference!r} is not a strategy name; names are {', '.join(names)}")
-    study.reference = reference or ""
+    raw, quick_spec = _quick_and_seeds(raw, found, quick, seeds)
+    study = _top_level(raw, source, quick_spec, found)
+    _entries(study, raw, found, data_root, recipe_folder)
+    _names_and_reference(study, raw, found)
     if deep and study.model is not None and not found.errors:
         from avalanche_plugins.study.build import check_model_builds
 
@@ -166,6 +110,81 @@ def load_study(config, *, quick: bool = False, seeds: int | None = None, data_ro
     found.raise_if_any()
     study.sources, study.paths = _user_sources(study)
     return study
+
+
+def _raw_config(config) -> tuple[dict, str | None]:
+    """The config as a mapping (read from a file, whose folder dotted names then resolve against)."""
+    source = None
+    if isinstance(config, (str, Path)):
+        source = str(config)
+        set_search_paths(Path(config).resolve().parent, Path.cwd())
+        config = _read(Path(config))
+    else:
+        set_search_paths(Path.cwd())
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"config: expected a mapping of keys, got {type(config).__name__}")
+    return copy.deepcopy(dict(config)), source
+
+
+def _quick_and_seeds(raw: dict, found: ErrorList, quick: bool, seeds: int | None) -> tuple[dict, dict]:
+    """Top-level keys checked; ``quick:`` validated (and applied with ``quick``); ``seeds`` replaced."""
+    with found.attempt():
+        _keys(raw, "", _TOP, required=("scenarios", "strategies"))
+    quick_spec: dict = {}
+    with found.attempt():
+        quick_spec = _quick(raw.get("quick", {}))
+    if quick:
+        raw = _apply_quick(raw, quick_spec)
+    if seeds is not None:
+        raw["seeds"] = seeds
+    return raw, quick_spec
+
+
+def _section(found: ErrorList, fn, fallback):
+    """``fn()``, or ``fallback`` with its error collected in ``found``."""
+    with found.attempt():
+        return fn()
+    return fallback
+
+
+def _top_level(raw: dict, source, quick_spec: dict, found: ErrorList) -> Study:
+    """The study's scalar sections (name, seeds, model, training, loggers); lists come after."""
+    return Study(
+        name=_section(found, lambda: _string(raw.get("name", Path(source).stem if source else "study"), "name"), "study"),
+        description=_section(found, lambda: _string(raw.get("description", ""), "description"), ""),
+        seeds=_section(found, lambda: _int(raw.get("seeds", 3), "seeds", minimum=1), 1),
+        tune_seed=_section(found, lambda: _int(raw.get("tune_seed", 0), "tune_seed", minimum=0), 0),
+        reference="", scenarios=[], strategies=[], metrics=[],
+        model=_section(found, lambda: _model(raw.get("model", "mlp")), None),
+        training=_section(found, lambda: _training(raw.get("training", {}), "training", defaults=TRAINING_DEFAULTS),
+                          dict(TRAINING_DEFAULTS)),
+        loggers=_section(found, lambda: _loggers(raw.get("loggers", [])), []),
+        source=source, quick=quick_spec)
+
+
+def _entries(study: Study, raw: dict, found: ErrorList, data_root, recipe_folder) -> None:
+    """Scenarios, metrics, then strategies (recipes need the scenarios), each entry on its own."""
+    for key, target, fn in (("scenarios", study.scenarios, lambda e, w: _scenario(e, w, data_root)),
+                            ("metrics", study.metrics, _metric),
+                            ("strategies", study.strategies,
+                             lambda e, w: _strategy_or_recipe(e, w, study.training, study.scenarios, recipe_folder))):
+        entries = _section(found, lambda key=key: _list(raw.get(key, []), key, empty=key == "metrics"), [])
+        for i, entry in enumerate(entries):
+            made = _section(found, lambda entry=entry, i=i, fn=fn, key=key: fn(entry, f"{key}[{i}]"), None)
+            if made is not None:
+                target.append(made)
+
+
+def _names_and_reference(study: Study, raw: dict, found: ErrorList) -> None:
+    """Unique names per list, and a reference strategy that exists (default: the first)."""
+    for key, items in (("scenarios", study.scenarios), ("strategies", study.strategies), ("metrics", study.metrics)):
+        with found.attempt():
+            _unique([item["name"] for item in items], key, "name")
+    names = [s["name"] for s in study.strategies]
+    reference = raw.get("reference", names[0] if names else None)
+    if reference is not None and names and reference not in names:
+        found.errors.append(f"reference: {reference!r} is not a strategy name; names are {', '.join(names)}")
+    study.reference = reference or ""
 
 
 def _dotted_names(study: Study) -> list[str]:
