@@ -19,7 +19,7 @@ from avalanche_plugins.core.calls import (
     stateless_forward,
     task_groups,
 )
-from avalanche_plugins.core.checks import check_inputs, check_no_recurrent
+from avalanche_plugins.core.checks import check_inputs
 from avalanche_plugins.core.layers import LayerMap
 
 __all__ = ["UNASSIGNED", "LayerGroup", "layer_groups", "layer_logit_changes"]
@@ -96,7 +96,6 @@ def layer_logit_changes(model: nn.Module, old_inputs: torch.Tensor, direction: M
     Returns ``{group name: (N, *output_shape) tensor}``; their sum over groups is ``J(x_a) u``.
     Multi-task inputs whose heads differ in width are zero-padded to the widest head.
     """
-    check_no_recurrent(model, "layer_logit_changes")
     check_inputs(old_inputs, name="old_inputs")
     params, consts = split_params(model)
     tasks = task_groups(model, old_inputs.shape[0], task_labels)
@@ -142,11 +141,36 @@ def _stacked_jvp(model, params, consts, direction, groups, inputs, label) -> lis
     def f(p):
         return stateless_forward(model, {**rest, **consts, **p}, inputs, label)
 
-    if len(groups) == 1:
-        return [jvp(f, (primal,), ({n: direction[n].to(params[n].dtype) for n in names},))[1].detach()]
-    tangents = {n: torch.zeros((len(groups), *params[n].shape), dtype=params[n].dtype, device=params[n].device)
-                for n in names}
-    for i, group in enumerate(groups):
-        for n in group.params:
-            tangents[n][i] = direction[n].to(params[n].dtype)
-    return list(vmap(lambda t: jvp(f, (primal,), (t,))[1])(tangents).detach().unbind(0))
+    try:
+        if len(groups) == 1:
+            return [jvp(f, (primal,), ({n: direction[n].to(params[n].dtype) for n in names},))[1].detach()]
+        tangents = {n: torch.zeros((len(groups), *params[n].shape), dtype=params[n].dtype, device=params[n].device)
+                    for n in names}
+        for i, group in enumerate(groups):
+            for n in group.params:
+                tangents[n][i] = direction[n].to(params[n].dtype)
+        return list(vmap(lambda t: jvp(f, (primal,), (t,))[1])(tangents).detach().unbind(0))
+    except (NotImplementedError, RuntimeError):
+        # an operation without a forward-mode derivative (mkldnn LSTM kernels, fused kernels) or
+        # without a vmap rule: the same products by double-vjp, one group at a time
+        return [jvp_by_double_vjp(f, primal, {n: direction[n].to(params[n].dtype) if n in group.params
+                                              else torch.zeros_like(primal[n]) for n in names}).detach()
+                for group in groups]
+
+
+def jvp_by_double_vjp(f, primal: dict, tangent: dict) -> torch.Tensor:
+    """``J_f(primal) · tangent`` for a function ``f`` of a parameter dict returning one tensor, by
+    reverse mode only: ``u ↦ vjp(u) = Jᵀu`` is linear in ``u``, and the vjp of that map at any
+    ``u`` with cotangent ``tangent`` is ``J · tangent``. Needs twice-differentiable operations
+    instead of forward-mode derivatives (which ``nn.LSTM``'s mkldnn kernel lacks).
+
+    >>> from torch.func import jvp
+    >>> w = {"w": torch.randn(3, 2)}
+    >>> t = {"w": torch.randn(3, 2)}
+    >>> f = lambda p: torch.tanh(torch.ones(4, 3) @ p["w"])
+    >>> torch.allclose(jvp_by_double_vjp(f, w, t), jvp(f, (w,), (t,))[1], atol=1e-6)
+    True
+    """
+    out, pullback = torch.func.vjp(f, primal)
+    _, pullback_of_pullback = torch.func.vjp(lambda u: pullback(u)[0], torch.zeros_like(out))
+    return pullback_of_pullback(tangent)[0]

@@ -61,7 +61,6 @@ from avalanche_plugins.ads import (
 from avalanche_plugins.core.checks import (
     check_choice,
     check_int,
-    check_no_recurrent,
     check_positive,
 )
 from avalanche_plugins.core.outputs import check_output_transform
@@ -163,9 +162,6 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
             idx = torch.randperm(x.shape[0], generator=g)[: self.calibration_size].sort().values.to(x.device)
             x, y, t = x[idx], y[idx], t[idx]
         return x, y, t
-
-    def before_training(self, strategy) -> None:
-        check_no_recurrent(strategy.model, "ArchitectureDrivenShiftMetric")  # before any training
 
     def _probe(self, model, loss_fn, x, y, t) -> None:
         """ADS with the old set = the new set = the pre-flight's samples, one step."""

@@ -58,7 +58,6 @@ from avalanche_plugins.core.checks import (
     check_estimator_inputs,
     check_inputs,
     check_int,
-    check_no_recurrent,
     check_positive,
 )
 from avalanche_plugins.core.layers import discover_layers, example_input
@@ -313,7 +312,6 @@ def architecture_driven_shift(model: nn.Module, loss_fn, old_inputs: torch.Tenso
     """
     check_estimator_inputs(model, old_inputs, name="old_inputs")
     check_estimator_inputs(model, new_inputs, new_targets, loss_fn=loss_fn, task_labels=new_task_labels, name="new_inputs", targets_name="new_targets")
-    check_no_recurrent(model, "architecture_driven_shift")
     start = time.perf_counter()
     check_inputs(old_inputs, name="old_inputs")
     check_inputs(new_inputs, new_targets, name="new_inputs")

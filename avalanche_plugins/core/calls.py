@@ -199,13 +199,23 @@ def grouped_loss_and_grad(model: nn.Module, loss_fn, consts: dict, x: torch.Tens
 
 
 def math_attention():
-    """Context running scaled-dot-product attention on its math backend (plain matmul/softmax).
+    """Context running scaled-dot-product attention on its math backend (plain matmul/softmax),
+    with ``nn.MultiheadAttention``'s fused fast path (``aten::_native_multi_head_attention``,
+    taken in eval mode) switched off; both restored on exit.
 
     The fused CPU kernels have neither a forward-mode derivative (ADS's JVPs) nor a second
     derivative (the Hessian-vector products of the layer spectrum); the math backend has both.
     """
+    stack = contextlib.ExitStack()
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError:  # torch < 2.3: no fused-kernel selection to work around
-        return contextlib.nullcontext()
-    return sdpa_kernel(SDPBackend.MATH)
+        pass
+    else:
+        stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+    mha = getattr(torch.backends, "mha", None)
+    if mha is not None and hasattr(mha, "set_fastpath_enabled"):
+        previous = mha.get_fastpath_enabled()
+        mha.set_fastpath_enabled(False)
+        stack.callback(mha.set_fastpath_enabled, previous)
+    return stack

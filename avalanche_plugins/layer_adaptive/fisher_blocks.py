@@ -59,7 +59,6 @@ from avalanche_plugins.core.checks import (
     check_finite_loss,
     check_inputs,
     check_int,
-    check_no_recurrent,
     check_positive,
 )
 from avalanche_plugins.core.layers import LayerMap, discover_layers, example_input
@@ -83,8 +82,9 @@ def layer_fisher_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, ta
     Fisher block itself.)
 
     Args:
-        model: any model of the layer map without recurrent layers (evaluated in eval mode; its
-            mode is restored).
+        model: any model of the layer map (evaluated in eval mode; its mode is restored).
+            Recurrent layers (``nn.LSTM``/``nn.GRU``) are supported: where ``vmap`` has no rule for
+            their kernels, the per-sample gradients are taken one sample at a time (same values).
         loss_fn: the training loss. ``labels="sampled"`` needs ``nn.CrossEntropyLoss`` (the
             model's likelihood is then the softmax); ``labels="true"`` applies ``loss_fn`` to one
             sample at a time, so any mean-reduced loss works.
@@ -100,7 +100,7 @@ def layer_fisher_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, ta
     Raises:
         ValueError: bad ``labels``/``chunk_size``/``memory_mb``/``seed``, ``labels="sampled"``
             with a loss other than cross-entropy, empty or non-finite data, or a non-finite
-            gradient. ``TypeError`` for recurrent layers.
+            gradient.
 
     Example:
         >>> _ = torch.manual_seed(0)
@@ -125,7 +125,6 @@ def layer_fisher_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, ta
         raise ValueError(f"labels='sampled' draws labels from a softmax and needs nn.CrossEntropyLoss, got "
                          f"{type(loss_fn).__name__}; use labels='true' (empirical Fisher) or the exact "
                          "Hessian (method='hessian')")
-    check_no_recurrent(model, "layer_fisher_eigenvalues")
     if layer_map is None:
         layer_map = discover_layers(model, example_input(model, inputs, task_labels))
 
@@ -267,7 +266,15 @@ def _per_sample_gradients(model, loss_fn, inputs, targets, groups, layer_group, 
         per_sample = vmap(grad(loss_of), in_dims=(None, 0, 0))
         for s in iterate_batches(xs.shape[0], chunk_size):
             rows = s if index is None else index[s]  # a slice copies contiguously
-            for k, g in per_sample(params, xs[s], ys[s]).items():
+            try:
+                grads = per_sample(params, xs[s], ys[s])
+            except (RuntimeError, NotImplementedError):
+                # no vmap rule (nn.GRU's kernel, other recurrent or custom ops): the same per-sample
+                # gradients one sample at a time (reverse mode only)
+                one = grad(loss_of)
+                parts = [one(params, x, y) for x, y in zip(xs[s], ys[s])]
+                grads = {k: torch.stack([p[k] for p in parts]) for k in names}
+            for k, g in grads.items():
                 out[k][rows] = g.reshape(g.shape[0], -1)
     return out  # finiteness is checked on the (much smaller) Gram matrices
 
