@@ -76,7 +76,7 @@ GROW_VARIANTS = {  # method -> GrowPlugin interventions
     "grow+newborn_lr": {"newborn_lr": 3.0, "newborn_lr_halflife": 200.0},
     "grow+leaky": {},  # leaky ReLU model (plasticity-preserving activation; MLP only)
 }
-METHODS = ("dense", "prune", *GROW_VARIANTS)
+METHODS = ("dense", "prune", "prune+norewind", *GROW_VARIANTS)  # prune+norewind: IMP without rewinding
 
 
 @dataclass
@@ -120,11 +120,11 @@ def make_plugin(method: str, setting: Setting, c: float, seed: int):
     scope = "experience" if setting.n_experiences == 1 else "stream"
     if method == "dense":
         return None
-    if method == "prune":
+    if method in ("prune", "prune+norewind"):
         fraction = 1 - c ** (1 / setting.edits)  # IMP: (1 - f)^edits = c
         return PrunePlugin(c, prune_fraction_per_cycle=min(1.0, fraction + 1e-9),
                            epochs_per_cycle=setting.epochs_per_cycle,
-                           rewind_to="init", cycle_scope=scope, seed=seed)
+                           rewind_to="init" if method == "prune" else None, cycle_scope=scope, seed=seed)
     seed_c = c / 2
     activation = functools.partial(nn.functional.leaky_relu, negative_slope=0.01) \
         if method == "grow+leaky" else torch.relu
@@ -540,7 +540,50 @@ def verdict_tables(rows: list[dict]) -> str:
                     b = [by[(st, "grow", c, x)].get(key) for x in seeds]
                     cells.append("–" if None in v + b else _paired(v, b))
                 out.append(f"| {st} | {c:.0%} | {iv} | " + " | ".join(cells) + " |")
+    out += claim4_table(by)
     return "\n".join(out)
+
+
+def claim4_table(by: dict) -> list[str]:
+    """Plasticity settings (names ending in `` E<epochs>``): Grow − each baseline per integration
+    time E, and the trend (the Grow − baseline difference at the largest E minus at the smallest,
+    paired over seeds)."""
+    import re
+
+    groups: dict = {}
+    for (st, _, _, _) in by:
+        m = re.match(r"(.*) E(\d+)$", st)
+        if m:
+            groups.setdefault(m.group(1), set()).add(int(m.group(2)))
+    if not groups:
+        return []
+    out = ["", "Claim 4: Grow − baseline on the plasticity stream per integration time E (epochs per experience), "
+           "paired over seeds", "| stream | E | baseline | ACC | TAA | current-task acc |", "|---|---|---|---|---|---|"]
+    for base_name, es in groups.items():
+        es = sorted(es)
+        for base in ("prune", "prune+norewind", "dense"):
+            diffs = {}
+            for e in es:
+                st = f"{base_name} E{e}"
+                grow = {k[3]: by[k] for k in by if k[:2] == (st, "grow")}
+                other = {k[3]: by[k] for k in by if k[:2] == (st, base)}
+                seeds = sorted(set(grow) & set(other))
+                if not seeds:
+                    continue
+                cells = []
+                for key in ("acc", "taa", "plasticity"):
+                    g, b = [grow[x][key] for x in seeds], [other[x][key] for x in seeds]
+                    diffs.setdefault(key, {})[e] = dict(zip(seeds, np.subtract(g, b)))
+                    cells.append(_paired(g, b))
+                out.append(f"| {base_name} | {e} | {base} | " + " | ".join(cells) + " |")
+            if len(diffs.get("acc", {})) >= 2:
+                lo, hi = min(diffs["acc"]), max(diffs["acc"])
+                cells = []
+                for key in ("acc", "taa", "plasticity"):
+                    seeds = sorted(set(diffs[key][lo]) & set(diffs[key][hi]))
+                    cells.append(_paired([diffs[key][hi][x] for x in seeds], [diffs[key][lo][x] for x in seeds]))
+                out.append(f"| {base_name} | E{hi} − E{lo} | {base} | " + " | ".join(cells) + " |")
+    return out
 
 
 VALUES = ("acc", "taa", "ticket_acc", "ticket_taa", "newborn_grad_ratio", "plasticity")
