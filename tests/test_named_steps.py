@@ -216,3 +216,202 @@ def test_the_quadratic_penalty_runs_over_views_of_flat_buffers_for_several_param
     torch.testing.assert_close(value, (c * (flat - m) ** 2).sum())
     value.backward()
     torch.testing.assert_close(params["b"].grad, 2 * c[6:] * (params["b"].detach() - m[6:]))
+
+
+# --- readiness.gain: the k-step simulation as steps --------------------------------------------
+
+
+def _regression(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, generator=g, dtype=torch.float64), torch.randn(n, 2, generator=g, dtype=torch.float64)
+
+
+def test_gain_steps_simulate_every_run_like_its_own_torch_optimizer():
+    import copy
+
+    from avalanche_plugins.core.calls import batch_loss, split_params
+    from avalanche_plugins.readiness.gain import (
+        _run_indices,
+        _run_optimizer_state,
+        _simulate_steps,
+        _stack_runs,
+    )
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+    x, y = _regression(12, seed=1)
+    indices = _run_indices(None, 12, n_runs=3, k=4, batch_size=5, seed=7)
+    for optimizer, lr in (("sgd", 0.1), ("adam", 0.02)):
+        params, consts = split_params(model)
+        stacked = _stack_runs(params, 3)
+        assert {name: tuple(p.shape) for name, p in stacked.items()} == \
+            {name: (3, *p.shape) for name, p in params.items()}
+        state = _run_optimizer_state(stacked, list(params), optimizer, (0.9, 0.999), 1e-8, None)
+        assert (state is None) == (optimizer == "sgd")
+        with torch.no_grad():
+            _simulate_steps(batch_loss(model, nn.MSELoss(), consts, None), stacked, state, x, y, indices,
+                            lr=lr, optimizer=optimizer)
+        for run in range(3):
+            reference = copy.deepcopy(model)
+            opt = (torch.optim.SGD if optimizer == "sgd" else torch.optim.Adam)(reference.parameters(), lr=lr)
+            for step in range(4):
+                opt.zero_grad()
+                nn.MSELoss()(reference(x[indices[run, step]]), y[indices[run, step]]).backward()
+                opt.step()
+            for name, p in reference.named_parameters():
+                torch.testing.assert_close(stacked[name][run], p.detach(), rtol=1e-12, atol=1e-12)
+
+
+def test_gain_validation_loss_is_the_mean_loss_per_run_whatever_the_chunks():
+    from avalanche_plugins.core.calls import batch_loss, split_params
+    from avalanche_plugins.readiness.gain import _stack_runs, _validation_loss
+
+    model = nn.Linear(3, 2).double()
+    x, y = _regression(11, seed=2)
+    params, consts = split_params(model)
+    run_loss = batch_loss(model, nn.MSELoss(), consts, None)
+    stacked = _stack_runs(params, 2)
+    with torch.no_grad():
+        stacked["weight"][1] += 1.0
+        direct = [float(((x @ stacked["weight"][r].T + stacked["bias"][r] - y) ** 2).mean()) for r in range(2)]
+        for chunk in (1, 4, 11, 100):
+            single = _validation_loss(run_loss, params, x, y, chunk, batched=False)
+            runs = _validation_loss(run_loss, stacked, x, y, chunk, batched=True)
+            assert abs(float(single) - direct[0]) < 1e-12
+            assert runs.shape == (2,) and torch.allclose(runs, torch.tensor(direct, dtype=torch.float64), rtol=1e-12)
+
+
+def test_gain_run_indices_are_seeded_subsets_or_the_checked_given_ones():
+    import pytest
+
+    from avalanche_plugins.readiness.gain import _run_indices
+
+    drawn = _run_indices(None, 9, n_runs=4, k=3, batch_size=5, seed=3)
+    assert drawn.shape == (4, 3, 5) and torch.equal(drawn, _run_indices(None, 9, n_runs=4, k=3, batch_size=5, seed=3))
+    assert all(len(set(row.tolist())) == 5 and max(row.tolist()) < 9 for row in drawn.reshape(-1, 5))
+    given = torch.zeros(2, 1, 3, dtype=torch.int32)
+    assert _run_indices(given, 9, n_runs=2, k=1, batch_size=3, seed=0).dtype == torch.int64
+    with pytest.raises(ValueError, match="shape"):
+        _run_indices(given, 9, n_runs=2, k=2, batch_size=3, seed=0)
+    with pytest.raises(ValueError, match=r"in \[0, 9\)"):
+        _run_indices(given + 9, 9, n_runs=2, k=1, batch_size=3, seed=0)
+
+
+def test_gain_result_is_the_mean_relative_decrease_and_its_standard_error():
+    import math
+
+    from avalanche_plugins.readiness.gain import _gain_result
+
+    after = torch.tensor([1.0, 1.5, 0.5], dtype=torch.float64)
+    res = _gain_result(2.0, after, k=3, n_runs=3, indices=torch.zeros(3, 3, 1))
+    gains = [0.5, 0.25, 0.75]
+    sd = math.sqrt(sum((g - 0.5) ** 2 for g in gains) / 2)
+    assert res.gain == 0.5 and abs(res.stderr - sd / math.sqrt(3)) < 1e-15 and res.loss_after_mean == 1.0
+    assert math.isnan(_gain_result(2.0, after[:1], k=1, n_runs=1, indices=None).stderr)
+
+
+# --- transport.keys: one closed-form fit per key family ------------------------------------------
+
+
+def _anchors(u, v, family="channel", ridge=0.0):
+    from avalanche_plugins.transport.keys import _centred_anchors
+
+    return _centred_anchors(u.double(), v.double(), family, ridge)
+
+
+def test_key_fits_are_dispatched_one_per_family():
+    from avalanche_plugins.transport.keys import _FITS, FAMILIES
+
+    assert tuple(_FITS) == FAMILIES
+    assert _FITS["identity"](_anchors(torch.randn(5, 2), torch.randn(5, 2))) == {}
+
+
+def test_centred_anchors_scale_the_ridge_by_the_mean_channel_energy_and_refuse_what_cannot_be_fitted():
+    import pytest
+
+    g = torch.Generator().manual_seed(0)
+    u, v = torch.randn(8, 3, generator=g), torch.randn(8, 3, generator=g)
+    a = _anchors(u, v, ridge=0.5)
+    uc = u.double() - u.double().mean(0)
+    assert torch.allclose(a.Uc, uc) and torch.allclose(a.mu_v, v.double().mean(0))
+    assert abs(a.lam - 0.5 * float(torch.trace(uc.T @ uc)) / 3) < 1e-12
+    with pytest.raises(ValueError, match="more samples than channels"):
+        _anchors(u[:3], v[:3], "cross_channel", 0.0)
+    assert _anchors(u[:3], v[:3], "identity", 0.0).lam == 0.0
+    with pytest.raises(ValueError, match="constant"):
+        _anchors(torch.ones(8, 3), v, "procrustes", 0.1)
+
+
+def test_channel_fit_is_a_per_channel_ridge_regression_with_intercept():
+    import numpy as np
+
+    from avalanche_plugins.transport.keys import _channel_fit
+
+    g = torch.Generator().manual_seed(1)
+    u = torch.randn(30, 4, generator=g, dtype=torch.float64)
+    v = 0.7 * u + torch.randn(30, 4, generator=g, dtype=torch.float64)
+    u[:, 2] = 3.0  # a dead channel: scale 0, the bias is v's anchor mean
+    a = _anchors(u, v, ridge=0.0)
+    fit = _channel_fit(a)
+    for c in (0, 1, 3):  # ridge 0: ordinary least squares of v_c on [u_c, 1]
+        (slope, intercept), *_ = np.linalg.lstsq(np.stack([u[:, c].numpy(), np.ones(30)], 1), v[:, c].numpy(), rcond=None)
+        assert abs(float(fit["scale"][c]) - slope) < 1e-10 and abs(float(fit["bias"][c]) - intercept) < 1e-10
+    assert float(fit["scale"][2]) == 0.0 and abs(float(fit["bias"][2]) - float(v[:, 2].mean())) < 1e-12
+    ridged = _channel_fit(_anchors(u, v, ridge=0.2))
+    lam = _anchors(u, v, ridge=0.2).lam
+    uc, vc = (u - u.mean(0)).numpy(), (v - v.mean(0)).numpy()
+    for c in (0, 1, 3):  # ridge: the augmented least squares [ũ_c; √λ] s ≈ [ṽ_c; 0]
+        s, *_ = np.linalg.lstsq(np.append(uc[:, c], np.sqrt(lam))[:, None], np.append(vc[:, c], 0.0), rcond=None)
+        assert abs(float(ridged["scale"][c]) - s[0]) < 1e-10
+
+
+def test_cross_channel_fit_is_a_ridge_regression_on_the_augmented_system():
+    import numpy as np
+
+    from avalanche_plugins.transport.keys import _cross_channel_fit
+
+    g = torch.Generator().manual_seed(2)
+    u = torch.randn(25, 3, generator=g, dtype=torch.float64)
+    v = u @ torch.randn(3, 5, generator=g, dtype=torch.float64) + 0.1 * torch.randn(25, 5, generator=g, dtype=torch.float64)
+    for ridge in (0.0, 0.3):
+        a = _anchors(u, v, "cross_channel", ridge)
+        fit = _cross_channel_fit(a)
+        uc, vc = a.Uc.numpy(), a.Vc.numpy()
+        lhs = np.vstack([uc, np.sqrt(a.lam) * np.eye(3)])
+        rhs = np.vstack([vc, np.zeros((3, 5))])
+        m_t, *_ = np.linalg.lstsq(lhs, rhs, rcond=None)
+        assert fit["weight"].shape == (5, 3)
+        np.testing.assert_allclose(fit["weight"].numpy(), m_t.T, rtol=1e-9, atol=1e-11)
+        np.testing.assert_allclose(fit["bias"].numpy(), a.mu_v.numpy() - m_t.T @ a.mu_u.numpy(), rtol=1e-9, atol=1e-11)
+
+
+def test_procrustes_fit_is_scipys_orthogonal_procrustes():
+    import numpy as np
+    from scipy.linalg import orthogonal_procrustes
+
+    from avalanche_plugins.transport.keys import _procrustes_fit
+
+    g = torch.Generator().manual_seed(3)
+    u = torch.randn(40, 4, generator=g, dtype=torch.float64)
+    q, _ = torch.linalg.qr(torch.randn(4, 4, generator=g, dtype=torch.float64))
+    v = u @ q + 0.05 * torch.randn(40, 4, generator=g, dtype=torch.float64) + 2.0
+    a = _anchors(u, v, "procrustes", 0.0)
+    fit = _procrustes_fit(a)
+    r, _ = orthogonal_procrustes(a.Uc.numpy(), a.Vc.numpy())  # argmin ‖Ũ R − Ṽ‖ over orthogonal R
+    np.testing.assert_allclose(fit["weight"].numpy(), r.T, atol=1e-10)
+    np.testing.assert_allclose(fit["bias"].numpy(), a.mu_v.numpy() - r.T @ a.mu_u.numpy(), atol=1e-10)
+
+
+def test_relative_residual_is_the_unexplained_variance_fraction():
+    import math
+
+    from avalanche_plugins.transport.keys import _relative_residual
+
+    g = torch.Generator().manual_seed(4)
+    u, v = torch.randn(10, 2, generator=g), torch.randn(10, 2, generator=g)
+    a = _anchors(u, v)
+    fitted = a.V + 0.5
+    assert abs(_relative_residual(a, fitted) - 0.25 * 20 / float(((a.V - a.V.mean(0)) ** 2).sum())) < 1e-12
+    assert _relative_residual(a, a.mu_v.expand_as(a.V)) == 1.0
+    const = _anchors(u, torch.full((10, 2), 3.0))
+    assert _relative_residual(const, const.V) == 0.0 and _relative_residual(const, const.V + 1) == math.inf

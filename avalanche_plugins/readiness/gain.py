@@ -112,6 +112,30 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
         >>> res.gain > 0, res.indices.shape
         (True, torch.Size([16, 5, 4]))
     """
+    task_label = _check_gain_arguments(model, train_inputs, train_targets, val_inputs, val_targets,
+                                       k=k, lr=lr, optimizer=optimizer, batch_size=batch_size,
+                                       n_runs=n_runs, seed=seed, chunk_size=chunk_size,
+                                       task_labels=task_labels, adam_state=adam_state)
+    n_train = train_inputs.shape[0]
+    indices = _run_indices(indices, n_train, n_runs=n_runs, k=k, batch_size=batch_size, seed=seed)
+    params, consts = split_params(model)
+    run_loss = batch_loss(model, loss_fn, consts, task_label)
+    with eval_mode(model), torch.no_grad():
+        loss_before = _loss_before(run_loss, params, val_inputs, val_targets, chunk_size)
+        stacked = _stack_runs(params, n_runs)
+        state = _run_optimizer_state(stacked, list(params), optimizer, betas, eps, adam_state)
+        _simulate_steps(run_loss, stacked, state, train_inputs, train_targets, indices, lr=lr,
+                        optimizer=optimizer)
+        losses_after = _validation_loss(run_loss, stacked, val_inputs, val_targets, chunk_size,
+                                        batched=True).cpu()
+    return _gain_result(loss_before, losses_after, k=k, n_runs=n_runs, indices=indices)
+
+
+def _check_gain_arguments(model, train_inputs, train_targets, val_inputs, val_targets, *, k, lr,
+                          optimizer, batch_size, n_runs, seed, chunk_size, task_labels,
+                          adam_state) -> int | None:
+    """The entry checks of :func:`k_step_gain` (``ValueError`` / ``TypeError`` naming the argument);
+    returns the one task label of ``task_labels`` (None: task 0)."""
     check_no_recurrent(model, "k_step_gain")
     check_inputs(train_inputs, train_targets, name="train_inputs")
     check_inputs(val_inputs, val_targets, name="val_inputs")
@@ -128,48 +152,84 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
     task_label = _single_task(task_labels, n_train)
     if adam_state is not None and optimizer != "adam":
         raise ValueError("adam_state is only used with optimizer='adam'")
+    return task_label
+
+
+def _run_indices(indices, n_train: int, *, n_runs: int, k: int, batch_size: int, seed: int
+                 ) -> torch.Tensor:
+    """The ``(n_runs, k, batch_size)`` minibatch indices of every step of every run: drawn from a
+    ``torch.Generator`` seeded with ``seed`` (uniform subsets, fresh per step and run), or the given
+    ``indices`` checked (shape, integer dtype, range) and cast to ``long``."""
     if indices is None:
         generator = torch.Generator().manual_seed(seed)
-        indices = _draw_batches(n_train, batch_size, n_runs * k, generator).reshape(n_runs, k, batch_size)
-    else:
-        if not isinstance(indices, torch.Tensor) or tuple(indices.shape) != (n_runs, k, batch_size):
-            raise ValueError(f"indices must be a tensor of shape (n_runs, k, batch_size) = "
-                             f"{(n_runs, k, batch_size)}, got {getattr(indices, 'shape', indices)}")
-        if indices.dtype not in (torch.int32, torch.int64) or bool((indices < 0).any()) \
-                or bool((indices >= n_train).any()):
-            raise ValueError(f"indices must be integer indices in [0, {n_train})")
-        indices = indices.long()
-    params, consts = split_params(model)
-    run_loss = batch_loss(model, loss_fn, consts, task_label)
-    n_val = val_inputs.shape[0]
+        return _draw_batches(n_train, batch_size, n_runs * k, generator).reshape(n_runs, k, batch_size)
+    if not isinstance(indices, torch.Tensor) or tuple(indices.shape) != (n_runs, k, batch_size):
+        raise ValueError(f"indices must be a tensor of shape (n_runs, k, batch_size) = "
+                         f"{(n_runs, k, batch_size)}, got {getattr(indices, 'shape', indices)}")
+    if indices.dtype not in (torch.int32, torch.int64) or bool((indices < 0).any()) \
+            or bool((indices >= n_train).any()):
+        raise ValueError(f"indices must be integer indices in [0, {n_train})")
+    return indices.long()
 
-    def val_losses(p, batched: bool) -> torch.Tensor:
-        loss_of = vmap(run_loss, in_dims=(0, None, None)) if batched else run_loss
-        total = 0.0
-        for s in iterate_batches(n_val, chunk_size):
-            total = total + loss_of(p, val_inputs[s], val_targets[s]).double() * (s.stop - s.start)
-        return total / n_val
 
-    with eval_mode(model), torch.no_grad():
-        loss_before = float(val_losses(params, batched=False))
-        check_finite_loss(torch.tensor(loss_before), "on the validation set before training")
-        if not loss_before > 0:
-            raise ValueError(f"loss is {loss_before:g} on the validation set: the relative gain "
-                             "(L(θ) − L(θ_k)) / L(θ) is undefined at a zero loss")
-        stacked = {name: p.unsqueeze(0).repeat(n_runs, *[1] * p.dim()) for name, p in params.items()}
-        state = None
-        if optimizer == "adam":
-            state = AdamState(stacked, betas=betas, eps=eps)
-            if adam_state is not None:
-                _load_adam_state(adam_state, list(params), state)
-        step_grads = vmap(grad(run_loss), in_dims=(0, 0, 0))
-        device_indices = indices.to(train_inputs.device)
-        for t in range(k):
-            index = device_indices[:, t]
-            grads = step_grads(stacked, train_inputs[index], train_targets[index])
-            functional_step(stacked, grads, lr, optimizer=optimizer, state=state)
-        losses_after = val_losses(stacked, batched=True).cpu()
+def _validation_loss(run_loss, params: dict, inputs: torch.Tensor, targets: torch.Tensor,
+                     chunk_size: int, *, batched: bool) -> torch.Tensor:
+    """``L``: the mean loss (float64) over ``inputs`` in chunks of ``chunk_size`` samples, of one
+    parameter dict (a scalar) or, ``batched``, of every run of a stacked one (shape ``(n_runs,)``,
+    one ``vmap`` over the runs)."""
+    loss_of = vmap(run_loss, in_dims=(0, None, None)) if batched else run_loss
+    n = inputs.shape[0]
+    total = 0.0
+    for s in iterate_batches(n, chunk_size):
+        total = total + loss_of(params, inputs[s], targets[s]).double() * (s.stop - s.start)
+    return total / n
 
+
+def _loss_before(run_loss, params: dict, inputs: torch.Tensor, targets: torch.Tensor,
+                 chunk_size: int) -> float:
+    """``L(θ)``, checked finite and positive (the relative gain divides by it)."""
+    loss_before = float(_validation_loss(run_loss, params, inputs, targets, chunk_size, batched=False))
+    check_finite_loss(torch.tensor(loss_before), "on the validation set before training")
+    if not loss_before > 0:
+        raise ValueError(f"loss is {loss_before:g} on the validation set: the relative gain "
+                         "(L(θ) − L(θ_k)) / L(θ) is undefined at a zero loss")
+    return loss_before
+
+
+def _stack_runs(params: dict, n_runs: int) -> dict:
+    """The parameters repeated along a new leading run dimension: ``{name: (n_runs, *shape)}``."""
+    return {name: p.unsqueeze(0).repeat(n_runs, *[1] * p.dim()) for name, p in params.items()}
+
+
+def _run_optimizer_state(stacked: dict, names: list[str], optimizer: str, betas, eps: float,
+                         adam_state: dict | None) -> AdamState | None:
+    """The runs' shared optimizer state: None for SGD; for Adam fresh moments, or those (and step,
+    betas, eps) of ``adam_state`` broadcast to every run."""
+    if optimizer != "adam":
+        return None
+    state = AdamState(stacked, betas=betas, eps=eps)
+    if adam_state is not None:
+        _load_adam_state(adam_state, names, state)
+    return state
+
+
+def _simulate_steps(run_loss, stacked: dict, state: AdamState | None, train_inputs: torch.Tensor,
+                    train_targets: torch.Tensor, indices: torch.Tensor, *, lr: float,
+                    optimizer: str) -> None:
+    """The ``k`` optimizer steps of every run, in place on ``stacked``: step ``t`` takes run ``r``'s
+    minibatch ``indices[r, t]``, one ``vmap``-ed ``grad`` gives every run's gradient at once and
+    one :func:`functional_step` moves all of them (the loop is over steps, never over runs)."""
+    step_grads = vmap(grad(run_loss), in_dims=(0, 0, 0))
+    device_indices = indices.to(train_inputs.device)
+    for t in range(indices.shape[1]):
+        index = device_indices[:, t]
+        grads = step_grads(stacked, train_inputs[index], train_targets[index])
+        functional_step(stacked, grads, lr, optimizer=optimizer, state=state)
+
+
+def _gain_result(loss_before: float, losses_after: torch.Tensor, *, k: int, n_runs: int,
+                 indices: torch.Tensor) -> GainResult:
+    """``G^(k)`` and its standard error from ``L(θ)`` and the runs' ``L(θ_k)``."""
     relative = (loss_before - losses_after) / loss_before
     stderr = float(relative.std() / math.sqrt(n_runs)) if n_runs > 1 else float("nan")
     return GainResult(
@@ -182,7 +242,6 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
         losses_after=losses_after,
         indices=indices,
     )
-
 
 def _single_task(task_labels, n: int) -> int | None:
     """The one task label of ``task_labels`` (None stays None); ``ValueError`` for mixed labels."""

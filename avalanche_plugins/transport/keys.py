@@ -34,6 +34,7 @@ Stitching is in :mod:`~avalanche_plugins.transport.stitch`, label-free refinemen
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -231,6 +232,24 @@ def fit_transport_key(u: torch.Tensor, v: torch.Tensor, family: str = "channel",
         >>> torch.allclose(key(u), v, atol=1e-5), key.num_parameters
         (True, 6)
     """
+    c_in, c_out, layout = _check_key_inputs(u, v, family, ridge, layout)
+    key = TransportKey(family, c_in, c_out, layout).to(device=u.device, dtype=u.dtype)
+    U = _as_samples(u.detach(), layout).double()
+    V = _as_samples(v.detach(), layout).double()
+    anchors = _centred_anchors(U, V, family, ridge)
+    with torch.no_grad():
+        for name, value in _FITS[family](anchors).items():
+            getattr(key, name).copy_(value)
+        fitted = _as_samples(key.double()(_from_samples(U, u, layout)), layout)
+        key.to(u.dtype)
+        key.residual = _relative_residual(anchors, fitted)
+    return key
+
+
+def _check_key_inputs(u, v, family: str, ridge: float, layout: str | None) -> tuple[int, int, str]:
+    """The entry checks of :func:`fit_transport_key`: non-empty finite tensors, a known family,
+    ``ridge ≥ 0``, a known (or inferred) layout, ``u`` and ``v`` pairing the same anchors and
+    positions, equal channel counts unless ``cross_channel``. Returns ``(C_in, C_out, layout)``."""
     check_nonempty(u, "u")
     check_nonempty(v, "v")
     check_choice("family", family, FAMILIES)
@@ -253,10 +272,28 @@ def fit_transport_key(u: torch.Tensor, v: torch.Tensor, family: str = "channel",
     if family != "cross_channel" and c_in != c_out:
         raise ValueError(f"family={family!r} needs as many channels in u as in v, got {c_in} and "
                          f"{c_out}; use family='cross_channel'")
-    key = TransportKey(family, c_in, c_out, layout).to(device=u.device, dtype=u.dtype)
-    U = _as_samples(u.detach(), layout).double()
-    V = _as_samples(v.detach(), layout).double()
-    m = U.shape[0]
+    return c_in, c_out, layout
+
+
+@dataclass(frozen=True)
+class _Anchors:
+    """The anchor samples of a fit, float64 ``(samples, C)``: ``U``, ``V``, their means ``mu_u``,
+    ``mu_v``, the centred ``Uc = U − μ_u``, ``Vc = V − μ_v`` and the absolute ridge ``lam``."""
+
+    U: torch.Tensor
+    V: torch.Tensor
+    mu_u: torch.Tensor
+    mu_v: torch.Tensor
+    Uc: torch.Tensor
+    Vc: torch.Tensor
+    lam: float
+
+
+def _centred_anchors(U: torch.Tensor, V: torch.Tensor, family: str, ridge: float) -> _Anchors:
+    """Centre the anchors and scale the ridge: ``λ = ridge · tr(ŨᵀŨ) / C``. ``ValueError`` for a
+    ridge-free fit with no more samples than channels and for constant ``u`` (no key but
+    ``identity`` can be fitted on either)."""
+    m, c_in = U.shape
     if family in ("channel", "cross_channel", "procrustes") and ridge == 0 and m <= c_in:
         raise ValueError(f"{m} samples for {c_in} channels: a ridge-free fit needs more samples than "
                          "channels; pass ridge > 0 or more anchors")
@@ -266,34 +303,52 @@ def fit_transport_key(u: torch.Tensor, v: torch.Tensor, family: str = "channel",
         raise ValueError("u is constant across the anchors (e.g. all-zero, dead activations): there is "
                          "nothing to fit a key on; use other anchors or another stage")
     lam = ridge * float((Uc * Uc).sum()) / c_in
-    with torch.no_grad():
-        if family == "channel":
-            denom = (Uc * Uc).sum(0) + lam
-            scale = torch.where(denom > 0, (Uc * Vc).sum(0) / denom.clamp_min(1e-300),
-                                torch.zeros_like(denom))
-            key.scale.copy_(scale)
-            key.bias.copy_(mu_v - scale * mu_u)
-        elif family == "cross_channel":
-            gram = Uc.T @ Uc
-            if lam > 0:
-                gram = gram + lam * torch.eye(c_in, dtype=gram.dtype, device=gram.device)
-                weight = torch.linalg.solve(gram, Uc.T @ Vc).T
-            else:
-                weight = (torch.linalg.pinv(gram) @ (Uc.T @ Vc)).T
-            key.weight.copy_(weight)
-            key.bias.copy_(mu_v - weight @ mu_u)
-        elif family == "procrustes":
-            left, _, right_t = torch.linalg.svd(Uc.T @ Vc)
-            weight = (left @ right_t).T
-            key.weight.copy_(weight)
-            key.bias.copy_(mu_v - weight @ mu_u)
-        fitted = _as_samples(key.double()(_from_samples(U, u, layout)), layout)
-        key.to(u.dtype)
-        total = float((Vc * Vc).sum())
-        err = float(((V - fitted) ** 2).sum())
-        key.residual = err / total if total > 0 else (0.0 if err == 0 else math.inf)
-    return key
+    return _Anchors(U=U, V=V, mu_u=mu_u, mu_v=mu_v, Uc=Uc, Vc=Vc, lam=lam)
 
+
+def _identity_fit(a: _Anchors) -> dict[str, torch.Tensor]:
+    """``T(u) = u``: nothing to fit."""
+    return {}
+
+
+def _channel_fit(a: _Anchors) -> dict[str, torch.Tensor]:
+    """``s_c = Cov(u_c, v_c) / (Var(u_c) + λ)`` (0 for a dead channel at λ = 0),
+    ``b_c = μ_v − s_c μ_u``."""
+    denom = (a.Uc * a.Uc).sum(0) + a.lam
+    scale = torch.where(denom > 0, (a.Uc * a.Vc).sum(0) / denom.clamp_min(1e-300),
+                        torch.zeros_like(denom))
+    return {"scale": scale, "bias": a.mu_v - scale * a.mu_u}
+
+
+def _cross_channel_fit(a: _Anchors) -> dict[str, torch.Tensor]:
+    """``M = ṼᵀŨ (ŨᵀŨ + λI)⁻¹`` (λ = 0: the pseudo-inverse), ``b = μ_v − M μ_u``."""
+    gram = a.Uc.T @ a.Uc
+    if a.lam > 0:
+        gram = gram + a.lam * torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
+        weight = torch.linalg.solve(gram, a.Uc.T @ a.Vc).T
+    else:
+        weight = (torch.linalg.pinv(gram) @ (a.Uc.T @ a.Vc)).T
+    return {"weight": weight, "bias": a.mu_v - weight @ a.mu_u}
+
+
+def _procrustes_fit(a: _Anchors) -> dict[str, torch.Tensor]:
+    """The orthogonal ``R = (L Rᵀ)ᵀ`` from the SVD ``ŨᵀṼ = L Σ Rᵀ`` (the rotation closest to
+    mapping Ũ onto Ṽ), ``b = μ_v − R μ_u``."""
+    left, _, right_t = torch.linalg.svd(a.Uc.T @ a.Vc)
+    weight = (left @ right_t).T
+    return {"weight": weight, "bias": a.mu_v - weight @ a.mu_u}
+
+
+# the closed-form fit of each family: the key's parameters (float64) by attribute name
+_FITS = {"identity": _identity_fit, "channel": _channel_fit, "cross_channel": _cross_channel_fit,
+         "procrustes": _procrustes_fit}
+
+
+def _relative_residual(a: _Anchors, fitted: torch.Tensor) -> float:
+    """``‖V − T(U)‖² / ‖V − μ_v‖²`` (0 for an exact fit of constant ``v``, inf otherwise then)."""
+    total = float((a.Vc * a.Vc).sum())
+    err = float(((a.V - fitted) ** 2).sum())
+    return err / total if total > 0 else (0.0 if err == 0 else math.inf)
 
 def _from_samples(samples: torch.Tensor, like: torch.Tensor, layout: str) -> torch.Tensor:
     """Inverse of :func:`_as_samples` for a tensor shaped like ``like``."""
