@@ -228,3 +228,47 @@ def test_the_type_checking_block_of_the_package_names_every_lazy_export():
                 if isinstance(sub, ast.ImportFrom):
                     seen.update({alias.name: sub.module for alias in sub.names})
     assert seen == avalanche_plugins._EXPORTS
+
+
+# --- one shape for benchmark packages (issue 22) --------------------------------------------------
+
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+BENCHMARK_PACKAGES = sorted(p.name for p in BENCHMARKS.iterdir() if (p / "__init__.py").exists())
+
+
+def _top_level_definitions(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {node.name for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+
+def test_there_are_benchmark_packages_to_check():
+    assert {"ads_zoo", "plasticity_ranking", "scale"} <= set(BENCHMARK_PACKAGES)
+
+
+@pytest.mark.parametrize("name", BENCHMARK_PACKAGES)
+def test_every_benchmark_package_has_one_shape(name):
+    # main.py holds main(); __main__.py only calls it; __init__.py only documents and re-exports
+    folder = BENCHMARKS / name
+    assert (folder / "main.py").exists(), f"benchmarks/{name}/main.py (holding main()) is missing"
+    assert "main" in _top_level_definitions(folder / "main.py"), f"benchmarks/{name}/main.py defines no main()"
+    expected = (f'"""``python -m benchmarks.{name}``."""\n\nfrom benchmarks.{name}.main import main\n\n'
+                'if __name__ == "__main__":\n    main()\n')
+    assert (folder / "__main__.py").read_text(encoding="utf-8") == expected, \
+        f"benchmarks/{name}/__main__.py must only import main from .main and call it"
+    init = ast.parse((folder / "__init__.py").read_text(encoding="utf-8"))
+    assert ast.get_docstring(init), f"benchmarks/{name}/__init__.py has no docstring"
+    for node in init.body[1:]:
+        is_all = isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]
+        assert isinstance(node, (ast.Import, ast.ImportFrom)) or is_all, \
+            f"benchmarks/{name}/__init__.py line {node.lineno}: only imports and __all__ (code goes in a module)"
+    reexported = {alias.asname or alias.name for node in init.body if isinstance(node, ast.ImportFrom)
+                  and node.module == f"benchmarks.{name}.main" for alias in node.names}
+    assert "main" in reexported, f"benchmarks/{name}/__init__.py does not re-export main from .main"
+
+
+@pytest.mark.parametrize("name", BENCHMARK_PACKAGES)
+def test_every_benchmark_package_runs_with_python_m(name):
+    result = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--help"], capture_output=True,
+                            text=True, timeout=300, cwd=PACKAGE.parent)
+    assert result.returncode == 0 and "usage:" in result.stdout, result.stderr[-2000:]

@@ -2,4 +2,5 @@
 
 from benchmarks.ads_zoo.main import main
 
-main()
+if __name__ == "__main__":
+    main()

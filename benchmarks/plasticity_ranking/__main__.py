@@ -2,4 +2,5 @@
 
 from benchmarks.plasticity_ranking.main import main
 
-main()
+if __name__ == "__main__":
+    main()

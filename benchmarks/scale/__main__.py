@@ -1,6 +1,6 @@
 """``python -m benchmarks.scale``."""
 
-from benchmarks.scale import main
+from benchmarks.scale.main import main
 
 if __name__ == "__main__":
     main()
