@@ -62,13 +62,14 @@ class StudyResult:
     wall_seconds: float = 0.0
 
 
-def make_study_executor(executor: str = "local", *, workers: int = 1, threads: int = 1, address: str | None = None):
+def make_study_executor(executor: str = "local", *, workers: int = 1, threads: int = 1, address: str | None = None,
+                        isolate: bool = True):
     """The job executor (``avalanche_plugins.study.harness.cli.make_executor``): a local pool of ``workers``
     processes, or Ray (started locally with ``workers × threads`` CPUs, or joined at ``address``)."""
     from avalanche_plugins.study.harness.cli import make_executor
 
     return make_executor(argparse.Namespace(executor=executor, address=address, workers=workers, threads=threads),
-                         isolate=True)
+                         isolate=isolate)
 
 
 def _label(setting: dict) -> str:
@@ -153,14 +154,16 @@ def _tuning_failures(study: Study, chosen: dict) -> list[dict]:
 
 def run_study(config, *, out, quick: bool = False, seeds: int | None = None, executor: str = "local",
               workers: int = 1, threads: int = 1, address: str | None = None, data_root=None,
-              skip=(), progress: bool = True, args=None, echo: bool = False) -> StudyResult:
+              skip=(), progress: bool = True, args=None, echo: bool = False, isolate: bool = True) -> StudyResult:
     """Run a study (a config path, a mapping or a loaded :class:`Study`) into ``out``; see the
     module docstring. ``seeds`` replaces the config's seed count; ``quick`` applies its ``quick:``
-    overrides; ``executor`` is ``"local"`` (``workers`` processes) or ``"ray"`` (``address``)."""
+    overrides; ``executor`` is ``"local"`` (``workers`` processes) or ``"ray"`` (``address``).
+    ``isolate`` (default): every job in a fresh process, so its peak memory is its own; ``False``
+    reuses worker processes (faster to start, memory then includes the jobs before)."""
     study = config if isinstance(config, Study) else load_study(config, quick=quick, seeds=seeds, data_root=data_root)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    pool = make_study_executor(executor, workers=workers, threads=threads, address=address)
+    pool = make_study_executor(executor, workers=workers, threads=threads, address=address, isolate=isolate)
     run = functools.partial(run_job, log_dir=str(out))
     cache = out / "jobs.jsonl"
     with Timer() as total, contextlib.closing(pool) if hasattr(pool, "close") else contextlib.nullcontext():
