@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--data-root", default=None, help="folder holding MNIST/raw (MNIST recipes)")
     reproduce.add_argument("--out", default="out/reproduce", help="output folder (default out/reproduce)")
     reproduce.add_argument("--workers", type=int, default=1, help="processes running jobs in parallel")
+    reproduce.add_argument("--seeds", type=int, default=None, help="only the first N of each recipe's seeds")
     reproduce.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.run_parser = run  # parse_args resolves run's shared flags (seeds, skip, command line)
     return parser
@@ -115,7 +116,8 @@ def _reproduce(args) -> list[dict]:
     from avalanche_plugins.study.reproduce import reproduce
 
     rows = reproduce(args.scenarios or None, quick=args.quick, folder=args.folder, out=args.out,
-                     data_root=args.data_root, workers=args.workers, progress=not args.no_progress)
+                     data_root=args.data_root, workers=args.workers, progress=not args.no_progress,
+                     seeds=args.seeds)
     lines = ["| scenario | strategy | seeds | recipe ACC | rerun ACC | tolerance | |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['scenario']} | {r['strategy']} | {r['seeds']} | {r['expected']:.4f} | {r['got']:.4f} | "

@@ -33,9 +33,10 @@ def reproduction_study(key: str, recipe: dict, strategies=None, *, seeds: int | 
 
 
 def reproduce(keys=None, *, quick: bool = False, folder=None, out="out/reproduce", data_root=None,
-              workers: int = 1, progress: bool = True) -> list[dict]:
-    """Rerun recipes (``quick``: the Split digits recipes of four strategies, seed 0) and return
-    one row per number: ``{scenario, strategy, metric, expected, got, tolerance, ok}``."""
+              workers: int = 1, progress: bool = True, seeds: int | None = None) -> list[dict]:
+    """Rerun recipes (``quick``: the Split digits recipes of four strategies, seed 0; ``seeds``: the
+    first N of each recipe's seeds) and return one row per number: ``{scenario, strategy, metric,
+    expected, got, tolerance, ok}``."""
     from avalanche_plugins.study.api import run_study
     from avalanche_plugins.study.config import load_study
 
@@ -44,7 +45,7 @@ def reproduce(keys=None, *, quick: bool = False, folder=None, out="out/reproduce
     for key in (keys or (QUICK if quick else recipes)):
         recipe = recipes[key]
         names = [n for n in QUICK.get(key, ()) if n in recipe["strategies"]] if quick else None
-        config = reproduction_study(key, recipe, names, seeds=1 if quick else None, data_root=data_root)
+        config = reproduction_study(key, recipe, names, seeds=1 if quick else seeds, data_root=data_root)
         study = load_study(config, recipe_folder=folder)
         result = run_study(study, out=Path(out) / key, workers=workers, progress=progress)
         for name in config["strategies"]:
