@@ -527,6 +527,18 @@ def verdict_tables(rows: list[dict]) -> str:
                 q = [by[(st, "prune", c, x)].get(key) for x in seeds]
                 cells.append("–" if None in g + q else _paired(g, q))
             out.append(f"| {st} | {c:.0%} | " + " | ".join(cells) + " |")
+    pair = ("mlp iid mnist", "cnn iid mnist")  # claim 2: is the Grow − Prune gap larger with the conv trunk?
+    if all((st, "grow") in {k[:2] for k in by} for st in pair):
+        out += ["", "Claim 2, MLP vs CNN: (Grow − Prune on the CNN) − (Grow − Prune on the MLP), paired by seed",
+                "| c | ACC | TAA | ticket ACC | ticket TAA |", "|---|---|---|---|---|"]
+        for c in sorted({k[2] for k in by if k[:2] == (pair[1], "grow")}):
+            seeds = sorted(x for x in {k[3] for k in by}
+                           if all((st, m, c, x) in by for st in pair for m in ("grow", "prune")))
+            cells = []
+            for key in ("acc", "taa", "ticket_acc", "ticket_taa"):
+                d = [[by[(st, "grow", c, x)][key] - by[(st, "prune", c, x)][key] for x in seeds] for st in pair]
+                cells.append(_paired(d[1], d[0]))
+            out.append(f"| {c:.0%} | " + " | ".join(cells) + " |")
     out += ["", "Claim 3: intervention − plain Grow, paired over seeds (same c)",
             "| setting | c | intervention | grad ratio | ACC | TAA | ticket ACC | ticket TAA |",
             "|---|---|---|---|---|---|---|---|"]
