@@ -186,3 +186,14 @@ def test_editing_a_user_module_reruns_the_jobs_it_touches_and_nothing_else(tmp_p
     (tmp_path / "cache_plugins.py").write_text(USER_MODULE + "\n# edited\n")
     run_study(path, out=out, progress=False)
     assert sorted(lines()) == ["Naive", "Scaled", "Scaled"]  # only the job using the edited module reran
+
+
+def test_a_scenario_whose_every_run_failed_still_gets_its_tables(tmp_path):
+    path = _write_study(tmp_path, BASE + textwrap.dedent("""
+    strategies:
+      - {name: Exploding, class: Naive, training: {lr: 1.0e+8}}
+    """), module="all_failed_models")
+    result = run_study(path, out=tmp_path / "out", progress=False)
+    assert result.rows[0]["status"] == "diverged" and result.figures == []
+    assert "| Exploding† | default | failed |" in result.tables["markdown"]
+    assert "## Failed runs" in result.report.read_text()

@@ -82,6 +82,8 @@ def make_figures(runs: Sequence[Mapping], metrics: Sequence[Mapping], out_dir, s
         _missing_note[0] = f"missing (failed, not scored): {', '.join(missing)}" if missing else ""
         order = [s for s in strategies if any(r["strategy"] == s for r in part)]
         rows = [m for m in metrics if m["scenario"] == scenario and m["split"] == "test"]
+        if not order:  # every run of the scenario failed: nothing to draw (the tables say so)
+            continue
         paths.append(_accuracy_matrices(part, order, out / f"accuracy_matrix_{slug}.png", scenario))
         paths.append(_accuracy_stream(part, order, colors, out / f"accuracy_stream_{slug}.png", scenario))
         by_metric = defaultdict(list)
