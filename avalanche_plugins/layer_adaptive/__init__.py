@@ -8,6 +8,8 @@ layer's Hessian block.
 * :mod:`~avalanche_plugins.layer_adaptive.hessian` — top eigenvalue s_ℓ of each layer's Hessian
   block by power iteration, κ, the geometric fit α̂;
 * :mod:`~avalanche_plugins.layer_adaptive.fisher` — diagonal Fisher estimators;
+* :mod:`~avalanche_plugins.layer_adaptive.options` — ``CurvatureOptions``, ``FisherOptions``: the
+  plugins' measurement keywords as validated groups;
 * :mod:`~avalanche_plugins.layer_adaptive.schedules` — λ_ℓ schedules (uniform, geometric,
   measured, smoothed);
 * :mod:`~avalanche_plugins.layer_adaptive.ewc_plugin`, :mod:`~avalanche_plugins.layer_adaptive.lr_plugin`,
@@ -35,8 +37,10 @@ from avalanche_plugins.layer_adaptive.hessian import (
     geometric_fit,
     layer_top_eigenvalues,
 )
+from avalanche_plugins.layer_adaptive.options import CurvatureOptions, FisherOptions
 from avalanche_plugins.layer_adaptive.schedules import SCHEDULES, layer_weights
 
-__all__ = ["CURVATURE_METHODS", "DEFAULT_SAMPLES", "FISHER_KINDS", "FISHER_LABELS", "SCHEDULES", "GeometricFit", "LayerSpectrum", "batched_fisher", "condition_number",
+__all__ = ["CURVATURE_METHODS", "DEFAULT_SAMPLES", "FISHER_KINDS", "FISHER_LABELS", "SCHEDULES", "CurvatureOptions",
+           "FisherOptions", "GeometricFit", "LayerSpectrum", "batched_fisher", "condition_number",
            "empirical_fisher", "expected_fisher", "fisher_diagonal", "geometric_fit", "layer_curvature", "layer_fisher_eigenvalues", "layer_top_eigenvalues",
            "layer_weights"]

@@ -23,6 +23,7 @@ whatever the number of experiences (Avalanche's loops over experiences × parame
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -39,12 +40,10 @@ from avalanche_plugins._avalanche.data import (
 from avalanche_plugins._avalanche.preflight import preflight, with_output_transform
 from avalanche_plugins.core.checks import (
     check_choice,
-    check_int,
     check_no_recurrent,
     check_positive,
 )
 from avalanche_plugins.core.outputs import check_output_transform
-from avalanche_plugins.layer_adaptive.curvature import CURVATURE_METHODS, DEFAULT_SAMPLES
 from avalanche_plugins.layer_adaptive.curvature_metric import (
     curvature_probe,
     logs_sensitivity,
@@ -52,11 +51,11 @@ from avalanche_plugins.layer_adaptive.curvature_metric import (
     sensitivity_values,
 )
 from avalanche_plugins.layer_adaptive.fisher import (
-    FISHER_KINDS,
     batched_fisher,
     empirical_fisher,
     expected_fisher,
 )
+from avalanche_plugins.layer_adaptive.options import CurvatureOptions, FisherOptions, options_from
 from avalanche_plugins.layer_adaptive.profile import LayerProfile, layer_profile
 from avalanche_plugins.layer_adaptive.quadratic import fold_quadratic, pad_to, quadratic_penalty
 from avalanche_plugins.layer_adaptive.schedules import SCHEDULES, layer_weights
@@ -97,6 +96,9 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
     :param log_profile: measure ``s_ℓ`` after every experience even for schedules that do not need
         it, and publish it (per-layer dict, κ, α̂, bar chart) through the strategy's evaluator.
     :param seed: seeds sample selection and power-iteration start vectors.
+    :param curvature_options, fisher_options: the curvature / Fisher keywords above as one
+        :class:`~avalanche_plugins.layer_adaptive.options.CurvatureOptions` /
+        :class:`~avalanche_plugins.layer_adaptive.options.FisherOptions` (give one form, not both).
     :param output_transform: for a model whose forward returns a tuple or a dict, a function from
         its output to the logits tensor (the Fisher and ``s_ℓ`` then use ``strategy._criterion`` on
         those logits); without it such a model is refused before training (``ValueError`` naming it).
@@ -118,13 +120,13 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
                  spectrum_chunk_size: int | None = None,
                  spectrum_max_iter: int = 100, spectrum_tol: float = 1e-3, fisher_samples: int | None = None,
                  fisher_chunk_size: int = 16,
-                 log_profile: bool = False, seed: int = 0, output_transform=None):
+                 log_profile: bool = False, seed: int = 0, output_transform=None,
+                 curvature_options: CurvatureOptions | None = None, fisher_options: FisherOptions | None = None):
         super().__init__()
         check_output_transform(output_transform)
         self.output_transform = output_transform
         check_positive("ewc_lambda", ewc_lambda, allow_zero=True)
         check_choice("schedule", schedule, SCHEDULES)
-        check_choice("fisher", fisher, FISHER_KINDS)
         check_choice("mode", mode, ("separate", "online"))
         if schedule == "geometric":
             if alpha is None:
@@ -136,33 +138,15 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
             check_positive("decay_factor", decay_factor, allow_zero=True)
         elif decay_factor is not None:
             raise ValueError("decay_factor is only used with mode='online'")
-        check_choice("curvature", curvature, CURVATURE_METHODS)
-        if spectrum_samples is None:
-            spectrum_samples = DEFAULT_SAMPLES[curvature]
-        check_int("spectrum_samples", spectrum_samples)
-        check_int("spectrum_max_iter", spectrum_max_iter)
-        check_positive("spectrum_tol", spectrum_tol)
-        if fisher_samples is not None:
-            check_int("fisher_samples", fisher_samples)
-        if spectrum_chunk_size is not None:
-            check_int("spectrum_chunk_size", spectrum_chunk_size)
-        check_int("fisher_chunk_size", fisher_chunk_size)
-        check_int("seed", seed, minimum=0)
+        measuring = options_from(CurvatureOptions, curvature_options, "curvature_options", dict(
+            curvature=curvature, spectrum_samples=spectrum_samples, spectrum_chunk_size=spectrum_chunk_size,
+            spectrum_max_iter=spectrum_max_iter, spectrum_tol=spectrum_tol, seed=seed))
+        importances = options_from(FisherOptions, fisher_options, "fisher_options", dict(
+            fisher=fisher, fisher_samples=fisher_samples, fisher_chunk_size=fisher_chunk_size))
         self.ewc_lambda = float(ewc_lambda)
-        self.schedule = schedule
-        self.alpha = alpha
-        self.fisher = fisher
-        self.mode = mode
-        self.decay_factor = decay_factor
-        self.curvature = curvature
-        self.spectrum_samples = spectrum_samples
-        self.spectrum_chunk_size = spectrum_chunk_size
-        self.spectrum_max_iter = spectrum_max_iter
-        self.spectrum_tol = spectrum_tol
-        self.fisher_samples = fisher_samples
-        self.fisher_chunk_size = fisher_chunk_size
+        self.schedule, self.alpha, self.mode, self.decay_factor = schedule, alpha, mode, decay_factor
+        vars(self).update(dataclasses.asdict(measuring), **dataclasses.asdict(importances))
         self.log_profile = log_profile
-        self.seed = seed
         self.profiles: list[EWCProfile] = []
         # the folded quadratic A (θ - m)² + const, per parameter name (CPU-independent tensors)
         self._curvature: dict[str, torch.Tensor] = {}

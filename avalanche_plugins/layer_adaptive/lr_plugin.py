@@ -36,16 +36,18 @@ training, not after the first experience.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 from avalanche.core import SupervisedPlugin
 
 from avalanche_plugins._avalanche.data import check_experience_granularity, experience_layer_map
 from avalanche_plugins._avalanche.preflight import preflight, with_output_transform
-from avalanche_plugins.core.checks import check_choice, check_int, check_positive
+from avalanche_plugins.core.checks import check_choice, check_positive
 from avalanche_plugins.core.outputs import check_output_transform
-from avalanche_plugins.layer_adaptive.curvature import CURVATURE_METHODS, DEFAULT_SAMPLES
 from avalanche_plugins.layer_adaptive.curvature_metric import curvature_probe, measure_profile
+from avalanche_plugins.layer_adaptive.options import CurvatureOptions, options_from
 from avalanche_plugins.layer_adaptive.schedules import layer_weights
 
 __all__ = ["LayerAdaptiveLRPlugin"]
@@ -66,6 +68,8 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
     :param spectrum_samples, spectrum_max_iter, spectrum_tol: measurement budget (smoothed;
         samples None: 128 for ``fisher``, 256 for ``hessian``; iterations and tolerance: ``hessian``).
     :param seed: seeds the measurement.
+    :param curvature_options: the measurement keywords above as one
+        :class:`~avalanche_plugins.layer_adaptive.options.CurvatureOptions` (one form, not both).
     :param output_transform: for a model whose forward returns a tuple or a dict, a function from
         its output to the logits tensor (the measurement applies ``strategy._criterion`` to them);
         without it such a model is refused before training with a ``ValueError`` naming it.
@@ -73,7 +77,8 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
 
     def __init__(self, schedule: str = "geometric", alpha: float = 0.5, base_lr: float | None = None, *,
                  curvature: str = "fisher", spectrum_samples: int | None = None, spectrum_max_iter: int = 100, spectrum_tol: float = 1e-3,
-                 seed: int = 0, min_lr_ratio: float = 1e-3, output_transform=None):
+                 seed: int = 0, min_lr_ratio: float = 1e-3, output_transform=None,
+                 curvature_options: CurvatureOptions | None = None):
         super().__init__()
         check_output_transform(output_transform)
         self.output_transform = output_transform
@@ -81,19 +86,15 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
         check_positive("alpha", alpha)
         if base_lr is not None:
             check_positive("base_lr", base_lr)
-        check_choice("curvature", curvature, CURVATURE_METHODS)
-        if spectrum_samples is None:
-            spectrum_samples = DEFAULT_SAMPLES[curvature]
-        check_int("spectrum_samples", spectrum_samples)
-        check_int("seed", seed, minimum=0)
+        measuring = options_from(CurvatureOptions, curvature_options, "curvature_options", dict(
+            curvature=curvature, spectrum_samples=spectrum_samples, spectrum_max_iter=spectrum_max_iter,
+            spectrum_tol=spectrum_tol, seed=seed))
         check_positive("min_lr_ratio", min_lr_ratio, allow_zero=True)
         if min_lr_ratio > 1:
             raise ValueError(f"min_lr_ratio must be in [0, 1] (a fraction of base_lr), got {min_lr_ratio!r}")
         self.min_lr_ratio = float(min_lr_ratio)
-        self.curvature = curvature
         self.schedule, self.alpha, self.base_lr = schedule, alpha, base_lr
-        self.spectrum_samples, self.spectrum_max_iter, self.spectrum_tol = spectrum_samples, spectrum_max_iter, spectrum_tol
-        self.seed = seed
+        vars(self).update(dataclasses.asdict(measuring))
         self.last_spectrum: list[float] | None = None
         self.last_names: list[str] | None = None  # the layers of last_spectrum
         self.history: list[dict] = []  # per experience: layer names and the rates applied
