@@ -77,10 +77,18 @@ def test_cache_key_changes_with_job_fields_and_code_version(monkeypatch):
     assert base != job_key(Job("ewc", 0, lr=0.2), "v1")
     assert base != job_key(Job("naive", 0), "v1")
     assert base != job_key(Job("ewc", 0), "v2")
-    monkeypatch.setattr(jobs, "code_version", lambda: "v1")
-    assert job_key(Job("ewc", 0)) == base  # the default version is the checkout's code version
-    monkeypatch.setattr(jobs, "code_version", lambda: "v2")
+    monkeypatch.setattr(jobs, "source_version", lambda: "v1")
+    assert job_key(Job("ewc", 0)) == base  # the default version is the hash of the code's source
+    monkeypatch.setattr(jobs, "source_version", lambda: "v2")
     assert job_key(Job("ewc", 0)) != base
+
+
+def test_source_version_changes_with_the_code_only(tmp_path, monkeypatch):
+    jobs.source_version.cache_clear()
+    before = jobs.source_version()
+    assert before.startswith("src:") and jobs.source_version() == before
+    jobs.source_version.cache_clear()
+    assert jobs.source_version() == before  # reading again: the same tree, the same version
 
 
 def test_code_version_names_a_commit_or_the_package():
@@ -97,7 +105,7 @@ def test_run_jobs_resumes_from_the_cache_and_reruns_on_new_code(tmp_path, monkey
 
     cache = tmp_path / "jobs.jsonl"
     batch = [Job("a", 1), Job("a", 0), Job("a", 1)]  # a job listed twice runs once
-    monkeypatch.setattr(jobs, "code_version", lambda: "v1")
+    monkeypatch.setattr(jobs, "source_version", lambda: "v1")
     rows = run_jobs(fn, batch, cache=cache, progress=False)
     assert [r["seed"] for r in rows] == [1, 0, 1] and len(calls) == 2  # rows in job order
     assert len(cache.read_text().splitlines()) == 2
@@ -108,7 +116,7 @@ def test_run_jobs_resumes_from_the_cache_and_reruns_on_new_code(tmp_path, monkey
     assert run_jobs(fn, batch, cache=cache, progress=False) == rows and len(calls) == 3
     run_jobs(fn, [Job("c", 3)], cache=cache, progress=False)
     assert json.loads(cache.read_text().splitlines()[-1])["row"]["method"] == "c"  # on a line of its own
-    monkeypatch.setattr(jobs, "code_version", lambda: "v2")
+    monkeypatch.setattr(jobs, "source_version", lambda: "v2")
     run_jobs(fn, batch, cache=cache, progress=False)
     assert len(calls) == 6  # new code: the cached rows are not reused
 

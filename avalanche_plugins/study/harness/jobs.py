@@ -3,8 +3,9 @@
 * A **job** is a small frozen dataclass holding everything its function needs (settings, seed,
   data root), so ``fn(job)`` gives the same row in any process.
 * Its **cache key** (:func:`job_key`) is a hash of the job's fields, its type name and the code
-  version (:func:`code_version`: the git commit of the checkout, else the package version): a
-  cached row is reused only for the same job run by the same code.
+  (:func:`source_version`: a hash of every ``.py`` file of the package and ``benchmarks/``): a
+  cached row is reused only for the same job run by the same code, whatever else was committed.
+  Results record :func:`code_version` (the git commit, else the package version).
 * Every worker process first runs :func:`init_worker` (torch threads, warnings, seeds, an optional
   warm-up); in-process runs (``workers=1``) do the same and restore the thread count afterwards.
 * :func:`run_jobs` runs the jobs through an executor (:class:`LocalExecutor`: in this process or
@@ -40,6 +41,7 @@ __all__ = [
     "LocalExecutor",
     "RayExecutor",
     "code_version",
+    "source_version",
     "init_worker",
     "jsonable",
     "job_key",
@@ -100,6 +102,21 @@ def code_version() -> str:
     return f"avalanche_plugins {avalanche_plugins.__version__}"
 
 
+@functools.lru_cache(maxsize=1)
+def source_version() -> str:
+    """Hash of the source of everything a job can run: every ``.py`` file of this package and, in a
+    checkout, of ``benchmarks/`` (the cache key's code part: a commit that changes only docs,
+    tests or configs keeps cached rows; any change to code a job runs reruns it)."""
+    package = Path(__file__).resolve().parents[2]
+    roots = [package] + [p for p in (package.parent / "benchmarks",) if p.is_dir()]
+    digest = hashlib.sha256()
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root.parent)).encode())
+            digest.update(path.read_bytes())
+    return f"src:{digest.hexdigest()[:16]}"
+
+
 def jsonable(obj):
     """``obj`` with dataclasses, tuples, NumPy and torch values turned into JSON types.
 
@@ -125,7 +142,7 @@ def jsonable(obj):
 
 
 def job_key(job, version: str | None = None) -> str:
-    """Hash of the job's type, fields and the code version (``version`` overrides it). Dataclass
+    """Hash of the job's type, fields and the code (:func:`source_version`; ``version`` overrides it). Dataclass
     fields with ``metadata={"cache_key": False}`` (where a job runs, not what it computes) are left out.
 
     Example:
@@ -145,7 +162,7 @@ def job_key(job, version: str | None = None) -> str:
             if not f.metadata.get("cache_key", True):
                 fields.pop(f.name, None)
     payload = {"type": type(job).__qualname__, "job": fields,
-               "code": code_version() if version is None else version}
+               "code": source_version() if version is None else version}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
