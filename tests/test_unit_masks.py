@@ -7,6 +7,9 @@ import pytest
 import torch
 from torch import nn
 
+from avalanche_plugins.core import consumers
+from avalanche_plugins.core.calls import eval_mode
+from avalanche_plugins.core.layers import discover_layers
 from avalanche_plugins.structural import (
     Interventions,
     UnitMasks,
@@ -317,7 +320,7 @@ def test_broadcast_consumer_probe_matches_full_copies(monkeypatch):
         fast = UnitMasks(model, x)
         remove_mask_hooks(model)
         with monkeypatch.context() as patch:
-            patch.setattr(UnitMasks, "_probe_starts", lambda self, layer: [self.model])
+            patch.setattr(consumers, "probe_starts", lambda model, point: [model])
             full = UnitMasks(model, x)
         remove_mask_hooks(model)
         assert list(fast.layers) == list(full.layers)
@@ -328,3 +331,180 @@ def test_broadcast_consumer_probe_matches_full_copies(monkeypatch):
                 assert torch.equal(other.outgoing.columns, layer.outgoing.columns), name
         if "layer2.0.downsample.0" in full.layers:
             assert full.layers["layer2.0.downsample.0"].consumer == "layer2.1.conv1"
+
+
+# --- the consumer probe (core.consumers) ----------------------------------------------------------
+
+
+class _CReLUNet(nn.Module):
+    """CReLU: unit i feeds the head's columns i and i + 4."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.head = nn.Linear(3, 4), nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.hidden(x)
+        return self.head(torch.cat([torch.relu(h), torch.relu(-h)], dim=1))
+
+
+class _SoftmaxNet(nn.Module):
+    """A softmax over the hidden units: every column of the head is fed by every unit."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.head = nn.Linear(3, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(torch.softmax(self.hidden(x), dim=1))
+
+
+def _consumer_of(model, x, name, point=None):
+    layer_map = discover_layers(model, x)
+    names = layer_map.names
+    info = layer_map[name]
+    return consumers.find_consumer(
+        model, point if point is not None else info.module, n_units=info.out_units,
+        unit_dim=-1 if info.kind == "linear" else 1, later=[layer_map[n] for n in names[names.index(name) + 1:]],
+        run=model, x=x[:1])
+
+
+def test_find_consumer_on_models_whose_consumers_are_known_by_hand():
+    torch.manual_seed(0)
+    flat = nn.Sequential(nn.Conv2d(1, 3, 3), nn.ReLU(), nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(64, 2))
+    x = torch.randn(2, 1, 8, 8)
+    first = _consumer_of(flat, x, "0")
+    assert first.layer.name == "2" and first.sources.tolist() == [0, 1, 2]
+    assert first.columns().tolist() == [[0], [1], [2]]
+    second = _consumer_of(flat, x, "2")  # Flatten: channel c feeds the 4 x 4 block of columns 16c ... 16c + 15
+    assert second.layer.name == "4"
+    assert second.columns().tolist() == [list(range(16 * c, 16 * c + 16)) for c in range(4)]
+    assert _consumer_of(flat, x, "4") is None  # the head feeds no later layer
+
+    crelu = _consumer_of(_CReLUNet(), torch.randn(2, 3), "hidden")
+    assert crelu.layer.name == "head" and crelu.columns().tolist() == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+    mixed = _consumer_of(_SoftmaxNet(), torch.randn(2, 3), "hidden")
+    assert mixed.layer.name == "head" and mixed.sources.tolist() == [consumers.SEVERAL] * 4
+    assert mixed.columns() is None
+
+    cat = _CatNet()  # a batch of one cannot broadcast into the concatenation: copies from the input
+    x = torch.randn(2, 4)
+    assert _consumer_of(cat, x, "a").columns().tolist() == [[0], [1], [2]]
+    assert _consumer_of(cat, x, "b").columns().tolist() == [[3], [4]]
+
+    bn = small_bn_cnn(0)  # probed at the BatchNorm after the conv, as UnitMasks does
+    found = _consumer_of(bn, torch.randn(2, 1, 8, 8), "0", point=bn[1])
+    assert found.layer.name == "3" and found.columns().tolist() == [[0], [1], [2], [3]]
+
+
+def _one_copy_per_unit(model, x, point, n_units, unit_dim, later):
+    """The probe as it was before the grouped rows: ``2n+1`` input copies, unit i alone perturbed by
+    ±1e4 in rows 1 + i and 1 + n + i; the (name, touched (n, features)) of the first later layer fed."""
+    eye = torch.eye(n_units) * 1e4
+    probes = torch.cat([torch.zeros(1, n_units), eye, -eye])
+    hit = []
+
+    def perturb(module, inputs, out):
+        shape = [1] * out.dim()
+        shape[unit_dim % out.dim()] = -1
+        return out + probes.view(probes.shape[0], *shape[1:])
+
+    def reached(module, inputs, info):
+        inp = inputs[0]
+        feature_dim = inp.dim() - 1 if info.kind == "linear" else 1
+        diff = (inp[1:] - inp[:1]).abs() > 1e-4 * (1 + inp[:1].abs())
+        reduce = [d for d in range(1, diff.dim()) if d != feature_dim]
+        touched = diff.any(dim=reduce) if reduce else diff
+        touched = touched[:n_units] | touched[n_units:]
+        if touched.any() and not hit:
+            hit.append((info.name, touched))
+
+    handles = [info.module.register_forward_pre_hook(lambda m, inp, info=info: reached(m, inp, info))
+               for info in later] + [point.register_forward_hook(perturb)]
+    try:
+        with torch.no_grad(), eval_mode(model):
+            model(x[:1].expand(probes.shape[0], *x.shape[1:]))
+    finally:
+        for h in handles:
+            h.remove()
+    return hit[0] if hit else None
+
+
+def test_grouped_probe_matches_one_copy_per_unit():
+    # the 1 + 4k grouped rows find, for every unit, the features that its own pair of rows finds
+    for model, x in _probe_models() + [(_CReLUNet(), torch.randn(2, 3)), (_SoftmaxNet(), torch.randn(2, 3))]:
+        layer_map = discover_layers(model, x)
+        names = layer_map.names
+        for name in names:
+            info = layer_map[name]
+            if info.kind not in ("linear", "conv"):
+                continue
+            point = layer_map.norms.get(info.norm, info.module) if info.norm is not None else info.module
+            unit_dim = -1 if info.kind == "linear" else 1
+            later = [layer_map[n] for n in names[names.index(name) + 1:]]
+            found = consumers.find_consumer(model, point, n_units=info.out_units, unit_dim=unit_dim,
+                                            later=later, run=model, x=x[:1])
+            reference = _one_copy_per_unit(model, x, point, info.out_units, unit_dim, later)
+            if reference is None:
+                assert found is None, name
+                continue
+            ref_name, touched = reference
+            assert found.layer.name == ref_name, name
+            expected = torch.where(touched.sum(0) > 1, consumers.SEVERAL,
+                                   torch.where(touched.any(0), touched.long().argmax(0), consumers.NONE))
+            assert torch.equal(found.sources, expected), name
+
+
+TORCHVISION_BUILD_SECONDS = 20.0  # measured ~1 s (shufflenet), ~1.4 s (mobilenet), ~7 s (efficientnet)
+
+
+@pytest.mark.parametrize("arch", ["efficientnet_b0", "mobilenet_v3_small", "shufflenet_v2_x0_5"])
+def test_unit_masks_build_fast_on_torchvision_models(arch):
+    # issue 23: UnitMasks on efficientnet_b0 at 32 x 32 took over a minute (2n+1 probe copies per layer)
+    import time
+
+    import torchvision
+
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, arch)(weights=None, num_classes=10)
+    x = torch.randn(2, 3, 32, 32)
+    start = time.perf_counter()
+    masks = UnitMasks(model, x)
+    seconds = time.perf_counter() - start
+    assert seconds < TORCHVISION_BUILD_SECONDS, f"{arch}: UnitMasks took {seconds:.1f} s"
+    assert any(layer.outgoing is not None for layer in masks.layers.values())
+    remove_mask_hooks(model)
+
+
+def test_masked_units_read_exactly_zero_at_their_consumers_in_shufflenet():
+    # independent of the mask hook: the consumer's own input, read by a pre-hook, holds 0 at the
+    # columns of every masked unit (train and eval mode), and the unmasked columns are not all 0
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.shufflenet_v2_x0_5(weights=None, num_classes=10)
+    masks = UnitMasks(model, torch.randn(2, 3, 32, 32))
+    with_consumer = {name: layer for name, layer in masks.layers.items() if layer.outgoing is not None}
+    assert len(with_consumer) >= 10
+    masks.set_masks({name: torch.arange(layer.size) % 3 != 1 for name, layer in with_consumer.items()})
+    seen = {}
+    handles = [model.get_submodule(layer.consumer).register_forward_pre_hook(
+        lambda m, inp, name=name: seen.setdefault(name, inp[0].detach().clone()))
+        for name, layer in with_consumer.items()]
+    try:
+        for training in (True, False):
+            seen.clear()
+            model.train(training)
+            with torch.no_grad():
+                model(torch.randn(4, 3, 32, 32))
+            for name, layer in with_consumer.items():
+                inp = seen[name]
+                dim = inp.dim() - 1 if isinstance(model.get_submodule(layer.consumer), nn.Linear) else 1
+                off = layer.outgoing.indices(torch.arange(1, layer.size, 3))
+                on = layer.outgoing.indices(torch.arange(0, layer.size, 3))
+                assert bool((inp.index_select(dim, off) == 0).all()), (name, training)
+                assert bool((inp.index_select(dim, on) != 0).any()), (name, training)
+    finally:
+        for h in handles:
+            h.remove()

@@ -27,13 +27,14 @@ How a mask is applied (all exact, all cheap):
   in :meth:`UnitMasks.grow`).
 
 Outgoing weights: the consumer of a layer is the first later layer of the layer map whose input
-changes when one of the layer's units is perturbed, measured once at construction by a
-vectorised probe (per layer, one forward pass in eval mode: one copy of the input up to the layer,
-its ``2n+1`` perturbed copies from there, stopped at the consumer; models that cannot broadcast
-a batch of one against them run ``2n+1`` input copies whole). The probe maps each unit to
-the consumer's input columns it feeds, so ``Flatten`` after a conv (one block of ``H·W`` columns
-per channel), pooling and CReLU (two columns per unit) are all handled. Only that one consumer
-is recorded (sequential models; in a residual block the skip path is not).
+changes when one of the layer's units is perturbed, measured once at construction (and by
+:meth:`UnitMasks.sync`) by :func:`avalanche_plugins.core.consumers.find_consumer`: one forward
+pass in eval mode per layer, ``1 + 4⌈log₂ n⌉`` perturbed copies (units perturbed in groups by the
+bits of their index), stopped at the consumer. It maps each unit to the consumer's input columns
+it feeds, so ``Flatten`` after a conv (one block of ``H·W`` columns per channel), pooling and CReLU
+(two columns per unit) are all handled; the columns are recorded when the consumer is a dense
+``Linear`` / ``Conv`` and every unit feeds the same number of columns of its own. Only that one
+consumer is recorded (sequential models; in a residual block the skip path is not).
 
 Scores are in :mod:`~avalanche_plugins.structural.scores`, recruitment interventions in
 :mod:`~avalanche_plugins.structural.interventions`. This module is over 400 lines for one reason: it
@@ -48,8 +49,9 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
-from avalanche_plugins.core.calls import eval_mode, model_forward
+from avalanche_plugins.core.calls import model_forward
 from avalanche_plugins.core.checks import check_model_inputs
+from avalanche_plugins.core.consumers import find_consumer
 from avalanche_plugins.core.layers import LayerMap, discover_layers
 from avalanche_plugins.structural.interventions import (
     Interventions,
@@ -75,7 +77,6 @@ class _MaskHook:
         self.multiplier = multiplier
         self.unit_dim = unit_dim
         self.capture: list | None = None
-        self.probe: torch.Tensor | None = None  # additive perturbation, construction only
 
     def shape_for(self, out: torch.Tensor) -> list[int]:
         shape = [1] * out.dim()
@@ -87,28 +88,13 @@ class _MaskHook:
             self.capture.append(out.detach())
         if self.multiplier.device != out.device or self.multiplier.dtype != out.dtype:
             self.multiplier = self.multiplier.to(device=out.device, dtype=out.dtype)
-        out = out * self.multiplier.view(self.shape_for(out))
-        if self.probe is not None:
-            # (2n+1, ...) probes; a batch-1 output broadcasts to them (UnitMasks._probe)
-            out = out + self.probe.view(self.probe.shape[0], *self.shape_for(out)[1:])
-        return out
+        return out * self.multiplier.view(self.shape_for(out))
 
     def __getstate__(self):
         return {"multiplier": self.multiplier, "unit_dim": self.unit_dim}
 
     def __setstate__(self, state):
         self.__init__(state["multiplier"], state["unit_dim"])
-
-
-class _ProbeDone(Exception):
-    """Stops a consumer probe's forward pass at the first layer the probes reach."""
-
-
-class _ProbeMismatch(Exception):
-    """A later layer saw a batch that is neither 1 nor the probes': the broadcast probe is unusable."""
-
-
-_INCONCLUSIVE = object()
 
 
 def remove_mask_hooks(model: nn.Module) -> int:
@@ -250,96 +236,23 @@ class UnitMasks:
 
     @torch.no_grad()
     def _find_consumers(self, layer_map: LayerMap, example_input) -> dict[str, Slot]:
-        """Probe which later layer's input columns each unit feeds (module docstring); returns the
-        outgoing slot per layer that has a consumer."""
+        """The outgoing slot (consumer weight columns) of each layer whose consumer
+        (:func:`~avalanche_plugins.core.consumers.find_consumer`) is a dense ``Linear`` or ``Conv``
+        that each unit feeds through the same number of its own input columns."""
         found: dict[str, Slot] = {}
         order = layer_map.names
         x = _example_tensor(example_input)[:1]
         for name, layer in self.layers.items():
-            later = [layer_map[n] for n in order[order.index(name) + 1:]]
-            # Fast path: one copy of the input up to the probed layer, broadcast to the 2n+1 probes
-            # there. Where the model cannot broadcast a batch of one against them (an in-place
-            # residual add), the copies start at the input of the nearest enclosing module that
-            # works, and as a last resort at the model's input.
-            hit = _INCONCLUSIVE
-            for start in self._probe_starts(layer):
-                hit = self._probe(layer, later, example_input, x, start)
-                if hit is not _INCONCLUSIVE:
-                    break
-            if hit is None:
+            consumer = find_consumer(
+                self.model, layer.norm if layer.norm is not None else layer.module, n_units=layer.size,
+                unit_dim=layer.hook.unit_dim, later=[layer_map[n] for n in order[order.index(name) + 1:]],
+                run=lambda batch: _forward(self.model, example_input, batch), x=x)
+            if consumer is None:
                 continue
-            info, touched = hit
-            counts = touched.sum(1)
-            groups = getattr(info.module, "groups", 1)
-            if info.kind in ("linear", "conv") and groups == 1 and bool((counts == counts[0]).all()) \
-                    and int(counts[0]) > 0 and bool((touched.sum(0) <= 1).all()):
-                columns = touched.nonzero()[:, 1].reshape(layer.size, int(counts[0]))
+            info, columns = consumer.layer, consumer.columns()
+            if info.kind in ("linear", "conv") and getattr(info.module, "groups", 1) == 1 and columns is not None:
                 found[name] = Slot(info.module, "weight", 1, columns, root=self.model, path=info.name)
         return found
-
-    def _probe_starts(self, layer: MaskedLayer) -> list:
-        """Where the 2n+1 probe copies may start: the probed layer itself (None), its enclosing
-        modules from the innermost, then the model's input (the model itself)."""
-        point = layer.norm if layer.norm is not None else layer.module
-        path = next((n for n, m in self.model.named_modules() if m is point), "")
-        parts = path.split(".") if path else []
-        enclosing = [self.model.get_submodule(".".join(parts[:i])) for i in range(len(parts) - 1, 0, -1)]
-        return [None, *enclosing, self.model]
-
-    def _probe(self, layer: MaskedLayer, later: list, example_input, x: torch.Tensor, start):
-        """``(consumer info, touched (n, features))`` of the first later layer whose input the ± probes
-        of ``layer``'s units change (the forward stops there: layers run in map order, once each),
-        None when none changes, ``_INCONCLUSIVE`` when the copies starting at ``start`` (None: the
-        probed layer's output, else that module's input) do not run or find nothing."""
-        n = layer.size
-        rows = 2 * n + 1
-        hit: list = []  # filled by the pre-hook that stops the forward
-
-        broadcast = start is not self.model
-
-        def expand(module, inputs):
-            first = inputs[0]
-            if isinstance(first, torch.Tensor) and first.shape[0] == 1:
-                return (first.expand(rows, *first.shape[1:]), *inputs[1:])
-            return None
-
-        def pre_hook(module, inputs, info):
-            inp = inputs[0].detach()
-            if broadcast and inp.shape[0] == 1:
-                return  # does not depend on the probed layer (not broadcast to the probes)
-            if broadcast and inp.shape[0] != rows:
-                raise _ProbeMismatch
-            feature_dim = inp.dim() - 1 if info.kind == "linear" else 1
-            diff = (inp[1:] - inp[:1]).abs() > 1e-4 * (1 + inp[:1].abs())
-            reduce = [d for d in range(1, diff.dim()) if d != feature_dim]
-            touched = diff.any(dim=reduce) if reduce else diff  # (2n, features)
-            touched = touched[:n] | touched[n:]
-            if touched.any():
-                hit.append((info, touched))
-                raise _ProbeDone  # the first layer reached: the rest of the forward is not needed
-
-        handles = [info.module.register_forward_pre_hook(lambda m, inp, info=info: pre_hook(m, inp, info))
-                   for info in later]
-        hook_point = layer.norm if layer.norm is not None else layer.module
-        eye = torch.eye(n, device=x.device) * 1e4  # ± a large step: passes ReLU/tanh/CReLU
-        layer.hook.probe = torch.cat([torch.zeros(1, n, device=x.device), eye, -eye])
-        handles.append(hook_point.register_forward_hook(layer.hook))
-        if start is not None and start is not self.model:
-            handles.append(start.register_forward_pre_hook(expand))
-        try:
-            with eval_mode(self.model):
-                _forward(self.model, example_input, x if broadcast else x.expand(rows, *x.shape[1:]))
-        except _ProbeDone:
-            return hit[0]
-        except (_ProbeMismatch, RuntimeError, ValueError):
-            if not broadcast:
-                raise
-            return _INCONCLUSIVE
-        finally:
-            layer.hook.probe = None
-            for h in handles:
-                h.remove()
-        return _INCONCLUSIVE if broadcast else None
 
     # ------------------------------------------------------------------------------- hooks
 
