@@ -85,9 +85,9 @@ class DivergenceWatch(SupervisedPlugin):
 
     def after_backward(self, strategy, **kwargs):
         loss = strategy.loss.detach() if isinstance(strategy.loss, torch.Tensor) else torch.tensor(strategy.loss)
-        norms = [p.grad.detach().norm() for p in strategy.model.parameters() if p.grad is not None]
-        grad_norm = torch.stack(norms).norm() if norms else torch.zeros(())
-        if bool(torch.isfinite(loss).all()) and bool(torch.isfinite(grad_norm)):
+        grads = [p.grad.detach() for p in strategy.model.parameters() if p.grad is not None]
+        grad_norm = torch.stack(torch._foreach_norm(grads)).norm() if grads else torch.zeros((), device=loss.device)
+        if bool(torch.isfinite(loss).all() & torch.isfinite(grad_norm).to(loss.device)):  # one sync
             return
         if not bool(torch.isfinite(loss).all()):
             raise Diverged(_position(strategy), "loss", _nonfinite_value(loss.reshape(-1)))
