@@ -49,6 +49,7 @@ from avalanche_plugins import (
     retrain_ticket,
     stream_accuracy,
 )
+from avalanche_plugins.structural.cycles import CycleClock
 from avalanche_plugins.study.harness.cli import (
     benchmark_parser,
     is_skipped,
@@ -101,6 +102,7 @@ class Setting:
     epochs_per_cycle: int = 1  # > 1 on the plasticity stream: one edit per experience, E epochs to integrate
     ticket: bool = True  # retrain the final mask as a ticket (off on the plasticity stream)
     subset: int | None = None  # MNIST only: the first N train / N // 2 test images (every experience)
+    edit_epoch: int = 0  # epochs into each cycle at which its edit happens (0: at its start; DelayedEditClock)
 
 
 def make_model(setting: Setting, n_classes: int, input_shape, leaky: bool = False) -> nn.Module:
@@ -116,7 +118,35 @@ def make_optimizer(setting: Setting, params):
     return torch.optim.SGD(params, lr=setting.lr, momentum=setting.momentum)
 
 
+class DelayedEditClock(CycleClock):
+    """Stream-scope cycles whose edit comes ``edit_epoch`` epochs into the cycle instead of at its
+    start (every cycle but the first): with one cycle per experience of T epochs, the edited network
+    trains T − ``edit_epoch`` epochs before the next task while every method trains T epochs in all.
+
+    Example:
+        >>> clock = DelayedEditClock(epochs_per_cycle=4, edit_epoch=3)
+        >>> [epoch for epoch in range(12) if (clock.edit_due(), clock.end_epoch())[0]]
+        [7, 11]
+    """
+
+    def __init__(self, epochs_per_cycle: int, edit_epoch: int):
+        super().__init__(epochs_per_cycle, "stream")
+        if not 0 <= edit_epoch < epochs_per_cycle:
+            raise ValueError(f"edit_epoch must be in [0, {epochs_per_cycle}), got {edit_epoch}")
+        self.edit_epoch = edit_epoch
+
+    def edit_due(self) -> bool:
+        return self.epoch >= self.epochs_per_cycle and self.epoch % self.epochs_per_cycle == self.edit_epoch
+
+
 def make_plugin(method: str, setting: Setting, c: float, seed: int):
+    plugin = _make_plugin(method, setting, c, seed)
+    if plugin is not None and setting.edit_epoch:
+        plugin.clock = DelayedEditClock(setting.epochs_per_cycle, setting.edit_epoch)
+    return plugin
+
+
+def _make_plugin(method: str, setting: Setting, c: float, seed: int):
     scope = "experience" if setting.n_experiences == 1 else "stream"
     if method == "dense":
         return None
@@ -319,6 +349,14 @@ def settings_for(args) -> list[Setting]:
         for e in args.integration_epochs:
             out.append(Setting(f"mlp permuted mnist E{e}", scenario="permuted", n_experiences=args.permuted_experiences,
                                hidden=(256, 256), epochs=e, epochs_per_cycle=e, edits=args.permuted_experiences - 1,
+                               ticket=False, subset=args.permuted_subset, **mnist))
+        # the same stream at a fixed budget of T epochs per experience for every method: the edit comes
+        # T − E epochs into each experience, so only the newborns' time before the next task varies
+        t = args.fixed_budget_epochs
+        for e in (e for e in args.integration_epochs if e <= t):
+            out.append(Setting(f"mlp permuted mnist T{t} E{e}", scenario="permuted",
+                               n_experiences=args.permuted_experiences, hidden=(256, 256), epochs=t,
+                               epochs_per_cycle=t, edit_epoch=t - e, edits=args.permuted_experiences - 1,
                                ticket=False, subset=args.permuted_subset, **mnist))
     return out
 
@@ -635,6 +673,8 @@ def main(argv=None) -> dict:
                         help="compactness at which the grow+intervention methods run (default: every target)")
     parser.add_argument("--integration-epochs", default="1,2,4",
                         help="epochs per experience of the 'mlp permuted mnist E*' settings (integration time)")
+    parser.add_argument("--fixed-budget-epochs", type=int, default=4, metavar="T",
+                        help="epochs per experience of the 'mlp permuted mnist T<T> E*' settings (edit T − E epochs in)")
     parser.add_argument("--permuted-experiences", type=int, default=10, help="experiences of Permuted MNIST")
     parser.add_argument("--permuted-subset", type=int, default=None,
                         help="Permuted MNIST on the first N training (N // 2 test) images of the subset (cost)")
@@ -646,6 +686,8 @@ def main(argv=None) -> dict:
     args = parse_args(parser, argv)
     args.cnn_widths = [int(v) for v in split_list(args.cnn_widths)]
     args.integration_epochs = [int(v) for v in split_list(args.integration_epochs)]
+    if args.fixed_budget_epochs < 1 or min(args.integration_epochs, default=1) < 1:
+        parser.error("--fixed-budget-epochs and --integration-epochs must be positive integers")
     if args.report:
         return {"report": print_report(args.report, report)}
     default_methods = ("dense", "prune", "grow", "grow+zero_out", "grow+fresh_state") if args.quick else METHODS
