@@ -20,7 +20,9 @@ class-incremental (one 10-way head).
   Fisher blocks). λ (and α) are chosen on a validation split (15 % of the training images) with
   seed 0 (:mod:`avalanche_plugins.study.harness.protocol`); the chosen settings run on the test
   split with ``--seeds`` seeds. Reported: final average accuracy over the three experiences,
-  the pretraining classes' final accuracy and average forgetting.
+  the pretraining classes' final accuracy and average forgetting. ``--replay N`` puts an
+  Avalanche ``ReplayPlugin`` of N samples beside every method (Naive included): without memory a
+  class-incremental stream is decided by the head's bias toward new classes, whatever the schedule.
 
 Every job goes through :func:`avalanche_plugins.study.harness.jobs.run_jobs` (resumable cache
 ``OUT/jobs.jsonl``). Run ``python -m benchmarks.lae_pretrained --help``.
@@ -74,6 +76,7 @@ class Job:
     epochs: int = 2
     data_root: str | None = None
     out: str = "out/lae_pretrained"
+    replay: int = 0  # ReplayPlugin memory (samples) beside every method; 0: none
 
 
 def make_benchmark(data_root, task_incremental: bool, validation: bool):
@@ -182,16 +185,17 @@ class _Load:
 
 
 def plugins_for(job: Job) -> list:
-    from avalanche.training.plugins import EWCPlugin
+    from avalanche.training.plugins import EWCPlugin, ReplayPlugin
 
     from avalanche_plugins import LayerAdaptiveEWCPlugin
 
+    memory = [ReplayPlugin(mem_size=job.replay)] if job.replay else []
     if job.method == "naive":
-        return []
+        return memory
     if job.method == "ewc":
-        return [EWCPlugin(ewc_lambda=job.ewc_lambda)]
+        return [EWCPlugin(ewc_lambda=job.ewc_lambda), *memory]
     return [LayerAdaptiveEWCPlugin(job.ewc_lambda, schedule=job.method[4:], alpha=job.alpha or 2.0,
-                                   curvature="fisher", seed=job.seed)]
+                                   curvature="fisher", seed=job.seed), *memory]
 
 
 def run_job(job: Job) -> dict:
@@ -291,7 +295,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--widths", default="8,16,32,64")
     parser.add_argument("--pretrain-epochs", type=int, default=15)
     parser.add_argument("--epochs", type=int, default=3, help="epochs per later experience")
+    parser.add_argument("--replay", type=int, default=0, metavar="N",
+                        help="replay memory (samples) beside every method, so class-incremental is not "
+                             "decided by the head alone (default 0: none)")
     args = parse_args(parser, argv)
+    if args.replay < 0:
+        parser.error(f"--replay must be a number of samples >= 0, got {args.replay}")
     if args.report:
         return {"report": print_report(args.report, report)}
     scenarios = split_list(args.scenarios)
@@ -301,7 +310,7 @@ def main(argv=None) -> dict:
         scenarios, lambdas, alphas = scenarios[:1], lambdas[1:3], alphas[1:2]
         args.pretrain_epochs, args.epochs = min(args.pretrain_epochs, 4), 1
     common = dict(widths=tuple(int(v) for v in split_list(args.widths)), pretrain_epochs=args.pretrain_epochs,
-                  epochs=args.epochs, data_root=args.data_root, out=args.out)
+                  epochs=args.epochs, data_root=args.data_root, out=args.out, replay=args.replay)
     seeds = list(range(args.seeds))
     executor = make_executor(args)
     start = time.perf_counter()
