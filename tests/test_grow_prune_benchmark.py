@@ -28,3 +28,23 @@ def test_quick_run_writes_acc_taa_tickets_ratio_and_cost(tmp_path):
     report = grow_prune.main(["--report", str(tmp_path / "results.json")])["report"]
     assert report + "\n" == (tmp_path / "report.md").read_text()
     assert f"| {grow['setting']} | 30% | {grow['acc'] - prune['acc']:+.3f} (" in report
+
+
+def test_fixed_budget_setting_edits_late_in_each_experience_and_dense_has_no_clock():
+    """``mlp permuted mnist T4 E1``: every method trains 4 epochs per experience; Grow and Prune edit
+    3 epochs into each experience after the first (1 epoch before the next task)."""
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(quick=False, data_root="unused", cnn_widths=[8], cnn_lr=0.05, integration_epochs=[1, 4],
+                           permuted_experiences=3, permuted_subset=100, fixed_budget_epochs=4)
+    settings = {s.name: s for s in grow_prune.settings_for(args)}
+    late, early = settings["mlp permuted mnist T4 E1"], settings["mlp permuted mnist T4 E4"]
+    assert (late.epochs, late.edit_epoch, early.edit_epoch) == (4, 3, 0)
+    for method in ("grow", "prune+norewind"):
+        clock = grow_prune.make_plugin(method, late, 0.3, seed=0).clock
+        due = [epoch for epoch in range(12) if (clock.edit_due(), clock.end_epoch())[0]]
+        assert due == [7, 11]  # experiences 1 and 2, epoch 3 of 4
+    assert type(grow_prune.make_plugin("grow", early, 0.3, seed=0).clock) is not grow_prune.DelayedEditClock
+    assert grow_prune.make_plugin("dense", late, 0.3, seed=0) is None
+    with pytest.raises(ValueError, match="edit_epoch must be in"):
+        grow_prune.DelayedEditClock(4, 4)
