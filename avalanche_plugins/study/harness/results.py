@@ -83,7 +83,8 @@ def machine_info() -> dict:
 
 
 def summarize(rows: Sequence[dict], group_by: Sequence[str], values: Sequence[str]) -> list[dict]:
-    """Mean, sample std and count of ``values`` over rows sharing ``group_by`` (order kept).
+    """Mean, sample std and count of ``values`` over rows sharing ``group_by`` (order kept); a value
+    no row of a group has (``None`` or missing, e.g. a ticket of the dense model) gets ``None``.
 
     Example:
         >>> rows = [{"m": "a", "acc": 0.5}, {"m": "a", "acc": 0.7}, {"m": "b", "acc": 0.9}]
@@ -98,27 +99,30 @@ def summarize(rows: Sequence[dict], group_by: Sequence[str], values: Sequence[st
         entry = dict(zip(group_by, key))
         for v in values:
             xs = np.array([m[v] for m in members if m.get(v) is not None], dtype=float)
-            entry[f"{v}_mean"] = float(xs.mean()) if len(xs) else float("nan")
-            entry[f"{v}_std"] = float(xs.std(ddof=1)) if len(xs) > 1 else 0.0
+            entry[f"{v}_mean"] = float(xs.mean()) if len(xs) else None
+            entry[f"{v}_std"] = float(xs.std(ddof=1)) if len(xs) > 1 else 0.0 if len(xs) else None
         entry["n"] = len(members)
         out.append(entry)
     return out
 
 
 def format_table(summary: Iterable[dict], keys: Sequence[str], values: Sequence[str], digits: int = 3) -> str:
-    """Markdown table: ``keys`` verbatim, ``values`` as ``mean ± std``.
+    """Markdown table: ``keys`` verbatim, ``values`` as ``mean ± std`` ("–" where no row has the value;
+    "nan" stays visible, e.g. a diverged run).
 
     Example:
-        >>> print(format_table([{"m": "a", "acc_mean": 0.5, "acc_std": 0.1, "n": 2}], ["m"], ["acc"], 2))
-        | m | acc | n |
-        |---|---|---|
-        | a | 0.50 ± 0.10 | 2 |
+        >>> print(format_table([{"m": "a", "acc_mean": 0.5, "acc_std": 0.1, "ticket_mean": None, "n": 2}],
+        ...                    ["m"], ["acc", "ticket"], 2))
+        | m | acc | ticket | n |
+        |---|---|---|---|
+        | a | 0.50 ± 0.10 | – | 2 |
     """
     header = [*keys, *values, "n"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in summary:
         cells = [str(s[k]) for k in keys]
-        cells += [f"{_num(s[f'{v}_mean']):.{digits}f} ± {_num(s[f'{v}_std']):.{digits}f}" for v in values]
+        cells += ["–" if s.get(f"{v}_mean") is None else f"{s[f'{v}_mean']:.{digits}f} ± {_num(s[f'{v}_std']):.{digits}f}"
+                  for v in values]
         cells.append(str(s["n"]))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
