@@ -501,7 +501,13 @@ def analysis(rows: list[dict]) -> str:
 
 
 def _paired(a, b) -> str:
-    """``mean(a − b) [sd] d_z, seeds a > b, paired t-test p`` over aligned per-seed values."""
+    """``mean(a − b) [sd] d_z, seeds a > b, paired t-test p`` over aligned per-seed values
+    ("identical" when a equals b in every seed, e.g. an intervention that is a no-op).
+
+    Example:
+        >>> _paired([0.5, 0.6], [0.5, 0.6])
+        'identical (2/2 seeds)'
+    """
     from scipy import stats
 
     a, b = np.asarray(a, float), np.asarray(b, float)
@@ -510,6 +516,8 @@ def _paired(a, b) -> str:
     if len(a) < 2:
         return "–"
     d = a - b
+    if not d.any():
+        return f"identical ({len(d)}/{len(d)} seeds)"
     sd = d.std(ddof=1)
     p = stats.ttest_rel(a, b).pvalue if sd > 0 else float("nan")
     dz = d.mean() / sd if sd > 0 else float("nan")
