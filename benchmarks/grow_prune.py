@@ -103,6 +103,15 @@ class Setting:
     ticket: bool = True  # retrain the final mask as a ticket (off on the plasticity stream)
     subset: int | None = None  # MNIST only: the first N train / N // 2 test images (every experience)
     edit_epoch: int = 0  # epochs into each cycle at which its edit happens (0: at its start; DelayedEditClock)
+    leaky: bool = False  # leaky ReLU (slope 0.01) for every method: a plasticity-preserving activation
+
+
+_LEAKY = functools.partial(nn.functional.leaky_relu, negative_slope=0.01)
+
+
+def uses_leaky(setting: Setting, method: str) -> bool:
+    """Leaky ReLU for this run: the setting's activation for every method, or ``grow+leaky``."""
+    return setting.leaky or method == "grow+leaky"
 
 
 def make_model(setting: Setting, n_classes: int, input_shape, leaky: bool = False) -> nn.Module:
@@ -154,10 +163,10 @@ def _make_plugin(method: str, setting: Setting, c: float, seed: int):
         fraction = 1 - c ** (1 / setting.edits)  # IMP: (1 - f)^edits = c
         return PrunePlugin(c, prune_fraction_per_cycle=min(1.0, fraction + 1e-9),
                            epochs_per_cycle=setting.epochs_per_cycle,
-                           rewind_to="init" if method == "prune" else None, cycle_scope=scope, seed=seed)
+                           rewind_to="init" if method == "prune" else None, cycle_scope=scope, seed=seed,
+                           activation=_LEAKY if setting.leaky else torch.relu)
     seed_c = c / 2
-    activation = functools.partial(nn.functional.leaky_relu, negative_slope=0.01) \
-        if method == "grow+leaky" else torch.relu
+    activation = _LEAKY if uses_leaky(setting, method) else torch.relu
     return GrowPlugin(c, seed_compactness=seed_c, grow_fraction_per_cycle=(c - seed_c) / setting.edits + 1e-9,
                       epochs_per_cycle=setting.epochs_per_cycle, score="activation", threshold=0.0, cycle_scope=scope, seed=seed,
                       activation=activation, track_newborn=True, **GROW_VARIANTS[method])
@@ -246,7 +255,7 @@ def run_one(setting: Setting, stream, method: str, c: float, seed: int, *, ticke
     from avalanche.training.supervised import Naive
 
     seed_everything(seed)
-    leaky = method == "grow+leaky"
+    leaky = uses_leaky(setting, method)
     model = make_model(setting, stream.n_classes, stream.input_shape, leaky)
     plugin = make_plugin(method, setting, c, seed)
     cycles = CycleAccuracyMetric(stream.benchmark.test_stream, setting.epochs_per_cycle,
@@ -358,6 +367,8 @@ def settings_for(args) -> list[Setting]:
                                n_experiences=args.permuted_experiences, hidden=(256, 256), epochs=t,
                                epochs_per_cycle=t, edit_epoch=t - e, edits=args.permuted_experiences - 1,
                                ticket=False, subset=args.permuted_subset, **mnist))
+            # the same with leaky ReLU for every method (a plasticity-preserving activation)
+            out.append(replace(out[-1], name=f"mlp leaky permuted mnist T{t} E{e}", leaky=True))
     return out
 
 

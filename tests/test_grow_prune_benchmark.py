@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from benchmarks import grow_prune
 
@@ -46,5 +47,11 @@ def test_fixed_budget_setting_edits_late_in_each_experience_and_dense_has_no_clo
         assert due == [7, 11]  # experiences 1 and 2, epoch 3 of 4
     assert type(grow_prune.make_plugin("grow", early, 0.3, seed=0).clock) is not grow_prune.DelayedEditClock
     assert grow_prune.make_plugin("dense", late, 0.3, seed=0) is None
+    leaky = settings["mlp leaky permuted mnist T4 E1"]
+    assert leaky.leaky and leaky.edit_epoch == 3 and not late.leaky
+    for method in ("grow", "prune+norewind"):  # masks and model share the activation
+        assert grow_prune.make_plugin(method, leaky, 0.3, seed=0).activation is grow_prune._LEAKY
+    model = grow_prune.make_model(leaky, 10, (1, 28, 28), grow_prune.uses_leaky(leaky, "dense"))
+    assert any(isinstance(m, torch.nn.LeakyReLU) for m in model.modules())
     with pytest.raises(ValueError, match="edit_epoch must be in"):
         grow_prune.DelayedEditClock(4, 4)
