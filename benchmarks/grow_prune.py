@@ -248,7 +248,8 @@ class CurrentTaskAccuracy:
 def replay(setting: Setting):
     from avalanche.training.plugins import ReplayPlugin
 
-    return [ReplayPlugin(mem_size=10 * setting.replay_per_class)] if setting.n_experiences > 1 else []
+    return [ReplayPlugin(mem_size=10 * setting.replay_per_class)] \
+        if setting.n_experiences > 1 and setting.replay_per_class else []
 
 
 def run_one(setting: Setting, stream, method: str, c: float, seed: int, *, ticket: bool = True) -> dict:
@@ -369,6 +370,9 @@ def settings_for(args) -> list[Setting]:
                                ticket=False, subset=args.permuted_subset, **mnist))
             # the same with leaky ReLU for every method (a plasticity-preserving activation)
             out.append(replace(out[-1], name=f"mlp leaky permuted mnist T{t} E{e}", leaky=True))
+            # random-label MNIST: memorise a new labelling of the same images per experience, no replay
+            out.append(replace(out[-2], name=f"mlp random-label mnist T{t} E{e}", scenario="random_labels",
+                               replay_per_class=0))
     return out
 
 
@@ -435,12 +439,28 @@ def _stream(dataset: str, scenario: str, n_experiences: int, data_root, subset: 
         return make_stream(dataset, scenario, n_experiences=n_experiences, data_root=data_root, seed=0)
     from avalanche_plugins.study.harness import data
 
-    full = make_stream(dataset, scenario, n_experiences=1, data_root=data_root, seed=0)
+    full = make_stream(dataset, "permuted" if scenario == "random_labels" else scenario, n_experiences=1,
+                       data_root=data_root, seed=0)
     xtr, ytr, xte, yte = data.load_mnist_arrays(data_root)
+    if scenario == "random_labels":
+        return replace(full, benchmark=_random_label_benchmark(xtr[:subset], n_experiences),
+                       description=f"random-label MNIST ({n_experiences} experiences, first {subset} train images)")
     arrays = (xtr[:subset], ytr[:subset], xte[:subset // 2], yte[:subset // 2])
     bench = data._from_arrays(arrays, scenario, n_experiences, False, 0)
     return replace(full, benchmark=bench, description=f"{scenario} {dataset} ({n_experiences} experiences, "
                                                       f"first {subset} train / {subset // 2} test images)")
+
+
+def _random_label_benchmark(x: torch.Tensor, n_experiences: int):
+    """Random-label MNIST (loss-of-plasticity literature): every experience is the same images with
+    fresh uniformly random labels, and its test set is its own training set, so accuracy measures how
+    well the network can still memorise a new labelling."""
+    from avalanche.benchmarks import tensors_benchmark
+
+    g = torch.Generator().manual_seed(0)
+    labels = [torch.randint(0, 10, (len(x),), generator=g) for _ in range(n_experiences)]
+    return tensors_benchmark(train_tensors=[[x, y] for y in labels], test_tensors=[[x, y] for y in labels],
+                             task_labels=[0] * n_experiences)
 
 
 def run_job(job: Job) -> dict:
