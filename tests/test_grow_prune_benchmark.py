@@ -55,3 +55,15 @@ def test_fixed_budget_setting_edits_late_in_each_experience_and_dense_has_no_clo
     assert any(isinstance(m, torch.nn.LeakyReLU) for m in model.modules())
     with pytest.raises(ValueError, match="edit_epoch must be in"):
         grow_prune.DelayedEditClock(4, 4)
+
+
+def test_random_label_stream_relabels_the_same_images_and_tests_on_them():
+    x = torch.randn(64, 1, 4, 4)
+    bench = grow_prune._random_label_benchmark(x, n_experiences=3)
+    labels = []
+    for train, test in zip(bench.train_stream, bench.test_stream):
+        xs, ys = zip(*[(train.dataset[i][0], int(train.dataset[i][1])) for i in range(len(x))])
+        assert torch.equal(torch.stack(xs), x)  # the same images every experience
+        assert [int(test.dataset[i][1]) for i in range(len(x))] == list(ys)  # evaluated on its own labels
+        labels.append(ys)
+    assert labels[0] != labels[1] and len(set(labels[0])) > 5  # a fresh, spread labelling each time
