@@ -32,6 +32,7 @@ Run ``python -m benchmarks.grow_prune --help``.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import time
 from dataclasses import asdict, dataclass, replace
@@ -675,6 +676,30 @@ def claim4_table(by: dict) -> list[str]:
     return out
 
 
+def _rounded(value, digits: int = 6):
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v, digits) for v in value]
+    return value
+
+
+def compact_row(row: dict) -> dict:
+    """A row as a kept run stores it (``--merge``): without the unit indices of every edit and with
+    every float at 6 significant digits (the report prints 3 decimals); ``--report`` reads it unchanged.
+
+    Example:
+        >>> compact_row({"edits": [{"cycle": 1, "units": {"fc": [3, 7]}}], "acc": 0.91234567891})
+        {'edits': [{'cycle': 1}], 'acc': 0.912346}
+    """
+    out = dict(row)
+    if row.get("edits"):
+        out["edits"] = [{k: v for k, v in e.items() if k != "units"} for e in row["edits"]]
+    return _rounded(out)
+
+
 VALUES = ("acc", "taa", "ticket_acc", "ticket_taa", "newborn_grad_ratio", "plasticity")
 
 
@@ -767,15 +792,13 @@ def main(argv=None) -> dict:
                 jobs += [Job("run", setting, method, c, seed) for c in cs]
     start = time.perf_counter()
     if args.merge:  # the rows of earlier runs' caches (e.g. runs split over processes), last row per job
-        import json
-
         merged = {}
         for cache in split_list(args.merge):
             for line in open(cache).read().splitlines():
                 entry = json.loads(line)
                 row = entry["row"]
                 merged[(row.get("kind"), row["setting"], row.get("method"), row.get("compactness"), row.get("seed"))] = row
-        done = list(merged.values())
+        done = [compact_row(r) for r in merged.values()]
     else:
         done = run_jobs(run_job, jobs, cache=f"{args.out}/jobs.jsonl", executor=make_executor(args),
                         desc="grow/prune", progress=not args.no_progress)
@@ -790,6 +813,9 @@ def main(argv=None) -> dict:
                         rows=rows, summary=summary, wall_seconds=wall,
                         extra={"timing": timing, "masked_over_dense_time_per_epoch":
                                max((t["masked_over_dense"] for t in timing), default=None)})
+    if args.merge:  # a kept run: one line of JSON, not indent=2 (a third of the size)
+        (out / "results.json").write_text(json.dumps(json.loads((out / "results.json").read_text()),
+                                                     separators=(",", ":")))
     plot_trajectories(rows, out / "trajectory.png")
     plot_course(rows, out / "newborn_course.png")
     text = print_report(out / "results.json", report, out_dir=out)
