@@ -26,6 +26,7 @@ import multiprocessing
 import os
 import random
 import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -237,13 +238,23 @@ def _ray_task(fn: Callable, job, threads: int, seed: int, warmup: Callable[[], N
     return fn(job)
 
 
+def _ray_instance_running(ray) -> bool:
+    """Whether ``RAY_ADDRESS`` names a cluster or a ``ray start`` instance runs on this machine."""
+    if os.environ.get("RAY_ADDRESS"):
+        return True
+    with contextlib.suppress(Exception):  # a private Ray API: only used to word a message
+        return bool(ray._private.services.find_gcs_addresses())
+    return False
+
+
 class RayExecutor:
     """Jobs as Ray tasks, each holding ``threads`` CPUs; rows are yielded as they finish.
 
     ``address`` given (``"auto"``, ``"HOST:PORT"``, ``"ray://HOST:10001"``): joins that cluster
     and ships the working directory (the user's folder: their model and benchmark modules) as the
     tasks' ``working_dir`` (the nodes need the same Python packages, this one included;
-    ``--data-root`` must exist on them). Otherwise it starts a local instance on first use with
+    ``--data-root`` must exist on them). Otherwise it starts a private local instance on first use
+    (Ray's ``address="local"``: never the cluster of a running ``ray start`` or ``RAY_ADDRESS``) with
     ``num_cpus`` CPUs (``None``: Ray counts them), no dashboard and an object store of
     ``object_store_memory`` bytes, and puts the working directory on the workers' ``PYTHONPATH``. If Ray is
     already initialised in this process it uses that and leaves it running. ``isolate=True``:
@@ -286,11 +297,19 @@ class RayExecutor:
             env = self.runtime_env or {"working_dir": str(Path.cwd()),
                                        "excludes": [".git", ".venv", "out", "*.pt", "*.pth"]}
             ray.init(address=self.address, runtime_env=env, logging_level="warning")
+            print(f"Ray: joined the cluster at {self.address!r} "
+                  f"({ray.cluster_resources().get('CPU', 0):g} CPUs)", file=sys.stderr)
         else:
             path = os.pathsep.join(p for p in (str(Path.cwd()), os.environ.get("PYTHONPATH")) if p)
             env = self.runtime_env or {"env_vars": {"PYTHONPATH": path}}
-            ray.init(num_cpus=self.num_cpus, include_dashboard=False, runtime_env=env,
+            # address="local": a private instance even where `ray start` runs or RAY_ADDRESS is set
+            # (plain ray.init() would join that cluster, and refuses num_cpus there)
+            others = " (a Ray instance already runs on this machine: pass --address auto to join it)" \
+                if _ray_instance_running(ray) else ""
+            ray.init(address="local", num_cpus=self.num_cpus, include_dashboard=False, runtime_env=env,
                      object_store_memory=self.object_store_memory, logging_level="warning")
+            print(f"Ray: started a private local instance with "
+                  f"{ray.cluster_resources().get('CPU', 0):g} CPUs{others}", file=sys.stderr)
         self.started = True
         return ray
 

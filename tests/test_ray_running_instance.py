@@ -1,0 +1,62 @@
+"""``--executor ray`` on a machine where Ray already runs (``ray start --head``, ``RAY_ADDRESS`` set):
+without an address the executor starts a private local instance with its own CPUs and says so;
+``address="auto"`` joins the running one. Plain ``ray.init(num_cpus=...)`` would fail there with
+"When connecting to an existing cluster, num_cpus and num_gpus must not be provided"."""
+
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from avalanche_plugins.study.harness.jobs import LocalExecutor, RayExecutor, run_jobs
+from tests.test_ray_executor import JOBS, _numbers, fit
+
+ray = pytest.importorskip("ray")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def running_ray():
+    """A Ray head started the way users start one (one CPU, so it is told apart from ours)."""
+    if ray.is_initialized():
+        ray.shutdown()
+    cli = shutil.which("ray") or str(Path(sys.executable).with_name("ray"))
+    port = _free_port()
+    subprocess.run([cli, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+                    "--disable-usage-stats"], check=True, capture_output=True, timeout=180)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        subprocess.run([cli, "stop", "--force"], capture_output=True, timeout=120)
+
+
+@pytest.mark.slow  # starts three Ray instances: about a minute
+def test_ray_without_address_starts_its_own_instance_beside_a_running_one(running_ray, monkeypatch, capsys):
+    monkeypatch.setenv("RAY_ADDRESS", running_ray)  # as `ray start` tells users to export
+    local = run_jobs(fit, JOBS, executor=LocalExecutor(1), progress=False)
+    with RayExecutor(num_cpus=2) as ex:
+        rows = run_jobs(fit, JOBS, executor=ex, progress=False)
+        assert ex.started and ray.cluster_resources()["CPU"] == 2  # ours, not the 1-CPU head
+    assert not ray.is_initialized()
+    assert _numbers(rows) == _numbers(local)
+    message = capsys.readouterr().err
+    assert "started a private local instance with 2 CPUs" in message and "--address auto" in message
+
+    with RayExecutor(address="auto") as ex:  # asked to join: the running head and its one CPU
+        rows = run_jobs(fit, JOBS[:2], executor=ex, progress=False)
+        assert ray.cluster_resources()["CPU"] == 1
+    assert _numbers(rows) == _numbers(local[:2])
+    assert "joined the cluster at 'auto' (1 CPUs)" in capsys.readouterr().err
+    # leaving the joined cluster did not stop it
+    assert subprocess.run([shutil.which("ray") or str(Path(sys.executable).with_name("ray")), "status",
+                           f"--address={running_ray}"], capture_output=True, timeout=120).returncode == 0
