@@ -16,8 +16,11 @@ from avalanche_plugins.core.checks import (
     check_nonempty,
     check_targets,
 )
+from avalanche_plugins.core.layers import discover_layers
+from avalanche_plugins.core.split import split_model
 from avalanche_plugins.layer_adaptive import layer_curvature, layer_top_eigenvalues
 from avalanche_plugins.layer_adaptive.fisher import (
+    batched_fisher,
     empirical_fisher,
     expected_fisher,
     fisher_diagonal,
@@ -55,6 +58,7 @@ LABELLED = {
     "layer_top_eigenvalues": (lambda m, x, y: layer_top_eigenvalues(m, CE, x, y, max_iter=3), "targets"),
     "layer_fisher_eigenvalues/true": (lambda m, x, y: layer_fisher_eigenvalues(m, CE, x, y, labels="true"), "targets"),
     "empirical_fisher": (lambda m, x, y: empirical_fisher(m, CE, x, y), "targets"),
+    "batched_fisher": (lambda m, x, y: batched_fisher(m, CE, [(x[:6], y[:6]), (x[6:], y[6:])]), "targets"),
     "fisher_diagonal/batched": (lambda m, x, y: fisher_diagonal("batched", m, CE, x, y), "targets"),
     "optimization_readiness": (lambda m, x, y: optimization_readiness(m, CE, x, y, n_batches=4), "targets"),
     "hessian_energy_rank": (lambda m, x, y: hessian_energy_rank(m, CE, x, y), "targets"),
@@ -83,6 +87,8 @@ UNLABELLED = {
     "refine_key": (lambda m, x: refine_key(*_stitched(m), x, steps=1), "anchors"),
     "gauss_newton_key": (lambda m, x: gauss_newton_key(*_stitched(m), x, iterations=1), "anchors"),
     "UnitMasks": (lambda m, x: UnitMasks(m, x), "example_input"),
+    "discover_layers": (lambda m, x: discover_layers(m, x), "example_input"),
+    "split_model": (lambda m, x: split_model(m, "1", x), "example_input"),
 }
 INPUTS_NAME = {"update_direction": "new_inputs", "architecture_driven_shift": "old_inputs"}  # checked first
 ALL = {**{k: (lambda m, x, f=f: f(m, x, _data(x.shape[0])[1].to(x.device)), INPUTS_NAME.get(k, "inputs"))
@@ -113,7 +119,9 @@ def test_estimators_refuse_empty_batches_dtype_mismatch_and_meta_models(name):
     estimator, inputs = ALL[name]
     x, _ = _data()
     estimator(_net(), x)  # good inputs pass
-    with pytest.raises(ValueError, match=rf"{inputs} is empty \(shape \(0, 4\)\): at least one sample is needed"):
+    empty = ("batches holds an empty minibatch" if name == "batched_fisher" else
+             rf"{inputs} is empty \(shape \(0, 4\)\): at least one sample is needed")
+    with pytest.raises(ValueError, match=empty):
         estimator(_net(), x[:0])
     with pytest.raises(TypeError, match=rf"{inputs} has dtype torch.float32 but the model's parameters are "
                                         r"torch.float64; convert one of them"):
@@ -132,6 +140,10 @@ def test_fit_transport_key_refuses_empty_activations():
         fit_transport_key(u, u[:0])
     with pytest.raises(TypeError, match="u must be a tensor, got list"):
         fit_transport_key([1.0], u)
+    with pytest.raises(ValueError, match="u is on the meta device: it holds no values"):
+        fit_transport_key(u.to("meta"), u)
+    with pytest.raises(ValueError, match="v is on the meta device"):
+        fit_transport_key(u, u.to("meta"), "cross_channel")
 
 
 def test_checks_directly():

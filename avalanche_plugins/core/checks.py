@@ -100,6 +100,18 @@ def check_nonempty(x, name: str = "inputs") -> None:
         raise ValueError(f"{name} is empty (shape {tuple(x.shape)}): at least one sample is needed")
 
 
+def check_not_meta(x: torch.Tensor, name: str = "inputs") -> None:
+    """``ValueError`` for a tensor on the ``meta`` device: it has a shape but no values to compute with.
+
+    >>> check_not_meta(torch.zeros(2, device="meta"), "u")
+    Traceback (most recent call last):
+    ...
+    ValueError: u is on the meta device: it holds no values; pass real data
+    """
+    if x.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device: it holds no values; pass real data")
+
+
 def check_labels(targets, n_classes: int | None = None, *, name: str = "targets",
                  ignore_index: int | None = None) -> None:
     """Class-index labels: a tensor of an integer dtype (``TypeError`` for float, bool or complex
@@ -148,8 +160,7 @@ def check_model_inputs(model: torch.nn.Module, x, name: str = "inputs") -> None:
         raise ValueError(f"model has parameters or buffers on the meta device ({on_meta[:3]}"
                          f"{' ...' if len(on_meta) > 3 else ''}): they hold no values; materialise the model "
                          "first (model.to_empty(device=...) and load its weights)")
-    if x.device.type == "meta":
-        raise ValueError(f"{name} is on the meta device: it holds no values; pass real data")
+    check_not_meta(x, name)
     devices = {t.device for t in tensors}
     if devices and x.device not in devices:
         raise ValueError(f"{name} is on {x.device} but the model's parameters are on "

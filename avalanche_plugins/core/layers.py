@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from avalanche_plugins.core.calls import eval_mode, first_tensor, is_multitask, model_forward
+from avalanche_plugins.core.checks import check_model_inputs
 
 __all__ = [
     "ELEMENTWISE",
@@ -245,6 +246,8 @@ def discover_layers(model: nn.Module, example_input) -> LayerMap:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if isinstance(example_input, torch.Tensor):  # a tuple of arguments is the model's business
+        check_model_inputs(model, example_input, "example_input")
     _check_no_tied_parameters(model)
     trace = _trace(model, example_input)
     layer_modules = _choose_layers(model, trace)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from avalanche_plugins.core.calls import eval_mode, first_tensor
+from avalanche_plugins.core.checks import check_model_inputs
 from avalanche_plugins.core.outputs import OutputTransform, logits_of
 
 __all__ = ["Reshape", "split_model", "split_points"]
@@ -196,6 +197,7 @@ def split_model(
         >>> torch.equal(late(early(x)), net(x))
         True
     """
+    check_model_inputs(model, example_input, "example_input")
     if at == "" or at not in dict(model.named_modules()):
         raise ValueError(f"at={at!r} names no submodule of {type(model).__name__}")
     entries, out_shape = _traced_entries(model, example_input, output_transform)

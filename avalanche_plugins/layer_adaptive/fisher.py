@@ -75,9 +75,12 @@ def batched_fisher(model: nn.Module, loss_fn, batches) -> dict[str, torch.Tensor
     with eval_mode(model):
         for batch in batches:
             x, y = batch[0], batch[1]
-            if x.shape[0] == 0:
+            if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == 0:
                 raise ValueError(f"batches holds an empty minibatch (batch {count}): every minibatch "
                                  "needs at least one sample")
+            # labels in range and of an integer dtype, inputs matching the model's dtype and device
+            check_estimator_inputs(model, x, y, loss_fn=loss_fn, task_labels=batch[-1] if len(batch) > 2 else None,
+                                   name="inputs", targets_name="targets")
             loss = loss_fn(model_forward(model, x, batch[-1] if len(batch) > 2 else None), y)
             check_finite_loss(loss, "while estimating the Fisher")
             grads = torch.autograd.grad(loss, params, allow_unused=True)

@@ -44,6 +44,7 @@ from avalanche_plugins.core.checks import (
     check_finite,
     check_int,
     check_nonempty,
+    check_not_meta,
     check_positive,
 )
 
@@ -259,6 +260,7 @@ def _check_key_inputs(u, v, family: str, ridge: float, layout: str | None) -> tu
             raise TypeError(f"{name} must be a tensor, got {type(a).__name__}")
         if a.dim() == 0 or a.shape[0] == 0:
             raise ValueError(f"{name} is empty: at least one anchor is needed")
+        check_not_meta(a, name)
         check_finite(name, a)
     layout = _infer_layout(u) if layout is None else layout
     check_choice("layout", layout, LAYOUTS)
