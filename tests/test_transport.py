@@ -291,10 +291,19 @@ def test_gauss_newton_chunked_equals_unchunked(kind, family, form, monkeypatch):
             monkeypatch.setattr(refine, "_ROW_BYTES", row_bytes)
         key = fit_transport_key(stage_activations(updated, stage, x), stage_activations(checkpoint, stage, x),
                                 family, ridge=1e-3)
+        start = torch.cat([p.detach().flatten() for p in key.parameters()])
         gauss_newton_key(key, stitch(updated, checkpoint, stage, key), x, iterations=2, chunk_size=chunk_size)
-        keys.append(torch.cat([p.flatten() for p in key.parameters()]))
+        keys.append(torch.cat([p.detach().flatten() for p in key.parameters()]))
+    # Not bit-equal: J's rows come from float32 jvp/vjp passes whose batched kernels sum in an order
+    # that depends on the chunk (and on the CPU's vector width), the solve is float64, the key is
+    # rounded back to float32. So the keys agree to a few float32 roundings of the LM step plus one
+    # rounding of the key: measured <= 4.5 eps32 (||step|| + ||key||) under the AVX-512, AVX2 and
+    # default kernels; 32 eps32 leaves room for the (small) conditioning of the damped solve. A
+    # chunking bug (a row lost or counted twice) moves the step by a fraction of itself, ~1e5 x more.
+    scale = float((keys[0] - start).norm() + keys[0].norm())
+    eps = torch.finfo(torch.float32).eps
     for other in keys[1:]:
-        torch.testing.assert_close(other, keys[0], rtol=1e-6, atol=1e-7)
+        assert float((other - keys[0]).norm()) <= 32 * eps * scale
 
 
 @pytest.mark.parametrize("family", ["channel", "cross_channel", "procrustes"])
