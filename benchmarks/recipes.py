@@ -50,7 +50,7 @@ def recipe_from_results(saved: dict) -> tuple[dict, list[str]]:
               "tuned_by": {"config": f"studies/recipes/{key}.yaml", "command": saved.get("command"),
                            "code_version": saved.get("code_version"),
                            "data": ("scikit-learn's bundled 8x8 digits" if scenario["benchmark"].endswith("_digits")
-                                    else saved.get("data")),
+                                    else _scenario_data(saved, key)),
                            "machine": saved.get("machine"), "tune_seed": config["tune_seed"]},
               "strategies": {}}
     skipped = []
@@ -73,6 +73,13 @@ def recipe_from_results(saved: dict) -> tuple[dict, list[str]]:
                      **{m: [r[m] for r in runs] for m in ("acc", "acc_til", "forgetting", "bwt", "train_s")}},
         }
     return recipe, skipped
+
+
+def _scenario_data(saved: dict, key: str):
+    """The data checksums of scenario ``key`` (per scenario since issue 30; one entry before)."""
+    data = saved.get("data") or {}
+    entry = data.get(key)
+    return entry.get("data", entry) if isinstance(entry, dict) else data
 
 
 def _table(key: str, recipe: dict, skipped: list[str]) -> str:
@@ -119,6 +126,7 @@ def write(keys, out_root: Path = ROOT / "out" / "recipes") -> list[Path]:
         (kept / "tables.md").write_text((out_root / key / "tables.md").read_text())
         (kept / "summary.json").write_text(json.dumps({"command": saved.get("command"),
                                                        "code_version": saved.get("code_version"),
+                                                       "versions": saved.get("versions"),
                                                        "data": saved.get("data"), "machine": saved.get("machine"),
                                                        "chosen": saved["chosen"], "not_shipped": skipped,
                                                        "wall_seconds": saved.get("wall_seconds")}, indent=1))

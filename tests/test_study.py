@@ -16,6 +16,7 @@ import pytest
 from scipy import stats
 
 from avalanche_plugins.study import ConfigError, load_study, run_study
+from avalanche_plugins.study.registry import source_hash
 from avalanche_plugins.study.stats import holm, summarize_study
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,6 +217,11 @@ def test_tiny_study_writes_csv_tables_figures_and_report(tiny_study):
     assert len(result.rows) == 4 and {(r["strategy"], r["seed"]) for r in result.rows} == {
         ("Naive", 0), ("Naive", 1), ("LwF", 0), ("LwF", 1)}
     assert "\\begin{tabular}" in result.tables["latex"] and "\\textbf{" in result.tables["latex"]
+    factory = json.loads((out / "results.json").read_text())["data"]["two_tasks"]  # a user's factory: named, hashed
+    assert factory["factory"] == {"name": result.study.scenarios[0]["benchmark"], "kwargs": {"n_experiences": 2},
+                                  "module_sha256": source_hash(result.study.scenarios[0]["benchmark"].split(":")[0])}
+    assert (factory["setting"], factory["experiences"], factory["classes_per_experience"]) == \
+        ("class-incremental", 2, [5, 5])
 
 
 def test_tiny_study_statistics_match_an_independent_computation(tiny_study):

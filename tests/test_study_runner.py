@@ -197,3 +197,52 @@ def test_a_scenario_whose_every_run_failed_still_gets_its_tables(tmp_path):
     assert result.rows[0]["status"] == "diverged" and result.figures == []
     assert "| Exploding† | default | failed |" in result.tables["markdown"]
     assert "## Failed runs" in result.report.read_text()
+
+
+PROVENANCE_STUDY = """
+name: provenance
+seeds: 1
+scenarios:
+  - {name: digits, benchmark: split_digits, n_experiences: 2}
+  - {name: mnist_ti, benchmark: split_mnist, n_experiences: 2, task_incremental: true DATA_ROOT}
+model: {name: mlp, kwargs: {hidden: [16]}}
+training: {lr: 0.05, epochs: 1, batch_size: 64}
+strategies: [Naive]
+"""
+
+
+def _provenance_run(tmp_path, name: str, yaml_root, cli_root) -> dict:
+    """Run the two-scenario study (MNIST's root in the YAML or on the command line); its results.json."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(PROVENANCE_STUDY.replace(" DATA_ROOT", f", data_root: '{yaml_root}'" if yaml_root else ""))
+    argv = ["run", str(path), "--out", str(tmp_path / name), "--no-progress"]
+    run_command(argv + (["--data-root", str(cli_root)] if cli_root else []))
+    return json.loads((tmp_path / name / "results.json").read_text())
+
+
+@pytest.mark.parametrize("where", ["yaml", "command line"])
+def test_provenance_is_true_for_every_scenario(tmp_path, where):
+    import hashlib
+    import os
+
+    from tests.test_data import write_fake_mnist
+
+    root = tmp_path / "data"
+    write_fake_mnist(root)
+    saved = _provenance_run(tmp_path, "study", root if where == "yaml" else None,
+                            root if where == "command line" else None)
+    digits, mnist = saved["data"]["digits"], saved["data"]["mnist_ti"]
+    assert digits["data"]["name"] == "scikit-learn digits" and digits["data"]["scikit-learn"]
+    assert (digits["setting"], digits["experiences"], digits["classes_per_experience"]) == \
+        ("class-incremental", 2, [5, 5])
+    assert mnist["data"]["name"] == "MNIST" and mnist["data"]["root"] == os.path.relpath(root)
+    for rel, digest in mnist["data"]["sha256"].items():
+        assert digest == hashlib.sha256((root / rel).read_bytes()).hexdigest(), rel
+    assert (mnist["setting"], mnist["experiences"], mnist["classes_per_experience"]) == \
+        ("task-incremental", 2, [5, 5])
+    assert saved["command"].startswith("avalanche-study run ") and saved["code_version"]
+    assert {"torch", "avalanche-lib", "avalanche-plugins", "python"} <= set(saved["versions"])
+    report = (tmp_path / "study" / "report.md").read_text()
+    assert "mnist_ti: task-incremental, 2 experiences × 5 classes, MNIST" in report
+    assert "ACC is task-incremental accuracy" in report and "digits (class-incremental)" in report
+    assert mnist["data"]["sha256"]["MNIST/raw/t10k-labels-idx1-ubyte"] in report

@@ -25,6 +25,7 @@ from avalanche_plugins.study.harness.cli import is_skipped
 from avalanche_plugins.study.harness.jobs import Timer, run_jobs
 from avalanche_plugins.study.harness.protocol import expand_grid, select_best, setting_label
 from avalanche_plugins.study.harness.results import print_report, write_results
+from avalanche_plugins.study.provenance import provenance_lines, setting_lines, study_provenance
 from avalanche_plugins.study.runner import CONTEXT, StudyJob, apply_setting, run_job
 from avalanche_plugins.study.stats import summarize_study
 from avalanche_plugins.study.tables import (
@@ -154,12 +155,15 @@ def _tuning_failures(study: Study, chosen: dict) -> list[dict]:
 
 def run_study(config, *, out, quick: bool = False, seeds: int | None = None, executor: str = "local",
               workers: int = 1, threads: int = 1, address: str | None = None, data_root=None,
-              skip=(), progress: bool = True, args=None, echo: bool = False, isolate: bool = True) -> StudyResult:
+              skip=(), progress: bool = True, command: str | None = None, echo: bool = False,
+              isolate: bool = True) -> StudyResult:
     """Run a study (a config path, a mapping or a loaded :class:`Study`) into ``out``; see the
     module docstring. ``seeds`` replaces the config's seed count; ``quick`` applies its ``quick:``
     overrides; ``executor`` is ``"local"`` (``workers`` processes) or ``"ray"`` (``address``).
     ``isolate`` (default): every job in a fresh process, so its peak memory is its own; ``False``
-    reuses worker processes (faster to start, memory then includes the jobs before)."""
+    reuses worker processes (faster to start, memory then includes the jobs before).
+    ``command``: the command line that started the study, recorded in ``results.json``;
+    ``echo``: print the tables when done."""
     study = config if isinstance(config, Study) else load_study(config, quick=quick, seeds=seeds, data_root=data_root)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -173,12 +177,13 @@ def run_study(config, *, out, quick: bool = False, seeds: int | None = None, exe
         chosen = _choose(tuning, tuning_rows)
         test_rows = run_jobs(run, plan_test_jobs(study, chosen, skip), cache=cache, executor=pool,
                              desc="runs (test)", progress=progress) + _tuning_failures(study, chosen)
-    return write_outputs(study, out, test_rows, tuning_rows, chosen, total.seconds, args=args, echo=echo)
+    return write_outputs(study, out, test_rows, tuning_rows, chosen, total.seconds, command=command, echo=echo)
 
 
-def write_outputs(study: Study, out: Path, test_rows, tuning_rows, chosen, wall_seconds: float, *, args=None,
-                  echo: bool = False) -> StudyResult:
-    """Tidy CSV, results.json, tables, figures and report of finished runs."""
+def write_outputs(study: Study, out: Path, test_rows, tuning_rows, chosen, wall_seconds: float, *,
+                  command: str | None = None, echo: bool = False) -> StudyResult:
+    """Tidy CSV, results.json (with per-scenario provenance), tables, figures and report of
+    finished runs."""
     from avalanche_plugins.study.figures import make_figures
 
     csv_path = out / "metrics.csv"
@@ -197,8 +202,9 @@ def write_outputs(study: Study, out: Path, test_rows, tuning_rows, chosen, wall_
     (out / "tables.md").write_text(_tables_md(tables) + "\n")
     (out / "tables.tex").write_text(tables["latex"] + "\n")
     figures = make_figures(runs, metrics, out / "figures", names)
-    write_results(out, args, config=study.as_dict(), rows=runs, summary=summary, wall_seconds=wall_seconds,
-                  extra={"study": study.name, "source": study.source, "reference": study.reference,
+    data = study_provenance(study.scenarios, study.sources, [*runs, *tuning])
+    write_results(out, command=command, data=data, config=study.as_dict(), rows=runs, summary=summary,
+                  wall_seconds=wall_seconds, extra={"study": study.name, "source": study.source, "reference": study.reference,
                          "chosen": chosen, "tuning": tuning, "tables": tables,
                          "figures": [p.relative_to(out).as_posix() for p in figures]})
     print_report(out / "results.json", report, out_dir=out, echo=False)
@@ -259,13 +265,19 @@ def terminal_summary(results) -> str:
     return text
 
 
+def _scenario_label(name: str, saved: dict) -> str:
+    """``split_digits (class-incremental)``: a scenario with the setting its runs saw."""
+    setting = ((saved.get("data") or {}).get(name) or {}).get("setting") if isinstance(saved.get("data"), dict) else None
+    return f"{name} ({setting})" if setting else name
+
+
 def report(saved: dict) -> str:
     """``report.md``: what ran, the chosen settings, the tables and every figure."""
     config = saved["config"]
     lines = [f"# Study: {saved['study']}", ""]
     if config.get("description"):
         lines += [config["description"], ""]
-    scenarios = ", ".join(s["name"] for s in config["scenarios"])
+    scenarios = ", ".join(_scenario_label(s["name"], saved) for s in config["scenarios"])
     lines += [f"Scenarios: {scenarios}. Model: `{config['model']['name']}`. Strategies: "
               + ", ".join(s["name"] for s in config["strategies"]) + f". Seeds: {config['seeds']} "
               f"(test stream); grids tuned on a validation split with seed {config['tune_seed']}. "
@@ -280,7 +292,11 @@ def report(saved: dict) -> str:
     if recipes:
         lines += ["## Recipes", "", "Tuned settings shipped with the package (`avalanche-study recipes`):", "",
                   *recipes, ""]
-    lines += ["## Results", "", saved["tables"]["markdown"], ""]
+    lines += ["## Results", ""]
+    settings = setting_lines(saved)
+    if settings:
+        lines += [*settings, ""]
+    lines += [saved["tables"]["markdown"], ""]
     if saved["tables"].get("failed"):
         lines += ["## Failed runs", "", "Not scored: left out of every mean, interval, test and figure.", "",
                   saved["tables"]["failed"], ""]
@@ -295,6 +311,7 @@ def report(saved: dict) -> str:
             lines += [f"### {title}", "", f"![{title}]({path})", ""]
     if saved["tables"].get("matrices"):
         lines += ["## Final accuracy matrices", "", saved["tables"]["matrices"], ""]
+    lines += provenance_lines(saved)
     lines += ["Files: `metrics.csv` (every logged value, tidy long format), `results.json`, `tables.md`, "
               "`tables.tex`, `figures/`, `runs/` (per-run CSVs and images)."]
     return "\n".join(lines)

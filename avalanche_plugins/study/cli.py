@@ -70,8 +70,8 @@ def _run(args, parser) -> object:
         raise SystemExit(2) from None
     out = Path(args.out if args.out != "out/study/<name>" else Path("out") / "study" / study.name)
     result = run_study(study, out=out, executor=args.executor, workers=args.workers, threads=args.threads,
-                       address=args.address, skip=args.skip, progress=not args.no_progress, args=args,
-                       echo=True)
+                       address=args.address, skip=args.skip, progress=not args.no_progress,
+                       command=args.command, echo=True)
     print(f"wrote {result.report} (tables, figures), {result.csv}, {out / 'results.json'} "
           f"({result.wall_seconds:.0f} s)", flush=True)
     return result

@@ -101,8 +101,9 @@ def run_job(job: StudyJob, log_dir: str | None = None) -> dict:
     row = {"scenario": job.scenario["name"], "strategy": job.strategy["name"], "setting": job.setting,
            "seed": job.seed, "split": job.split}
     add_import_paths(job.paths)
+    facts: dict = {}  # the stream's setting, experiences and classes, once it is built (provenance)
     try:
-        return {**row, **_train(job, log_dir), "status": "ok"}
+        return {**row, **_train(job, log_dir, facts), "stream": facts, "status": "ok"}
     except Diverged as error:
         status, cause = "diverged", str(error)
     except CallbackFailed as error:
@@ -112,7 +113,7 @@ def run_job(job: StudyJob, log_dir: str | None = None) -> dict:
     return {**row, **{m: float("nan") for m in SCORES}, "wall_s": float("nan"), "train_s": float("nan"),
             "diagnostics_s": float("nan"), "peak_memory_mb": float("nan"), "callback_s": {},
             "accuracy_matrix": [], "til_matrix": [], "baseline_accuracy": [], "metrics": [],
-            "status": status, "error": cause}
+            "stream": facts, "status": status, "error": cause}
 
 
 def add_import_paths(paths) -> None:
@@ -159,7 +160,7 @@ def _peak_memory_mb(device: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _train(job: StudyJob, log_dir: str | None) -> dict:
+def _train(job: StudyJob, log_dir: str | None, facts: dict) -> dict:
     from avalanche_plugins.study.build import (
         build_evaluator,
         build_model,
@@ -168,9 +169,11 @@ def _train(job: StudyJob, log_dir: str | None) -> dict:
         build_stream,
     )
     from avalanche_plugins.study.harness.training import quiet_deprecations
+    from avalanche_plugins.study.provenance import stream_facts
     from avalanche_plugins.study.watch import DivergenceWatch, time_callbacks
 
     stream = build_stream(job.scenario, job.seed, validation=job.split == "validation")
+    facts.update(stream_facts(stream))
     seed_everything(job.seed)  # after the stream: Avalanche's generators reseed torch
     model = build_model(job.model, stream)
     plugins = build_plugins(job.strategy["plugins"])

@@ -11,6 +11,7 @@ printed, and a changed report function re-analyses an old run without rerunning 
 from __future__ import annotations
 
 import csv
+import importlib.metadata
 import json
 import os
 import platform
@@ -27,6 +28,7 @@ from avalanche_plugins.study.harness.jobs import code_version, jsonable
 __all__ = [
     "command_line",
     "machine_info",
+    "versions",
     "relative_paths",
     "summarize",
     "format_table",
@@ -82,6 +84,21 @@ def machine_info() -> dict:
     }
 
 
+_DISTRIBUTIONS = ("torch", "avalanche-lib", "avalanche-plugins", "numpy", "scikit-learn", "torchvision")
+
+
+def versions() -> dict:
+    """``{name: version}`` of Python and the packages a run's numbers depend on (torch,
+    avalanche-lib, this package, ...; ``None`` for one that is not installed)."""
+    out = {"python": platform.python_version()}
+    for name in _DISTRIBUTIONS:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
 def summarize(rows: Sequence[dict], group_by: Sequence[str], values: Sequence[str]) -> list[dict]:
     """Mean, sample std and count of ``values`` over rows sharing ``group_by`` (order kept); a value
     no row of a group has (``None`` or missing, e.g. a ticket of the dense model) gets ``None``.
@@ -133,18 +150,23 @@ def _num(value) -> float:
 
 
 def write_results(out_dir, args=None, *, config: dict, rows: Sequence[dict], summary: Sequence[dict],
-                  wall_seconds: float, extra: dict | None = None) -> Path:
+                  wall_seconds: float, extra: dict | None = None, command: str | None = None,
+                  data: dict | None = None) -> Path:
     """Write ``results.json`` and ``results.csv`` into ``out_dir``; return the folder.
 
-    ``args`` is the parsed command line (:func:`avalanche_plugins.study.harness.cli.parse_args`): its command,
-    and its ``--data-root`` for the data checksum.
+    ``command``: the command line that made the run (default: ``args.command``); ``data``: what data
+    it read (default: the fingerprint of the one dataset at ``args.data_root``, a benchmark's
+    ``--data-root``; a study passes one entry per scenario). ``args`` is any object with those
+    attributes (a benchmark's parsed command line), or ``None``. The versions of Python, torch,
+    avalanche-lib and this package are recorded with the code version.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     payload = {
-        "command": getattr(args, "command", None),
+        "command": command if command is not None else getattr(args, "command", None),
         "code_version": code_version(),
-        "data": data_fingerprint(getattr(args, "data_root", None)),
+        "versions": versions(),
+        "data": data if data is not None else data_fingerprint(getattr(args, "data_root", None)),
         "config": config,
         "machine": machine_info(),
         "wall_seconds": wall_seconds,
