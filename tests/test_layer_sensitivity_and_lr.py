@@ -75,8 +75,10 @@ def test_ewc_plugin_log_profile_publishes():
     assert plugin.profiles[0].spectrum is not None
 
 
-def group_of(optimizer, param):
-    return next(i for i, g in enumerate(optimizer.param_groups) if any(p is param for p in g["params"]))
+def group_of(groups, param):
+    """Index of the group (of an optimizer's ``param_groups`` or a list of them) holding ``param``."""
+    groups = getattr(groups, "param_groups", groups)
+    return next(i for i, g in enumerate(groups) if any(p is param for p in g["params"]))
 
 
 def optimizer_state(strategy):
@@ -87,15 +89,18 @@ def optimizer_state(strategy):
 
 
 class StateAtStart(SupervisedPlugin):
-    """Placed after the plugin under test: the optimizer state once every plugin has prepared
-    the experience, just before its first step."""
+    """Placed after the plugin under test: the optimizer state and groups once every plugin has
+    prepared the experience (the groups are built at its first epoch), just before its first step."""
 
     def __init__(self):
         super().__init__()
-        self.states = []
+        self.states, self.groups = [], []
 
-    def before_training_exp(self, strategy, **kwargs):
-        self.states.append(optimizer_state(strategy))
+    def before_training_epoch(self, strategy, **kwargs):
+        if strategy.clock.train_exp_epochs == 0:
+            self.states.append(optimizer_state(strategy))
+            self.groups.append([{**{k: v for k, v in g.items() if k != "params"}, "params": list(g["params"])}
+                                for g in strategy.optimizer.param_groups])
 
 
 def test_lr_plugin_geometric_groups_keep_state_and_cover_new_heads():
@@ -104,8 +109,10 @@ def test_lr_plugin_geometric_groups_keep_state_and_cover_new_heads():
     strategy.train(stream.benchmark.train_stream[0])
     opt, model = strategy.optimizer, strategy.model
     # alpha < 1: deeper layers faster, never above the base rate (the head gets it)
-    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.0125, 0.025, 0.05])
-    assert all(g["momentum"] == 0.9 for g in opt.param_groups)
+    assert [g["lr"] for g in probe.groups[0]] == pytest.approx([0.0125, 0.025, 0.05])
+    assert all(g["momentum"] == 0.9 for g in probe.groups[0])
+    # between experiences: one group at the base rate, as Avalanche's optimizer adaptation expects
+    assert [g["lr"] for g in opt.param_groups] == [0.05]
     after_first = optimizer_state(strategy)
     assert "trunk.features.1.weight" in after_first  # momentum buffers exist
     strategy.train(stream.benchmark.train_stream[1])  # adds head 1: grouped with the head layer
@@ -115,11 +122,12 @@ def test_lr_plugin_geometric_groups_keep_state_and_cover_new_heads():
     for name, buffers in after_first.items():
         assert all(torch.equal(kept[name][k], v) for k, v in buffers.items()), name
     params = list(model.parameters())
-    assert sorted(id(p) for g in opt.param_groups for p in g["params"]) == sorted(id(p) for p in params)
+    groups = probe.groups[1]
+    assert sorted(id(p) for g in groups for p in g["params"]) == sorted(id(p) for p in params)
     head1 = model.head.classifiers["1"].classifier.weight
     w = model.trunk.features[1].weight
-    assert opt.param_groups[group_of(opt, head1)]["lr"] == pytest.approx(0.05)
-    assert opt.param_groups[group_of(opt, w)]["lr"] == pytest.approx(0.0125)
+    assert groups[group_of(groups, head1)]["lr"] == pytest.approx(0.05)
+    assert groups[group_of(groups, w)]["lr"] == pytest.approx(0.0125)
     assert not torch.equal(opt.state[w]["momentum_buffer"], after_first["trunk.features.1.weight"]["momentum_buffer"])
     assert head1.grad is not None and "momentum_buffer" in opt.state[head1]
 

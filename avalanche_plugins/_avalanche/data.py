@@ -7,7 +7,7 @@ from torch.utils.data import DataLoader
 
 from avalanche_plugins.core.layers import discover_layers, example_input
 
-__all__ = ["check_experience_granularity", "experience_tensors", "experience_batches", "experience_example", "experience_layer_map",
+__all__ = ["experience_tensors", "experience_batches", "experience_example", "experience_layer_map",
            "metric_name", "preserved_rng"]
 
 
@@ -89,20 +89,3 @@ def preserved_rng(device):
         index = device.index if device.index is not None else torch.cuda.current_device()
         return torch.random.fork_rng(devices=[index])
     return torch.random.fork_rng(devices=[])
-
-
-def check_experience_granularity(strategy, component: str) -> None:
-    """``ValueError`` for runs whose experiences are not the benchmark's experiences: online streams
-    (``split_online_stream`` sub-experiences of a few samples) and ``JointTraining`` (one pass over
-    every experience's data). ``component`` counts, snapshots or folds per experience, so either
-    would silently count the wrong thing."""
-    from avalanche.training.supervised import JointTraining
-
-    if isinstance(strategy, JointTraining):
-        raise ValueError(f"{component} works per experience; JointTraining trains on all experiences "
-                         "at once, so its per-experience quantities would describe experience 0 only")
-    experience = getattr(strategy, "experience", None)
-    if experience is not None and hasattr(experience, "origin_experience"):
-        raise ValueError(f"{component} works per experience; this stream is an online split "
-                         f"(split_online_stream sub-experiences of {getattr(experience, 'subexp_size', '?')} "
-                         "samples), which it would count as experiences: train it on the original stream")

@@ -16,8 +16,9 @@ experience:
    cannot use).
 
 Anything that fails raises the original exception type (``ValueError``, ``TypeError``,
-``NotImplementedError``; other errors as ``RuntimeError``) with a message that starts with the
-component's name and says it refused before training. Nothing of the run changes: the model is
+``NotImplementedError``; any other exception, a model's own ``AssertionError`` included, as
+``RuntimeError`` with the original type and, for a message-less error, the line that raised it)
+with a message that starts with the component's name and says it refused before training. Nothing of the run changes: the model is
 evaluated in eval mode (train flags restored), torch's RNG (CPU and the strategy's device) is
 restored, the estimators read parameters through ``torch.func`` and write no ``.grad``.
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+import traceback
 import warnings
 from collections.abc import Callable
 
@@ -61,9 +63,20 @@ def first_samples(strategy, n: int = PREFLIGHT_SAMPLES):
     return x, y, torch.as_tensor(t).to(x.device)
 
 
+def _describe(error: Exception) -> str:
+    """The error's message, or (a bare ``assert`` in the model, e.g. ICaRL's evaluation forward
+    before its class means exist) its type and the line that raised it."""
+    text = str(error)
+    if text:
+        return text
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno} ({frames[-1].line})" if frames else ""
+    return f"{type(error).__name__} raised{where}"
+
+
 def _refusal(component: str, error: Exception, n: int) -> Exception:
     message = (f"{component} refuses this model before training (checked on {n} samples of the first "
-               f"experience): {error}")
+               f"experience): {_describe(error)}")
     if type(error) in (ValueError, TypeError, NotImplementedError):
         return type(error)(message)
     return RuntimeError(f"{message} ({type(error).__name__})")
@@ -106,7 +119,7 @@ def preflight(owner, strategy, probe: PreflightProbe | None = None, *, output_tr
                     with warnings.catch_warnings():  # two samples: convergence / dead-layer warnings say nothing
                         warnings.simplefilter("ignore")
                         probe(model, strategy._criterion, x, y, t)
-        except (ValueError, TypeError, NotImplementedError, RuntimeError, IndexError) as error:
+        except Exception as error:  # any failure, a model's own AssertionError included, names the component
             raise _refusal(component, error, x.shape[0]) from error
     owner._preflight_checked = id(model)
     owner.preflight_seconds = time.perf_counter() - start

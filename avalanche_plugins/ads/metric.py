@@ -48,7 +48,8 @@ import time
 import torch
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche.data import check_experience_granularity, experience_tensors
+from avalanche_plugins._avalanche.boundaries import at_origin, current_boundary, enter_boundary
+from avalanche_plugins._avalanche.data import experience_tensors
 from avalanche_plugins._avalanche.preflight import preflight, with_output_transform
 from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.ads import (
@@ -148,8 +149,9 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
             if kind == "sgd" and isinstance(opt, torch.optim.SGD):
                 lr /= 1.0 - float(group.get("momentum", 0.0))
         steps = self.steps
-        if steps is None:
-            n = len(strategy.adapted_dataset)
+        if steps is None:  # online: the original experience's samples (the sub-experiences' sum)
+            boundary = current_boundary(self, strategy)
+            n = len(boundary.origin.dataset) if boundary.online else len(strategy.adapted_dataset)
             steps = max(1, strategy.train_epochs * math.ceil(n / strategy.train_mb_size))
         return lr, steps, kind
 
@@ -172,20 +174,22 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
 
     @with_output_transform
     def before_training_exp(self, strategy) -> list[MetricValue] | None:
-        check_experience_granularity(strategy, "ArchitectureDrivenShiftMetric")
+        boundary = enter_boundary(self, strategy, "ArchitectureDrivenShiftMetric")
         with self.measuring(strategy):
             preflight(self, strategy, self._probe, output_transform=self.output_transform)
+        if not boundary.first:  # online: once per original experience, at its first sub-experience
+            return None
         self._pending = None
         if not self._buffer:
             return None
-        with self.measuring(strategy):
+        with self.measuring(strategy), at_origin(strategy, boundary):
             record = self.measure(strategy)
         return self._values(strategy, record, after=False)
 
     def measure(self, strategy) -> dict:
         """ADS of ``strategy.model`` for the incoming experience; returns the (pending) record."""
         model = strategy.model
-        exp_counter = strategy.clock.train_exp_counter
+        exp_counter = current_boundary(self, strategy).index
         seed = self.seed + exp_counter
         start = time.perf_counter()
         old_x, old_y, old_t = self._old_set(seed)
@@ -223,6 +227,13 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
 
     @with_output_transform
     def after_training_exp(self, strategy) -> list[MetricValue] | None:
+        boundary = current_boundary(self, strategy)
+        if not boundary.last:  # online: once per original experience, at its last sub-experience
+            return None
+        with at_origin(strategy, boundary):
+            return self._after(strategy, boundary.index)
+
+    def _after(self, strategy, exp_counter: int) -> list[MetricValue] | None:
         values = None
         with self.measuring(strategy):
             if self._pending is not None:
@@ -236,7 +247,6 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
                 self.history.append(record)
                 self._pending = None
                 values = self._values(strategy, record, after=True)
-            exp_counter = strategy.clock.train_exp_counter
             self._buffer.append(experience_tensors(strategy, n_samples=self.calibration_size,
                                                    seed=self.seed + exp_counter))
         return values

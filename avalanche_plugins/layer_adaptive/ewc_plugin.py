@@ -31,12 +31,13 @@ from dataclasses import dataclass, field
 import torch
 from avalanche.core import SupervisedPlugin
 
+from avalanche_plugins._avalanche.boundaries import at_origin, current_boundary, enter_boundary
 from avalanche_plugins._avalanche.data import (
-    check_experience_granularity,
     experience_batches,
     experience_layer_map,
     experience_tensors,
 )
+from avalanche_plugins._avalanche.loop import require_callbacks
 from avalanche_plugins._avalanche.preflight import preflight, with_output_transform
 from avalanche_plugins.core.checks import (
     check_choice,
@@ -170,7 +171,9 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
 
     # ------------------------------------------------------------------ callbacks
     def before_training_exp(self, strategy, **kwargs):
-        check_experience_granularity(strategy, "LayerAdaptiveEWCPlugin")
+        enter_boundary(self, strategy, "LayerAdaptiveEWCPlugin", needs_access=True)
+        require_callbacks("LayerAdaptiveEWCPlugin", strategy, ["before_backward"],
+                          "the EWC penalty is added to the loss")
         preflight(self, strategy, self._probe, output_transform=self.output_transform)
 
     def _probe(self, model, loss_fn, x, y, task_labels):
@@ -187,13 +190,28 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
             check_no_recurrent(strategy.model, f"LayerAdaptiveEWCPlugin(fisher={self.fisher!r})")
 
     def before_backward(self, strategy, **kwargs):
+        self._penalised = True
         if self._curvature and self.ewc_lambda > 0:
             strategy.loss += self.penalty(strategy.model)
 
+    def after_training_iteration(self, strategy, **kwargs):
+        # the runtime guard behind require_callbacks (a loop whose source cannot be read)
+        if not self.__dict__.pop("_penalised", False) and self._curvature and self.ewc_lambda > 0:
+            raise RuntimeError(f"LayerAdaptiveEWCPlugin: {type(strategy).__name__} ran a training iteration "
+                               "without calling before_backward, so the EWC penalty was not added; use a "
+                               "strategy with Avalanche's SGD loop")
+
     @with_output_transform
     def after_training_exp(self, strategy, **kwargs):
+        boundary = current_boundary(self, strategy)
+        if not boundary.last:  # online: once per original experience, at its last sub-experience
+            return
+        with at_origin(strategy, boundary):
+            self._consolidate(strategy, boundary.index, kwargs.get("num_workers", 0))
+
+    def _consolidate(self, strategy, exp_id: int, num_workers: int) -> None:
+        """Measure (profile, Fisher) on the experience just trained and fold its quadratic in."""
         model = strategy.model
-        exp_id = strategy.clock.train_exp_counter
         timings = {}
         spectrum = None
         if self.schedule in ("measured", "smoothed") or self.log_profile:
@@ -203,7 +221,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
                                        tol=self.spectrum_tol, seed=self.seed + exp_id)
             timings["spectrum"] = time.perf_counter() - start
         start = time.perf_counter()
-        importances = self._importances(strategy, kwargs.get("num_workers", 0))
+        importances = self._importances(strategy, num_workers)
         timings["fisher"] = time.perf_counter() - start
 
         layer_map = experience_layer_map(strategy)

@@ -11,11 +11,22 @@ groups (backbone at lr × 0.01, head at lr), every layer ℓ gets its own rate
   reconstruction of "the smoothed profile" for learning rates. The first experience, with no
   profile yet, trains every layer at ``base_lr``.
 
-The groups are rebuilt in ``before_training_exp``, after Avalanche's own ``make_optimizer``, so
-parameters added by model adaptation (new heads) are grouped with their layer. Groups are edited
-in place on the same optimizer: its per-parameter state (momentum, Adam moments) is kept, and
-Avalanche's name-based bookkeeping (``update_optimizer``) finds parameters in any group.
-Parameters outside every layer form a last group at ``base_lr``.
+The groups are built at the start of the first epoch of every experience (``before_training_epoch``),
+after Avalanche's own ``make_optimizer`` and after every plugin's ``before_training_exp``, and are
+merged back into one group at ``after_training_exp`` (at the optimizer's own rate). Between experiences the
+optimizer therefore has the one group Avalanche's optimizer adaptation expects: the new parameters
+of a dynamic model (a PNN column, a new head) land in it and then in their layer's group, and
+``FromScratchTraining``'s ``reset_optimizer`` (one group only) works; a strategy that replaces the
+model (GDumb) is grouped from its new model. Groups are edited in place on the same optimizer: its
+per-parameter state (momentum, Adam moments) is kept. Parameters outside every layer form a last
+group at ``base_lr``.
+
+``smoothed`` follows the model: when the layers differ from those of the last measured profile (a
+PNN column added, a model replaced), the profile is re-measured on the current model and the
+incoming experience before the groups are built, with a warning; ``history[i]["remeasured"]`` says
+so. On an online stream (``split_online_stream``) the profile is measured once per original
+experience, at its last sub-experience, which needs ``access_task_boundaries=True`` (refused before
+training without it); ``geometric`` needs no boundaries.
 
 No layer ever gets more than ``base_lr``: on a 21-layer ResNet an unnormalised ``α = 0.5`` would
 give the head ``2^20 · base_lr``. No layer gets less than ``min_lr_ratio · base_lr`` (default
@@ -37,12 +48,14 @@ training, not after the first experience.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 import torch
 from avalanche.core import SupervisedPlugin
 
-from avalanche_plugins._avalanche.data import check_experience_granularity, experience_layer_map
+from avalanche_plugins._avalanche.boundaries import at_origin, current_boundary, enter_boundary
+from avalanche_plugins._avalanche.data import experience_layer_map
 from avalanche_plugins._avalanche.preflight import preflight, with_output_transform
 from avalanche_plugins.core.checks import check_choice, check_positive
 from avalanche_plugins.core.outputs import check_output_transform
@@ -115,13 +128,32 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
 
     @with_output_transform
     def before_training_exp(self, strategy, **kwargs):
-        check_experience_granularity(strategy, "LayerAdaptiveLRPlugin")
+        enter_boundary(self, strategy, "LayerAdaptiveLRPlugin", needs_access=self.schedule == "smoothed")
         preflight(self, strategy, curvature_probe(self.curvature) if self.schedule == "smoothed" else None,
                   output_transform=self.output_transform)
-        optimizer = strategy.optimizer
         if self.base_lr is None:
-            self.base_lr = float(optimizer.param_groups[0]["lr"])
+            self.base_lr = float(strategy.optimizer.param_groups[0]["lr"])
+        self._grouped = False
+
+    @with_output_transform
+    def before_training_epoch(self, strategy, **kwargs):
+        if not self.__dict__.get("_grouped", True):
+            self._split_groups(strategy)
+            self._grouped = True
+
+    def _split_groups(self, strategy) -> None:
+        """One optimizer group per layer of the current model at its rate (module docstring)."""
+        optimizer = strategy.optimizer
+        if len(optimizer.param_groups) == 1:  # the rate it goes back to between experiences
+            self._merged_lr = float(optimizer.param_groups[0]["lr"])
         layer_map = experience_layer_map(strategy)
+        remeasured = self.schedule == "smoothed" and self.last_names is not None and self.last_names != layer_map.names
+        if remeasured:
+            warnings.warn(f"LayerAdaptiveLRPlugin: the model's {len(layer_map)} layers differ from the "
+                          f"{len(self.last_names)} of the last measured profile (the strategy changed the model); "
+                          "re-measuring the profile on the current model", stacklevel=2)
+            with at_origin(strategy, current_boundary(self, strategy)):
+                self._measure(strategy)
         index_of, _ = layer_map.attach_parameters()
         rates = self.layer_rates(len(layer_map))
         template = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
@@ -134,8 +166,20 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
         for params, lr in zip(groups, [*rates, self.base_lr]):
             if params:
                 optimizer.add_param_group({**template, "params": params, "lr": float(lr)})
-        self.history.append({"experience": strategy.clock.train_exp_counter, "layers": layer_map.names,
-                             "lr": [float(r) for r in rates], "spectrum": self.last_spectrum})
+        self.history.append({"experience": current_boundary(self, strategy).index, "layers": layer_map.names,
+                             "lr": [float(r) for r in rates], "spectrum": self.last_spectrum,
+                             "remeasured": remeasured})
+
+    @staticmethod
+    def _merge_groups(optimizer, lr: float) -> None:
+        """Back to one group at ``lr``, the optimizer's rate before the split (state kept: it is keyed
+        by parameter)."""
+        if len(optimizer.param_groups) <= 1:
+            return
+        template = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        optimizer.param_groups.clear()
+        optimizer.add_param_group({**template, "params": params, "lr": float(lr)})
 
     def after_training_epoch(self, strategy, **kwargs):
         # once per epoch, not per iteration (no device sync on the hot path): a diverged loss stays
@@ -150,9 +194,14 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
 
     @with_output_transform
     def after_training_exp(self, strategy, **kwargs):
-        if self.schedule == "smoothed":
-            spectrum = measure_profile(strategy, method=self.curvature, n_samples=self.spectrum_samples,
-                                       chunk_size=None,
-                                       max_iter=self.spectrum_max_iter, tol=self.spectrum_tol,
-                                       seed=self.seed + strategy.clock.train_exp_counter)
-            self.last_spectrum, self.last_names = spectrum.top.tolist(), list(spectrum.names)
+        self._merge_groups(strategy.optimizer, self.__dict__.get("_merged_lr", self.base_lr))
+        boundary = current_boundary(self, strategy)
+        if self.schedule == "smoothed" and boundary.last:
+            with at_origin(strategy, boundary):
+                self._measure(strategy)
+
+    def _measure(self, strategy) -> None:
+        spectrum = measure_profile(strategy, method=self.curvature, n_samples=self.spectrum_samples,
+                                   chunk_size=None, max_iter=self.spectrum_max_iter, tol=self.spectrum_tol,
+                                   seed=self.seed + current_boundary(self, strategy).index)
+        self.last_spectrum, self.last_names = spectrum.top.tolist(), list(spectrum.names)

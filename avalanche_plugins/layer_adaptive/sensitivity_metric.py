@@ -27,7 +27,8 @@ import time
 
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche.data import check_experience_granularity, metric_name
+from avalanche_plugins._avalanche.boundaries import at_origin, current_boundary, enter_boundary
+from avalanche_plugins._avalanche.data import metric_name
 from avalanche_plugins._avalanche.preflight import preflight, with_output_transform
 from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
@@ -87,13 +88,19 @@ class LayerSensitivityMetric(RecordingMetric[dict]):
         return dict(zip(record.layer_names, record.spectrum))
 
     def before_training_exp(self, strategy) -> None:
-        check_experience_granularity(strategy, "LayerSensitivityMetric")
+        enter_boundary(self, strategy, "LayerSensitivityMetric")
         preflight(self, strategy, curvature_probe(self.curvature, self.chunk_size),
                   output_transform=self.output_transform)
 
     @with_output_transform
-    def after_training_exp(self, strategy) -> list[MetricValue]:
-        exp_id = strategy.clock.train_exp_counter
+    def after_training_exp(self, strategy) -> list[MetricValue] | None:
+        boundary = current_boundary(self, strategy)
+        if not boundary.last:  # online: once per original experience, at its last sub-experience
+            return None
+        with at_origin(strategy, boundary):
+            return self._measure(strategy, boundary.index)
+
+    def _measure(self, strategy, exp_id: int) -> list[MetricValue]:
         start = time.perf_counter()
         spectrum = measure_profile(strategy, method=self.curvature, n_samples=self.n_samples, chunk_size=self.chunk_size,
                                    max_iter=self.max_iter, tol=self.tol, seed=self.seed + exp_id)

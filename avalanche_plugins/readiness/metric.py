@@ -75,7 +75,8 @@ import time
 import torch
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche.data import check_experience_granularity, experience_tensors
+from avalanche_plugins._avalanche.boundaries import at_origin, enter_boundary
+from avalanche_plugins._avalanche.data import experience_tensors
 from avalanche_plugins._avalanche.preflight import preflight, with_output_transform
 from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.core.calls import eval_mode, is_multitask
@@ -187,11 +188,14 @@ class OptimizationReadinessMetric(RecordingMetric[float]):
 
     @with_output_transform
     def before_training_exp(self, strategy) -> list[MetricValue]:
-        check_experience_granularity(strategy, "OptimizationReadinessMetric")
+        boundary = enter_boundary(self, strategy, "OptimizationReadinessMetric")
         with self.measuring(strategy):
             preflight(self, strategy, self._probe, output_transform=self.output_transform,
                       layer_map=self.baselines)
-            record = self.measure(strategy)
+            if not boundary.first:  # online: once per original experience, at its first sub-experience
+                return None
+            with at_origin(strategy, boundary):
+                record = self.measure(strategy)
         self.history.append(record)
         return self._values(strategy, record)
 

@@ -23,10 +23,16 @@ from __future__ import annotations
 
 import math
 
-from avalanche_plugins._avalanche.data import check_experience_granularity
+import torch
+from torch.utils.data import DataLoader
+
+from avalanche_plugins._avalanche.boundaries import current_boundary, enter_boundary
 from avalanche_plugins._avalanche.evaluation import stream_accuracy
+from avalanche_plugins._avalanche.preflight import preflight
 from avalanche_plugins._avalanche.recording import RecordingMetric
+from avalanche_plugins.core.calls import eval_mode, model_forward
 from avalanche_plugins.core.checks import check_int
+from avalanche_plugins.core.outputs import logits_of
 from avalanche_plugins.structural.cycles import CycleClock, trajectory_average
 
 __all__ = ["CycleAccuracyMetric", "NewbornGradientMetric"]
@@ -66,13 +72,30 @@ class CycleAccuracyMetric(RecordingMetric[float]):
         return "CycleAccuracy"
 
     def before_training_exp(self, strategy):
-        check_experience_granularity(strategy, "CycleAccuracyMetric")
-        self.clock.start_experience()
+        boundary = enter_boundary(self, strategy, "CycleAccuracyMetric")
+        # before any training: evaluation must run at the cycle points (ICaRL's does not before its
+        # class means exist), on the model and on the test stream's first batch
+        preflight(self, strategy, self._probe, layer_map=False, takes_output_transform=False)
+        if boundary.first:
+            self.clock.start_experience()
+
+    def _probe(self, model, loss_fn, x, y, task_labels):
+        """The model's evaluation forward on two test samples of the first test experience."""
+        data = self.test_experiences[0].dataset
+        data = data.eval() if hasattr(data, "eval") else data
+        batch = next(iter(DataLoader(data, batch_size=2, collate_fn=getattr(data, "collate_fn", None))))
+        inputs = batch[0].to(x.device)
+        tasks = torch.as_tensor(batch[2]) if len(batch) >= 3 else torch.zeros(len(inputs), dtype=torch.long)
+        with eval_mode(model), torch.no_grad():
+            logits_of(model_forward(model, inputs, tasks.to(x.device)))
 
     def after_training_epoch(self, strategy):
+        boundary = current_boundary(self, strategy)
+        if boundary.online and not (boundary.last and strategy.clock.train_exp_epochs == strategy.train_epochs - 1):
+            return None  # online: one pass over the original experience's sub-stream is one epoch
         if not self.clock.end_epoch():
             return None
-        current = getattr(strategy.experience, "current_experience", len(self.test_experiences) - 1)
+        current = boundary.origin_id if boundary.origin_id is not None else len(self.test_experiences) - 1
         seen = self.test_experiences[:current + 1] if self.cumulative else self.test_experiences
         accuracy = stream_accuracy(strategy, seen, batch_size=self.eval_mb_size)
         self.history.append((strategy.clock.train_iterations, accuracy))
@@ -105,6 +128,8 @@ class NewbornGradientMetric(RecordingMetric[float]):
         values = []
         for record in self.plugin.newborn_log[len(self.history):]:
             self.history.append(record)
+            if not record.get("iterations", 1):  # nothing measured in the cycle: nothing logged
+                continue
             values += self.emit(strategy, {name: record[key] if math.isfinite(record[key]) else None
                                            for name, key in (("NewbornGradientRatio", "grad_ratio"),
                                                              ("NewbornActivation", "newborn_act"),

@@ -52,12 +52,10 @@ import torch
 from avalanche.core import SupervisedPlugin
 from avalanche.training.supervised import Naive
 
-from avalanche_plugins._avalanche.data import (
-    check_experience_granularity,
-    experience_example,
-    experience_tensors,
-)
+from avalanche_plugins._avalanche.boundaries import at_origin, current_boundary, enter_boundary
+from avalanche_plugins._avalanche.data import experience_example, experience_tensors
 from avalanche_plugins._avalanche.evaluation import quiet_evaluator, stream_accuracy
+from avalanche_plugins._avalanche.loop import require_callbacks
 from avalanche_plugins.core.calls import is_multitask
 from avalanche_plugins.core.checks import check_choice, check_int
 from avalanche_plugins.structural import (
@@ -75,24 +73,65 @@ __all__ = ["FixedMaskPlugin", "PrunePlugin", "GrowPlugin",
 
 
 class _MaskedTraining(SupervisedPlugin):
-    """Creates the :class:`UnitMasks` at the first experience and keeps parameters exact."""
+    """Creates the :class:`UnitMasks` at the first experience and keeps parameters exact.
+
+    Before every experience it checks that the strategy's loop calls the callbacks the masks need
+    (:func:`~avalanche_plugins._avalanche.loop.require_callbacks`; MER's does not) and follows the
+    strategy's model: a strategy that replaced ``strategy.model`` (GDumb's fresh copy per
+    experience, a user's template) gets the masks re-bound to the new model (:meth:`_rebind`), and
+    at the first epoch of every experience the masked entries are re-snapshotted, so a reset of the
+    weights in place (FromScratchTraining, after this plugin's ``before_training_exp``) freezes the
+    masked units at their reset values. ``rebound`` lists the experiences whose model was new.
+    """
+
+    _edits = False  # the editing plugins change training at experience boundaries
 
     def __init__(self, *, activation: Callable = torch.relu):
         super().__init__()
         self.activation = activation
         self.masks: UnitMasks | None = None
+        self.rebound: list[int] = []
 
     def _masks_created(self, strategy) -> None:  # subclasses set the initial mask
         pass
 
+    def _required_callbacks(self) -> list[str]:
+        return ["before_update", "after_update"]
+
     def before_training_exp(self, strategy, **kwargs):
-        check_experience_granularity(strategy, type(self).__name__)
+        name = type(self).__name__
+        boundary = enter_boundary(self, strategy, name, needs_access=self._edits)
+        require_callbacks(name, strategy, self._required_callbacks(),
+                          "the masked units' parameters are re-imposed around every optimizer step")
         if self.masks is None:
             self.masks = UnitMasks(strategy.model, experience_example(strategy), activation=self.activation)
             self._masks_created(strategy)
+        elif self.masks.model is not strategy.model:
+            self._rebind(strategy, boundary)
         else:
             # after Avalanche's model adaptation (a grown or added head), before any step
             self.masks.sync(experience_example(strategy) if is_multitask(strategy.model) else None)
+
+    def _rebind(self, strategy, boundary) -> None:
+        """Bind the masks to the strategy's new model: same layers and widths, the current masks
+        applied (masked units output exactly 0 from the first step), unit ages and the last growth
+        carried over; the masked entries are frozen at the new model's values."""
+        old = self.masks
+        new = UnitMasks(strategy.model, experience_example(strategy), activation=self.activation)
+        if new.sizes() != old.sizes():
+            raise ValueError(f"{type(self).__name__}: {type(strategy).__name__} replaced the model by one whose "
+                             f"maskable layers differ ({old.sizes()} -> {new.sizes()}), so the masks cannot "
+                             "follow it; give the strategy a model of the same architecture")
+        new.set_masks(old.masks)
+        new.steps, new.last_grow_step = old.steps, old.last_grow_step
+        new.born = {k: v.clone() for k, v in old.born.items()}
+        new.interventions, new._grown_with = old.interventions, old.newborn_interventions
+        self.masks = new
+        self.rebound.append(boundary.index)
+
+    def before_training_epoch(self, strategy, **kwargs):
+        if strategy.clock.train_exp_epochs == 0:  # after every plugin's before_training_exp
+            self.masks.set_masks(self.masks.masks)
 
     def before_update(self, strategy, **kwargs):
         self.masks.before_step()
@@ -102,6 +141,13 @@ class _MaskedTraining(SupervisedPlugin):
 
     def after_training_epoch(self, strategy, **kwargs):
         self.masks.restore()
+
+
+def _clock_epoch_ends(boundary, strategy) -> bool:
+    """Whether the epoch just trained counts on the cycle clock: every epoch offline; on an online
+    stream one pass over an original experience's sub-stream (its last epoch of its last
+    sub-experience) counts as one epoch, so cycles count original experiences, in samples."""
+    return not boundary.online or (boundary.last and strategy.clock.train_exp_epochs == strategy.train_epochs - 1)
 
 
 class FixedMaskPlugin(_MaskedTraining):
@@ -148,36 +194,45 @@ class _EditingPlugin(_MaskedTraining):
         """Every masked layer has its target number of active units."""
         return self.masks is not None and self.masks.active_counts() == self.targets
 
+    _edits = True
+
     def before_training_exp(self, strategy, **kwargs):
         super().before_training_exp(strategy, **kwargs)
-        self.clock.start_experience()
+        boundary = current_boundary(self, strategy)
+        if boundary.first:
+            self.clock.start_experience()
         if (self.clock.scope == "experience" and strategy.train_epochs <= self.clock.epochs_per_cycle
-                and not self._warned_scope):
+                and not boundary.online and not self._warned_scope):
             self._warned_scope = True
             warnings.warn(f"cycle_scope='experience' with train_epochs={strategy.train_epochs} <= "
                           f"epochs_per_cycle={self.clock.epochs_per_cycle}: no edit can happen",
                           stacklevel=2)
 
     def before_training_epoch(self, strategy, **kwargs):
-        if self.clock.edit_due() and not self.done:
+        super().before_training_epoch(strategy, **kwargs)
+        boundary = current_boundary(self, strategy)
+        at_start = not boundary.online or (boundary.first and strategy.clock.train_exp_epochs == 0)
+        if at_start and self.clock.edit_due() and not self.done:
             self._edit(strategy)
 
     def after_training_epoch(self, strategy, **kwargs):
         super().after_training_epoch(strategy, **kwargs)
-        self.clock.end_epoch()
+        if _clock_epoch_ends(current_boundary(self, strategy), strategy):
+            self.clock.end_epoch()
 
     def _scores(self, strategy) -> dict[str, torch.Tensor]:
         if self.score == "weight_norm":
             return unit_scores(self.masks, "weight_norm")
-        x, y, t = experience_tensors(strategy, n_samples=self.score_samples,
-                                     seed=self.seed + self.clock.cycle)
+        with at_origin(strategy, current_boundary(self, strategy)):
+            x, y, t = experience_tensors(strategy, n_samples=self.score_samples,
+                                         seed=self.seed + self.clock.cycle)
         return unit_scores(self.masks, self.score, x, y, loss_fn=strategy._criterion,
                            threshold=self.threshold, task_labels=t)
 
     def _record(self, strategy, edited: dict) -> None:
         self.history.append({
             "cycle": self.clock.cycle, "iteration": strategy.clock.train_iterations,
-            "experience": getattr(strategy.experience, "current_experience", None),
+            "experience": current_boundary(self, strategy).origin_id,
             "units": {name: idx.tolist() for name, idx in edited.items()},
             "active": self.masks.active_counts(), "compactness": self.masks.compactness()})
 
@@ -231,7 +286,8 @@ class PrunePlugin(_EditingPlugin):
 
     def before_training_exp(self, strategy, **kwargs):
         super().before_training_exp(strategy, **kwargs)
-        if self._iterations == 0 and self.rewind_to and self.clock.epochs_per_cycle <= strategy.train_epochs:
+        if (self._iterations == 0 and self.rewind_to and self.clock.epochs_per_cycle <= strategy.train_epochs
+                and not current_boundary(self, strategy).online):
             # the first prune ends the first cycle: refuse a rewind point the run cannot reach first
             per_epoch = math.ceil(len(strategy.adapted_dataset) / strategy.train_mb_size)
             first_prune = self.clock.epochs_per_cycle * per_epoch
@@ -312,6 +368,10 @@ class GrowPlugin(_EditingPlugin):
         self.newborn_log: list[dict] = []  # one record per cycle that began with growth
         self._acc = None
 
+    def _required_callbacks(self) -> list[str]:
+        tracked = ["before_forward", "after_forward", "after_backward"] if self.track_newborn else []
+        return [*super()._required_callbacks(), *tracked]
+
     def _masks_created(self, strategy):
         sizes = self.masks.sizes()
         self.targets = layer_counts(sizes, self.target_compactness)
@@ -345,6 +405,8 @@ class GrowPlugin(_EditingPlugin):
         for name, v in per_unit.items():
             values["new"].append(v[newborn[name]])
             values["old"].append(v[active[name] & ~newborn[name]])
+        if not values["new"]:  # nothing captured (no layer output recorded): nothing measured
+            return float("nan"), float("nan")
         new, old = torch.cat(values["new"]), torch.cat(values["old"])
         return (float(new.mean()) if new.numel() else float("nan"),
                 float(old.mean()) if old.numel() else float("nan"))
@@ -373,8 +435,10 @@ class GrowPlugin(_EditingPlugin):
         acc = self._acc
         super().after_training_epoch(strategy, **kwargs)
         if acc is not None and self.clock.epoch % self.clock.epochs_per_cycle == 0:
-            n = max(acc.pop("iterations"), 1)
-            record = {k: (v / n if k not in ("cycle", "n_newborn") else v) for k, v in acc.items()}
+            n = acc.pop("iterations")  # 0: no iteration measured, every value NaN (never logged)
+            record = {k: (v / n if n else float("nan")) if k not in ("cycle", "n_newborn") else v
+                      for k, v in acc.items()}
+            record["iterations"] = n
             record["grad_ratio"] = record["newborn_grad"] / record["incumbent_grad"] \
                 if record["incumbent_grad"] > 0 else float("nan")
             record["iteration"] = strategy.clock.train_iterations

@@ -34,7 +34,8 @@ from collections.abc import Mapping
 import torch
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche.data import check_experience_granularity, metric_name
+from avalanche_plugins._avalanche.boundaries import at_origin, current_boundary, enter_boundary
+from avalanche_plugins._avalanche.data import metric_name
 from avalanche_plugins._avalanche.figures import figure_image
 from avalanche_plugins._avalanche.preflight import preflight
 from avalanche_plugins._avalanche.recording import RecordingMetric
@@ -142,13 +143,20 @@ class TransportKeyMetric(RecordingMetric[dict]):
         return None
 
     def before_training_exp(self, strategy):
-        check_experience_granularity(strategy, "TransportKeyMetric")
+        enter_boundary(self, strategy, "TransportKeyMetric")
         # before any training: a model whose forward returns a tuple or dict is refused now, not at
         # the first evaluation after the second experience
         preflight(self, strategy, layer_map=False, takes_output_transform=False)
         return None
 
     def after_training_exp(self, strategy):
+        boundary = current_boundary(self, strategy)
+        if not boundary.last:  # online: one snapshot per original experience, at its last sub-experience
+            return None
+        with at_origin(strategy, boundary):
+            return self._snapshot(strategy)
+
+    def _snapshot(self, strategy):
         exp_id = int(strategy.experience.current_experience)
         self._last_trained = max(self._last_trained, exp_id)
         if self.experiences is not None and exp_id not in self.experiences:
