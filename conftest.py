@@ -1,0 +1,59 @@
+"""Hermetic tests: the suite's outcome depends on the code, never on the machine it runs on.
+
+Loaded by pytest before any test module (and before torch is imported by one), it removes what a
+developer's or a cluster's shell may carry and the tests must not see — a running Ray cluster's
+``RAY_ADDRESS``, Weights & Biases settings (``WANDB_*``), thread counts (``OMP_NUM_THREADS``,
+``MKL_NUM_THREADS``) — and runs from the repository root whatever directory pytest was started in.
+
+The few knobs the suite does take are explicit:
+
+- ``AVALANCHE_PLUGINS_TEST_THREADS=N``: torch threads for the whole run (``make test`` runs the
+  numerical tests once more with 1 thread and ATen's ``default`` kernels: see the Makefile);
+- ``ATEN_CPU_CAPABILITY`` (ATen's own: ``default``, ``avx2``, ``avx512``) picks the vector kernels.
+
+Tests marked ``numerical`` (every test in the modules of ``NUMERICAL_MODULES`` and the library's
+doctests) compare floating-point results; their tolerances follow from the dtype and the
+computation, so they pass under every kernel set and thread count.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent
+
+for _name in [n for n in os.environ if n.startswith("WANDB_")] + ["RAY_ADDRESS", "OMP_NUM_THREADS",
+                                                                   "MKL_NUM_THREADS"]:
+    os.environ.pop(_name, None)
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # offline machines: no usage reports from a test's Ray
+os.chdir(ROOT)
+
+# modules whose tests compare floating-point results against an independent computation
+NUMERICAL_MODULES = frozenset({
+    "test_ads", "test_fisher", "test_fisher_blocks", "test_hessian", "test_layers", "test_outputs",
+    "test_schedules", "test_transport", "test_unit_masks", "test_layer_adaptive_ewc", "test_plasticity",
+    "test_properties", "test_structural_plasticity", "test_input_checks", "test_fallbacks",
+    "test_curvature_peers",
+})
+
+
+def pytest_configure(config):
+    threads = os.environ.get("AVALANCHE_PLUGINS_TEST_THREADS")
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))
+    config.addinivalue_line("markers", "numerical: compares floating-point results (run again under a second "
+                                       "ATen kernel set and one thread by `make test`)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(str(item.fspath))
+        library_doctest = isinstance(item, pytest.DoctestItem) and "avalanche_plugins" in path.parts \
+            and "study" not in path.parts
+        if path.stem in NUMERICAL_MODULES or library_doctest:
+            item.add_marker(pytest.mark.numerical)
