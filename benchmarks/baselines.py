@@ -17,13 +17,6 @@ import time
 from dataclasses import asdict, dataclass
 
 from avalanche_plugins import fix_synaptic_intelligence_on_cpu
-from avalanche_plugins.study.harness.cli import (
-    benchmark_parser,
-    is_skipped,
-    make_executor,
-    parse_args,
-    split_list,
-)
 from avalanche_plugins.study.harness.jobs import run_jobs
 from avalanche_plugins.study.harness.results import (
     format_table,
@@ -33,6 +26,13 @@ from avalanche_plugins.study.harness.results import (
     write_results,
 )
 from avalanche_plugins.study.harness.training import TrainConfig, config_stream, run_strategy
+from benchmarks._cli import (
+    benchmark_parser,
+    is_skipped,
+    make_executor,
+    parse_args,
+    split_list,
+)
 
 STRATEGIES = ("naive", "ewc", "si", "gem", "replay")
 

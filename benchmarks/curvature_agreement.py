@@ -36,13 +36,6 @@ from avalanche_plugins.core.stats import spearman
 from avalanche_plugins.layer_adaptive.curvature import layer_curvature
 from avalanche_plugins.layer_adaptive.hessian import condition_number, geometric_fit
 from avalanche_plugins.layer_adaptive.schedules import layer_weights
-from avalanche_plugins.study.harness.cli import (
-    benchmark_parser,
-    is_skipped,
-    make_executor,
-    parse_args,
-    split_list,
-)
 from avalanche_plugins.study.harness.data import load_digits_arrays, load_mnist_arrays
 from avalanche_plugins.study.harness.jobs import run_jobs, seed_everything
 from avalanche_plugins.study.harness.models import build_model
@@ -53,6 +46,13 @@ from avalanche_plugins.study.harness.results import (
     write_results,
 )
 from avalanche_plugins.study.harness.training import train_minibatches
+from benchmarks._cli import (
+    benchmark_parser,
+    is_skipped,
+    make_executor,
+    parse_args,
+    split_list,
+)
 
 MODELS = ("mlp", "cnn", "vit")
 CHECKPOINTS = ("init", "early", "trained")

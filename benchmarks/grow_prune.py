@@ -51,13 +51,6 @@ from avalanche_plugins import (
     stream_accuracy,
 )
 from avalanche_plugins.structural.cycles import CycleClock
-from avalanche_plugins.study.harness.cli import (
-    benchmark_parser,
-    is_skipped,
-    make_executor,
-    parse_args,
-    split_list,
-)
 from avalanche_plugins.study.harness.data import make_stream
 from avalanche_plugins.study.harness.jobs import Timer, run_jobs, seed_everything
 from avalanche_plugins.study.harness.models import build_model
@@ -68,6 +61,13 @@ from avalanche_plugins.study.harness.results import (
     write_results,
 )
 from avalanche_plugins.study.harness.training import quiet_deprecations, quiet_evaluator
+from benchmarks._cli import (
+    benchmark_parser,
+    is_skipped,
+    make_executor,
+    parse_args,
+    split_list,
+)
 
 GROW_VARIANTS = {  # method -> GrowPlugin interventions
     "grow": {},

@@ -40,12 +40,6 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from avalanche_plugins.study.harness.cli import (
-    benchmark_parser,
-    make_executor,
-    parse_args,
-    split_list,
-)
 from avalanche_plugins.study.harness.data import VALIDATION_FRACTION, load_mnist_arrays
 from avalanche_plugins.study.harness.jobs import Timer, run_jobs, seed_everything
 from avalanche_plugins.study.harness.models import build_model
@@ -57,6 +51,12 @@ from avalanche_plugins.study.harness.results import (
     write_results,
 )
 from avalanche_plugins.study.harness.training import accuracy_evaluator, quiet_deprecations
+from benchmarks._cli import (
+    benchmark_parser,
+    make_executor,
+    parse_args,
+    split_list,
+)
 
 METHODS = ("naive", "ewc", "lae_geometric", "lae_measured", "lae_smoothed")
 _ACC = re.compile(r"^Top1_Acc_Exp/eval_phase/test_stream/(?:Task\d+/)?Exp(\d+)$")

@@ -29,13 +29,6 @@ import numpy as np
 import torch
 
 from avalanche_plugins.layer_adaptive import layer_curvature, layer_top_eigenvalues
-from avalanche_plugins.study.harness.cli import (
-    benchmark_parser,
-    is_skipped,
-    make_executor,
-    parse_args,
-    split_list,
-)
 from avalanche_plugins.study.harness.data import make_stream
 from avalanche_plugins.study.harness.jobs import Timer, run_jobs, seed_everything, torch_threads
 from avalanche_plugins.study.harness.models import build_model
@@ -47,6 +40,13 @@ from avalanche_plugins.study.harness.results import (
     write_results,
 )
 from avalanche_plugins.study.harness.training import TrainConfig, accuracy_evaluator, run_strategy
+from benchmarks._cli import (
+    benchmark_parser,
+    is_skipped,
+    make_executor,
+    parse_args,
+    split_list,
+)
 
 ANCHOR = "anchor_permuted"
 LAMBDA_METHODS = ("ewc", "lae_geometric", "lae_measured", "lae_smoothed", "ewc_replay")

@@ -42,13 +42,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from avalanche_plugins.study.harness.cli import (
-    benchmark_parser,
-    is_skipped,
-    make_executor,
-    parse_args,
-    split_list,
-)
 from avalanche_plugins.study.harness.data import load_digits_arrays, load_mnist_arrays
 from avalanche_plugins.study.harness.jobs import Timer, run_jobs, seed_everything
 from avalanche_plugins.study.harness.models import TaskHeadsNet, build_model
@@ -72,6 +65,13 @@ from avalanche_plugins.transport import (
     stage_activations,
     stitch,
     stitched_accuracy,
+)
+from benchmarks._cli import (
+    benchmark_parser,
+    is_skipped,
+    make_executor,
+    parse_args,
+    split_list,
 )
 
 PAIRS = ("split", "domain")

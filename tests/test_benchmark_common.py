@@ -8,16 +8,16 @@ from dataclasses import dataclass
 import pytest
 
 from avalanche_plugins.study.harness import jobs
-from avalanche_plugins.study.harness.cli import (
+from avalanche_plugins.study.harness.jobs import job_key, run_jobs
+from avalanche_plugins.study.harness.results import command_line, load_results, write_results
+from benchmarks import baselines
+from benchmarks._cli import (
     DEFAULT_SEEDS,
     QUICK_SEEDS,
     benchmark_parser,
     is_skipped,
     parse_args,
 )
-from avalanche_plugins.study.harness.jobs import job_key, run_jobs
-from avalanche_plugins.study.harness.results import command_line, load_results, write_results
-from benchmarks import baselines
 
 
 def _parse(argv):

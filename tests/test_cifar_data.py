@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from avalanche_plugins.study.harness.cifar_fixture import write_fake_cifar
 from avalanche_plugins.study.harness.data import (
     CIFAR,
     data_fingerprint,
     load_cifar_arrays,
     make_stream,
 )
+from tests.cifar_fixture import write_fake_cifar
 
 
 @pytest.fixture(scope="module")

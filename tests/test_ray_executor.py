@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from avalanche_plugins.study.harness import jobs
-from avalanche_plugins.study.harness.cli import benchmark_parser, make_executor, parse_args
 from avalanche_plugins.study.harness.jobs import LocalExecutor, RayExecutor, run_jobs
+from benchmarks._cli import benchmark_parser, make_executor, parse_args
 
 ray = pytest.importorskip("ray")
 

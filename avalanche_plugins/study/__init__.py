@@ -13,8 +13,8 @@ argument checks), ``build`` (a run's stream, model, plugins, evaluator, strategy
 (one job), ``api`` (tuning, test runs, outputs), ``stats``, ``tables``, ``figures``.
 """
 
-from avalanche_plugins.study.api import StudyResult, run_study
-from avalanche_plugins.study.config import Study, load_study
+from avalanche_plugins.study.api import StudyResult, load_study, run_study
+from avalanche_plugins.study.config import Study
 from avalanche_plugins.study.registry import ConfigError
 
 __all__ = ["ConfigError", "Study", "StudyResult", "load_study", "run_study"]

@@ -13,17 +13,21 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import csv
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from avalanche_plugins.study.config import Study, load_study, sources_for, strategy_for
-from avalanche_plugins.study.harness.cli import is_skipped
-from avalanche_plugins.study.harness.jobs import Timer, run_jobs
-from avalanche_plugins.study.harness.protocol import expand_grid, select_best, setting_label
+from avalanche_plugins.study import config as validator
+from avalanche_plugins.study.config import Study, sources_for, strategy_for
+from avalanche_plugins.study.harness.jobs import Timer, make_executor, run_jobs
+from avalanche_plugins.study.harness.protocol import (
+    expand_grid,
+    is_skipped,
+    select_best,
+    setting_label,
+)
 from avalanche_plugins.study.harness.results import print_report, write_results
 from avalanche_plugins.study.provenance import provenance_lines, setting_lines, study_provenance
 from avalanche_plugins.study.runner import CONTEXT, StudyJob, apply_setting, run_job
@@ -35,7 +39,7 @@ from avalanche_plugins.study.tables import (
     markdown_tables,
 )
 
-__all__ = ["StudyResult", "make_study_executor", "plan_test_jobs", "plan_tuning_jobs", "report", "run_study",
+__all__ = ["StudyResult", "load_study", "make_study_executor", "plan_test_jobs", "plan_tuning_jobs", "report", "run_study",
            "write_outputs"]
 
 TIDY_COLUMNS = ("phase", "stream", "training_experience", "experience", "task", "metric", "key", "value",
@@ -65,12 +69,17 @@ class StudyResult:
 
 def make_study_executor(executor: str = "local", *, workers: int = 1, threads: int = 1, address: str | None = None,
                         isolate: bool = True):
-    """The job executor (``avalanche_plugins.study.harness.cli.make_executor``): a local pool of ``workers``
-    processes, or Ray (started locally with ``workers × threads`` CPUs, or joined at ``address``)."""
-    from avalanche_plugins.study.harness.cli import make_executor
+    """The job executor (:func:`~avalanche_plugins.study.harness.jobs.make_executor`): a local pool of
+    ``workers`` processes, or Ray (started locally with ``workers × threads`` CPUs, or joined at ``address``)."""
+    return make_executor(executor, workers=workers, threads=threads, address=address, isolate=isolate)
 
-    return make_executor(argparse.Namespace(executor=executor, address=address, workers=workers, threads=threads),
-                         isolate=isolate)
+
+def load_study(config, *, quick: bool = False, seeds: int | None = None, data_root=None, deep: bool = True,
+               recipe_folder=None) -> Study:
+    """Read and validate a study (:func:`avalanche_plugins.study.config.load_study`: a YAML/TOML path
+    or a mapping; every error at once, each naming its key)."""
+    return validator.load_study(config, quick=quick, seeds=seeds, data_root=data_root, deep=deep,
+                                recipe_folder=recipe_folder)
 
 
 def _label(setting: dict) -> str:

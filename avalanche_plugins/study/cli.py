@@ -20,22 +20,55 @@ import argparse
 import sys
 from pathlib import Path
 
-from avalanche_plugins.study.harness.cli import add_run_arguments, parse_args
 from avalanche_plugins.study.registry import ConfigError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "run_command"]
 
 PROG = "avalanche-study"
+EXECUTORS = ("local", "ray")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _add_run_flags(run: argparse.ArgumentParser) -> None:
+    """``run``'s flags: what to run and where (each becomes a plain keyword of ``run_study``)."""
+    run.add_argument("config", help="study config, .yaml/.yml or .toml")
+    run.add_argument("--data-root", default=None,
+                     help="folder holding the data of scenarios that name no data_root (MNIST/raw, "
+                          "cifar-10-batches-py, cifar-100-python; e.g. ../shared/data)")
+    run.add_argument("--quick", action="store_true", help="the config's quick: overrides (minutes on a 2-core CPU)")
+    run.add_argument("--seeds", type=_positive_int, default=None, metavar="N",
+                     help="run seeds 0..N-1 (default: the config's seeds; 1 with --quick unless its quick: "
+                          "says otherwise)")
+    run.add_argument("--workers", type=_positive_int, default=1, metavar="N",
+                     help="processes running jobs in parallel (default 1)")
+    run.add_argument("--threads", type=_positive_int, default=1, metavar="N",
+                     help="torch threads per worker (default 1)")
+    run.add_argument("--executor", choices=EXECUTORS, default="local",
+                     help="local: a process pool (--workers); ray: Ray tasks, a local instance with workers x "
+                          "threads CPUs or the cluster at --address (needs the `ray` extra)")
+    run.add_argument("--address", default=None, metavar="ADDR",
+                     help="Ray cluster to join (e.g. auto, HOST:6379, ray://HOST:10001); only with --executor ray")
+    run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    run.add_argument("--out", default=None,
+                     help="output folder: results.json/csv, tables, figures, report.md and the resumable job "
+                          "cache jobs.jsonl (default out/study/<name>)")
+    run.add_argument("--skip", default="", metavar="NAMES",
+                     help="comma-separated parts to leave out: scenario names, strategy names or "
+                          "SCENARIO/STRATEGY cells")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of every subcommand (``run``, ``check``, ``report``, ``recipes``, ``reproduce``)."""
     parser = argparse.ArgumentParser(prog=PROG, description="Comparative continual-learning studies: "
                                      "one config → every strategy × scenario × seed, tables, figures, a report.")
     commands = parser.add_subparsers(dest="command_name", required=True, metavar="COMMAND")
-    run = commands.add_parser("run", help="run a study (resumable: finished runs are cached)")
-    run.add_argument("config", help="study config, .yaml/.yml or .toml")
-    add_run_arguments(run, default_out="out/study/<name>",
-                      skip_help="scenario names, strategy names or SCENARIO/STRATEGY cells")
+    _add_run_flags(commands.add_parser("run", help="run a study (resumable: finished runs are cached)"))
     check = commands.add_parser("check", help="validate a config and list every error at once (runs nothing)")
     check.add_argument("config", help="study config, .yaml/.yml or .toml")
     check.add_argument("--quick", action="store_true", help="check the config with its quick: overrides")
@@ -54,34 +87,33 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--workers", type=int, default=1, help="processes running jobs in parallel")
     reproduce.add_argument("--seeds", type=int, default=None, help="only the first N of each recipe's seeds")
     reproduce.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.run_parser = run  # parse_args resolves run's shared flags (seeds, skip, command line)
     return parser
 
 
-def _run(args, parser) -> object:
-    from avalanche_plugins.study.api import run_study
-    from avalanche_plugins.study.config import load_study
+def _run(args, argv: list[str]) -> object:
+    from avalanche_plugins.study.api import load_study, run_study
+    from avalanche_plugins.study.harness.protocol import split_list
+    from avalanche_plugins.study.harness.results import command_line
 
     try:
-        study = load_study(args.config, quick=args.quick, seeds=args.seeds if args.seeds_given else None,
-                           data_root=args.data_root)
+        study = load_study(args.config, quick=args.quick, seeds=args.seeds, data_root=args.data_root)
     except ConfigError as error:
         print(f"{PROG} run: {args.config}: {error}", file=sys.stderr)
         raise SystemExit(2) from None
-    out = Path(args.out if args.out != "out/study/<name>" else Path("out") / "study" / study.name)
+    out = Path(args.out) if args.out is not None else Path("out") / "study" / study.name
     result = run_study(study, out=out, executor=args.executor, workers=args.workers, threads=args.threads,
-                       address=args.address, skip=args.skip, progress=not args.no_progress,
-                       command=args.command, echo=True)
+                       address=args.address, skip=frozenset(split_list(args.skip)), progress=not args.no_progress,
+                       command=command_line(PROG, argv), echo=True)
     print(f"wrote {result.report} (tables, figures), {result.csv}, {out / 'results.json'} "
           f"({result.wall_seconds:.0f} s)", flush=True)
     return result
 
 
 def _check(args) -> object:
-    from avalanche_plugins.study.config import load_study
+    from avalanche_plugins.study.api import load_study
 
     try:
-        study = load_study(args.config, quick=args.quick, data_root=args.data_root, deep=True)
+        study = load_study(args.config, quick=args.quick, data_root=args.data_root)
     except ConfigError as error:
         print(f"{PROG} check: {args.config}: {error}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -142,25 +174,15 @@ def main(argv=None) -> int:
 
 def run_command(argv=None):
     """:func:`main` returning what the command made: the ``StudyResult`` of ``run``, the ``Study``
-    of ``check``, ``{"report": text}`` of ``report``."""
-    parser = build_parser()
+    of ``check``, ``{"report": text}`` of ``report``, the rows of ``recipes`` / ``reproduce``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    name = parser.parse_known_args(argv)[0].command_name
-    if name == "run":
-        sub = parser.run_parser
-        seeds_given = sub.parse_known_args(argv[1:])[0].seeds is not None
-        args = parse_args(sub, argv[1:])
-        args.seeds_given = seeds_given
-        return _run(args, sub)
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if name == "check":
-        return _check(args)
-    if name == "recipes":
-        return _recipes(args)
-    if name == "reproduce":
-        return _reproduce(args)
-    return _report(args)
-
+    if getattr(args, "address", None) is not None and args.executor != "ray":
+        parser.error("run: --address needs --executor ray")
+    commands = {"run": lambda: _run(args, argv), "check": lambda: _check(args), "report": lambda: _report(args),
+                "recipes": lambda: _recipes(args), "reproduce": lambda: _reproduce(args)}
+    return commands[args.command_name]()
 
 if __name__ == "__main__":
     main()

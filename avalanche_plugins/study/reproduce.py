@@ -37,8 +37,7 @@ def reproduce(keys=None, *, quick: bool = False, folder=None, out="out/reproduce
     """Rerun recipes (``quick``: the Split digits recipes of four strategies, seed 0; ``seeds``: the
     first N of each recipe's seeds) and return one row per number: ``{scenario, strategy, metric,
     expected, got, tolerance, ok}``."""
-    from avalanche_plugins.study.api import run_study
-    from avalanche_plugins.study.config import load_study
+    from avalanche_plugins.study.api import load_study, run_study
 
     recipes = load_recipes(folder)
     rows = []

@@ -8,15 +8,15 @@ import types
 from dataclasses import asdict
 from pathlib import Path
 
-from avalanche_plugins.study.harness.cli import (
+from avalanche_plugins.study.harness.jobs import run_jobs
+from avalanche_plugins.study.harness.results import print_report, summarize, write_results
+from benchmarks._cli import (
     benchmark_parser,
     is_skipped,
     make_executor,
     parse_args,
     split_list,
 )
-from avalanche_plugins.study.harness.jobs import run_jobs
-from avalanche_plugins.study.harness.results import print_report, summarize, write_results
 from benchmarks.plasticity_ranking.ranking import pra_rows
 from benchmarks.plasticity_ranking.report import analysis, plot_runs, report
 from benchmarks.plasticity_ranking.run import Job, run_job

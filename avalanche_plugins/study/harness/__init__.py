@@ -1,9 +1,9 @@
-"""What every benchmark shares, written once.
+"""What the study runner and any experiment share, written once (no command line: each caller
+parses its own and passes plain values).
 
-* :mod:`avalanche_plugins.study.harness.cli` — the one parser (``--data-root``, ``--quick``, ``--seeds``,
-  ``--workers``, ``--threads``, ``--no-progress``, ``--out``, ``--skip``, ``--report``).
 * :mod:`avalanche_plugins.study.harness.jobs` — the job protocol: frozen-dataclass jobs, cache keys with the code
-  version, the worker initialiser, the resumable executor.
+  version, the worker initialiser, the resumable executors (:func:`~avalanche_plugins.study.harness.jobs.make_executor`).
+* :mod:`avalanche_plugins.study.harness.protocol` — tune on validation, then test; ``--skip`` names.
 * :mod:`avalanche_plugins.study.harness.results` — ``results.json`` / ``results.csv`` / ``report.md``, tables, the
   ``--report`` path, the accuracy plot.
 * :mod:`avalanche_plugins.study.harness.data` — offline continual-learning streams (digits, MNIST from

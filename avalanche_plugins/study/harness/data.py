@@ -10,7 +10,7 @@
   loader insists on the original MD5 sums, which a generated test dataset cannot have); ``split``
   only, 100 fine classes for CIFAR-100, normalised with Avalanche's per-channel means/stds, no
   augmentation. Images stay ``uint8`` in memory and are normalised when read.
-  :func:`avalanche_plugins.study.harness.cifar_fixture.write_fake_cifar` writes a tiny dataset in this format.
+  The tests' ``cifar_fixture.write_fake_cifar`` writes a tiny dataset in this format.
 
 Scenarios: ``split`` (5 experiences of 2 classes; class-incremental, or task-incremental with
 ``task_incremental=True`` and class ids from zero in each experience) and ``permuted``

@@ -3,14 +3,16 @@
 * A **job** is a small frozen dataclass holding everything its function needs (settings, seed,
   data root), so ``fn(job)`` gives the same row in any process.
 * Its **cache key** (:func:`job_key`) is a hash of the job's fields, its type name and the code
-  (:func:`source_version`: a hash of every ``.py`` file of the package and ``benchmarks/``): a
-  cached row is reused only for the same job run by the same code, whatever else was committed.
+  (:func:`source_version`: a hash of every ``.py`` file of the package, and of any folder a caller
+  adds with :func:`add_source_root`, e.g. a checkout's benchmarks): a cached row is reused only for
+  the same job run by the same code, whatever else was committed.
   Results record :func:`code_version` (the git commit, else the package version).
 * Every worker process first runs :func:`init_worker` (torch threads, warnings, seeds, an optional
   warm-up); in-process runs (``workers=1``) do the same and restore the thread count afterwards.
 * :func:`run_jobs` runs the jobs through an executor (:class:`LocalExecutor`: in this process or
   a ``spawn`` process pool; :class:`RayExecutor`: tasks on a local or remote Ray cluster; any
-  backend only has to yield ``(job, row)`` pairs from ``map_unordered(fn, jobs)``), appends
+  backend only has to yield ``(job, row)`` pairs from ``map_unordered(fn, jobs)``; :func:`make_executor`
+  makes either from plain keywords), appends
   every finished row to a JSON-lines cache and, run again, reuses the cached rows, so an
   interrupted run resumes where it stopped. Rows come back in job order.
 """
@@ -38,14 +40,17 @@ import torch
 from tqdm import tqdm
 
 __all__ = [
+    "EXECUTORS",
     "Timer",
     "LocalExecutor",
+    "add_source_root",
     "RayExecutor",
     "code_version",
     "source_version",
     "init_worker",
     "jsonable",
     "job_key",
+    "make_executor",
     "run_jobs",
     "seed_everything",
     "torch_threads",
@@ -103,13 +108,26 @@ def code_version() -> str:
     return f"avalanche_plugins {avalanche_plugins.__version__}"
 
 
+_extra_roots: list[Path] = []  # folders of code outside the package that jobs run (add_source_root)
+
+
+def add_source_root(folder) -> None:
+    """Count every ``.py`` file under ``folder`` as code jobs run (in :func:`source_version`, so
+    in every cache key from now on): a caller's own experiment code, e.g. a checkout's
+    ``benchmarks/``, which the package does not know of."""
+    folder = Path(folder).resolve()
+    if folder not in _extra_roots:
+        _extra_roots.append(folder)
+        source_version.cache_clear()
+
+
 @functools.lru_cache(maxsize=1)
 def source_version() -> str:
-    """Hash of the source of everything a job can run: every ``.py`` file of this package and, in a
-    checkout, of ``benchmarks/`` (the cache key's code part: a commit that changes only docs,
-    tests or configs keeps cached rows; any change to code a job runs reruns it)."""
+    """Hash of the source of everything a job can run: every ``.py`` file of this package and of
+    the folders added with :func:`add_source_root` (the cache key's code part: a commit that
+    changes only docs, tests or configs keeps cached rows; any change to code a job runs reruns it)."""
     package = Path(__file__).resolve().parents[2]
-    roots = [package] + [p for p in (package.parent / "benchmarks",) if p.is_dir()]
+    roots = [package, *_extra_roots]
     digest = hashlib.sha256()
     for root in roots:
         for path in sorted(root.rglob("*.py")):
@@ -346,6 +364,33 @@ class RayExecutor:
             for ref in pending:
                 with contextlib.suppress(Exception):
                     ray.cancel(ref)
+
+
+EXECUTORS = ("local", "ray")
+
+
+def make_executor(kind: str = "local", *, workers: int = 1, threads: int = 1, address: str | None = None,
+                  warmup: Callable[[], None] | None = None, isolate: bool = False):
+    """A :class:`LocalExecutor` with ``workers`` processes (``kind="local"``), or a
+    :class:`RayExecutor` (``kind="ray"``) joining ``address`` or started locally with
+    ``workers × threads`` CPUs; ``threads`` torch threads per job, ``warmup`` run once per worker
+    process, ``isolate``: every job in a fresh process (per-job peak memory).
+
+    Example:
+        >>> type(make_executor("local", workers=2)).__name__
+        'LocalExecutor'
+        >>> ex = make_executor("ray", workers=2, threads=2)
+        >>> type(ex).__name__, ex.num_cpus, ex.threads, ex.address
+        ('RayExecutor', 4, 2, None)
+    """
+    if kind == "local":
+        if address is not None:
+            raise ValueError("address is only used with executor 'ray'")
+        return LocalExecutor(workers, threads=threads, warmup=warmup, isolate=isolate)
+    if kind == "ray":
+        return RayExecutor(address=address, num_cpus=None if address else workers * threads, threads=threads,
+                           warmup=warmup, isolate=isolate)
+    raise ValueError(f"executor must be one of {EXECUTORS}, got {kind!r}")
 
 
 def run_jobs(fn: Callable, jobs: Iterable, *, cache: str | Path | None = None, workers: int = 1,

@@ -16,7 +16,7 @@ import itertools
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
-__all__ = ["TUNE_SEED", "expand_grid", "select_best", "setting_label"]
+__all__ = ["TUNE_SEED", "expand_grid", "is_skipped", "select_best", "setting_label", "split_list"]
 
 TUNE_SEED = 0
 
@@ -73,3 +73,19 @@ def select_best(rows: Iterable[Mapping], group: Callable[[Mapping], Hashable], *
         if key not in best or value > best[key][score]:
             best[key] = row
     return best
+
+
+def split_list(text: str | None) -> list[str]:
+    """``"a, b,,c"`` → ``["a", "b", "c"]`` (``None`` → ``[]``)."""
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def is_skipped(skip: Iterable[str], *path: str) -> bool:
+    """True if ``skip`` (what ``--skip`` names) holds ``path`` or one of its prefixes.
+
+    Example:
+        >>> is_skipped({"permuted"}, "permuted", "cnn"), is_skipped({"permuted/cnn"}, "permuted", "mlp")
+        (True, False)
+    """
+    skip = set(skip)
+    return any("/".join(path[:i]) in skip for i in range(1, len(path) + 1))

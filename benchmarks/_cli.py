@@ -1,4 +1,5 @@
-"""The one command-line contract of every benchmark.
+"""The one command-line contract of every benchmark (here, not in the wheel: the package knows
+nothing of ``benchmarks/``).
 
 ``python -m benchmarks.NAME [--data-root PATH] [--quick] [--seeds N] [--workers N] [--threads N]
 [--executor {local,ray}] [--address ADDR] [--no-progress] [--out DIR] [--skip NAMES]
@@ -18,21 +19,30 @@
   running anything: the one way to re-analyse a saved run.
 
 Benchmarks add their own options to :func:`benchmark_parser` and read the result of
-:func:`parse_args`.
+:func:`parse_args`. Importing this module adds ``benchmarks/`` to the source the job cache keys
+hash (:func:`avalanche_plugins.study.harness.jobs.add_source_root`), so a changed benchmark reruns
+its jobs.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from pathlib import Path
 
-__all__ = ["DEFAULT_SEEDS", "EXECUTORS", "QUICK_SEEDS", "add_run_arguments", "benchmark_parser", "make_executor", "parse_args",
-           "is_skipped", "split_list"]
+from avalanche_plugins.study.harness import jobs
+from avalanche_plugins.study.harness.protocol import is_skipped, split_list
+from avalanche_plugins.study.harness.results import command_line
+
+__all__ = ["DEFAULT_SEEDS", "EXECUTORS", "QUICK_SEEDS", "add_run_arguments", "benchmark_parser", "is_skipped",
+           "make_executor", "parse_args", "split_list"]
 
 DEFAULT_SEEDS = 3
 QUICK_SEEDS = 1
-EXECUTORS = ("local", "ray")
+EXECUTORS = jobs.EXECUTORS
+
+jobs.add_source_root(Path(__file__).resolve().parent)  # benchmark code is part of every benchmark job's key
 
 
 def _positive_int(text: str) -> int:
@@ -55,7 +65,7 @@ def benchmark_parser(name: str, description: str, *, skip_help: str = "") -> arg
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, *, default_out: str, skip_help: str = "") -> None:
-    """The shared flags (all but ``--report``) on ``parser``: what ``avalanche-study run`` takes."""
+    """The shared flags (all but ``--report``) on ``parser``."""
     parser.add_argument("--data-root", default=None,
                         help="folder holding MNIST/raw/*-ubyte (e.g. ../shared/data); scikit-learn digits "
                              "when absent")
@@ -95,8 +105,6 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
         >>> sorted(parse_args(p, ["--skip", "permuted/cnn, anchor"]).skip)
         ['anchor', 'permuted/cnn']
     """
-    from avalanche_plugins.study.harness.results import command_line
-
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if getattr(args, "address", None) is not None and getattr(args, "executor", "local") != "ray":
@@ -109,12 +117,9 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
 
 
 def make_executor(args, *, warmup=None, isolate: bool = False):
-    """The executor the flags ask for: a :class:`~avalanche_plugins.study.harness.jobs.LocalExecutor` with
-    ``args.workers`` processes, or (``--executor ray``) a :class:`~avalanche_plugins.study.harness.jobs.RayExecutor`
-    at ``args.address``, or started locally with ``workers × threads`` CPUs. ``args.threads``
-    torch threads per job; ``warmup`` runs once per worker process; ``isolate``: every job in a
-    fresh process (per-job peak memory). Missing attributes take the
-    parser's defaults, so any namespace works.
+    """The executor the flags ask for (:func:`avalanche_plugins.study.harness.jobs.make_executor`
+    with ``args.executor``, ``args.workers``, ``args.threads`` and ``args.address``; missing
+    attributes take the parser's defaults, so any namespace works).
 
     Example:
         >>> p = benchmark_parser("x", "demo")
@@ -124,32 +129,6 @@ def make_executor(args, *, warmup=None, isolate: bool = False):
         >>> type(ex).__name__, ex.num_cpus, ex.threads, ex.address
         ('RayExecutor', 4, 2, None)
     """
-    from avalanche_plugins.study.harness.jobs import LocalExecutor, RayExecutor
-
-    kind = getattr(args, "executor", "local") or "local"
-    workers, threads = getattr(args, "workers", 1), getattr(args, "threads", 1)
-    address = getattr(args, "address", None)
-    if kind == "local":
-        if address is not None:
-            raise ValueError("address is only used with executor 'ray'")
-        return LocalExecutor(workers, threads=threads, warmup=warmup, isolate=isolate)
-    if kind == "ray":
-        return RayExecutor(address=address, num_cpus=None if address else workers * threads, threads=threads,
-                           warmup=warmup, isolate=isolate)
-    raise ValueError(f"executor must be one of {EXECUTORS}, got {kind!r}")
-
-
-def split_list(text: str | None) -> list[str]:
-    """``"a, b,,c"`` → ``["a", "b", "c"]`` (``None`` → ``[]``)."""
-    return [part.strip() for part in (text or "").split(",") if part.strip()]
-
-
-def is_skipped(skip: Iterable[str], *path: str) -> bool:
-    """True if ``--skip`` names ``path`` or one of its prefixes.
-
-    Example:
-        >>> is_skipped({"permuted"}, "permuted", "cnn"), is_skipped({"permuted/cnn"}, "permuted", "mlp")
-        (True, False)
-    """
-    skip = set(skip)
-    return any("/".join(path[:i]) in skip for i in range(1, len(path) + 1))
+    return jobs.make_executor(getattr(args, "executor", "local") or "local", workers=getattr(args, "workers", 1),
+                              threads=getattr(args, "threads", 1), address=getattr(args, "address", None),
+                              warmup=warmup, isolate=isolate)
