@@ -40,7 +40,7 @@ def _mean_std(values) -> tuple[float, float]:
 
 def recipe_from_results(saved: dict) -> tuple[dict, list[str]]:
     """``(recipe file contents, strategies not shipped with the reason)`` of a tuning run."""
-    from avalanche_plugins.study.runner import apply_setting
+    from avalanche_plugins.study.grid import apply_setting
 
     config = saved["config"]
     scenario = dict(config["scenarios"][0])

@@ -393,3 +393,19 @@ def test_loggers_write_per_run_files(tmp_path):
     assert final == pytest.approx(result.rows[0]["accuracy_matrix"][-1][1], abs=1e-6)
     text = (tmp_path / "text" / "split_digits" / "Naive" / "default" / "seed0.txt").read_text()
     assert "Top1_Acc_Exp/eval_phase/test_stream/Task000/Exp001" in text
+
+
+def test_the_study_package_is_layered():
+    # describe (config), build, run and report apart: only the CLI parses a command line, the validator
+    # builds and runs nothing, the runner knows neither the validator nor the CLI, and no import circle
+    from tests.test_layering import MODULES, _find_cycle, _internal_graph, _runtime_imports
+
+    study = {name: path for name, path in MODULES.items() if name.startswith("avalanche_plugins.study")}
+    parsing = sorted(name for name, path in study.items() if "argparse" in _runtime_imports(path))
+    assert parsing == ["avalanche_plugins.study.cli"]
+    graph = {name: {d for d in deps if d in study} for name, deps in _internal_graph().items() if name in study}
+    assert not graph["avalanche_plugins.study.config"] & {"avalanche_plugins.study.build",
+                                                         "avalanche_plugins.study.runner"}
+    assert not graph["avalanche_plugins.study.runner"] & {"avalanche_plugins.study.config",
+                                                         "avalanche_plugins.study.cli"}
+    assert _find_cycle(graph) is None

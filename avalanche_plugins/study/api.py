@@ -19,8 +19,8 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from avalanche_plugins.study import config as validator
-from avalanche_plugins.study.config import Study, sources_for, strategy_for
+from avalanche_plugins.study.config import Study, read_study, sources_for, strategy_for
+from avalanche_plugins.study.grid import apply_setting
 from avalanche_plugins.study.harness.jobs import Timer, make_executor, run_jobs
 from avalanche_plugins.study.harness.protocol import (
     expand_grid,
@@ -30,7 +30,8 @@ from avalanche_plugins.study.harness.protocol import (
 )
 from avalanche_plugins.study.harness.results import print_report, write_results
 from avalanche_plugins.study.provenance import provenance_lines, setting_lines, study_provenance
-from avalanche_plugins.study.runner import CONTEXT, StudyJob, apply_setting, run_job
+from avalanche_plugins.study.registry import ErrorList
+from avalanche_plugins.study.runner import CONTEXT, StudyJob, run_job
 from avalanche_plugins.study.stats import summarize_study
 from avalanche_plugins.study.tables import (
     accuracy_matrix_tables,
@@ -76,10 +77,23 @@ def make_study_executor(executor: str = "local", *, workers: int = 1, threads: i
 
 def load_study(config, *, quick: bool = False, seeds: int | None = None, data_root=None, deep: bool = True,
                recipe_folder=None) -> Study:
-    """Read and validate a study (:func:`avalanche_plugins.study.config.load_study`: a YAML/TOML path
-    or a mapping; every error at once, each naming its key)."""
-    return validator.load_study(config, quick=quick, seeds=seeds, data_root=data_root, deep=deep,
-                                recipe_folder=recipe_folder)
+    """Read and validate a study: a YAML/TOML path or an already parsed mapping
+    (:func:`~avalanche_plugins.study.config.read_study`: every error of the config at once, each
+    naming its key); ``deep`` (default) then builds the model for every built-in scenario's input
+    shape and class count and runs it on two zero inputs (the builder's
+    :func:`~avalanche_plugins.study.build.check_model_builds`), every failure in one
+    :class:`ConfigError`. ``quick``, ``seeds``, ``data_root``, ``recipe_folder``: as
+    :func:`~avalanche_plugins.study.config.read_study` takes them."""
+    from avalanche_plugins.study.build import check_model_builds  # imports Avalanche
+
+    study = read_study(config, quick=quick, seeds=seeds, data_root=data_root, recipe_folder=recipe_folder)
+    if deep and study.model is not None:
+        found = ErrorList()
+        for i, scenario in enumerate(study.scenarios):
+            with found.attempt():
+                check_model_builds(study.model, scenario, f"scenarios[{i}]")
+        found.raise_if_any()
+    return study
 
 
 def _label(setting: dict) -> str:

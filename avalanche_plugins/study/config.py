@@ -1,4 +1,8 @@
-"""Study configs: YAML or TOML files (or dicts) → a validated :class:`Study`.
+"""Study configs: YAML or TOML files (or dicts) → a validated :class:`Study` (the validator).
+
+It imports neither the builder nor the runner: checks that need to build a model are the
+builder's (:func:`avalanche_plugins.study.build.check_model_builds`), which
+:func:`avalanche_plugins.study.api.load_study` runs after :func:`read_study`.
 
 Every key is checked before anything runs: unknown keys are rejected, names resolved (strategy,
 plugin, metric, model and benchmark factories), kwargs compared with the signatures they go to,
@@ -13,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from avalanche_plugins.study.grid import grid_target
 from avalanche_plugins.study.registry import (
     ConfigError,
     ErrorList,
@@ -31,7 +36,7 @@ from avalanche_plugins.study.registry import (
 from avalanche_plugins.study.scenarios import BUILTIN_SCENARIOS
 
 __all__ = ["strategy_for", "BUILTIN_SCENARIOS", "ALWAYS_METRICS", "LOGGERS", "STRATEGY_INJECTED", "METRIC_INJECTED",
-           "TRAINING_DEFAULTS", "Study", "load_study"]
+           "TRAINING_DEFAULTS", "Study", "read_study"]
 
 TRAINING_DEFAULTS = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.0, "weight_decay": 0.0, "epochs": 1,
                      "batch_size": 32, "eval_batch_size": 256, "device": "cpu"}
@@ -81,7 +86,7 @@ class Study:
         return next(s for s in self.strategies if s["name"] == name)
 
 
-def load_study(config, *, quick: bool = False, seeds: int | None = None, data_root=None, deep: bool = True,
+def read_study(config, *, quick: bool = False, seeds: int | None = None, data_root=None,
                recipe_folder=None) -> Study:
     """Read and validate a study: a YAML/TOML path or an already parsed mapping.
 
@@ -89,11 +94,11 @@ def load_study(config, *, quick: bool = False, seeds: int | None = None, data_ro
     ``data_root`` fills the ``data_root`` of scenarios that name none. Dotted
     ``module:callable`` names resolve against the config file's folder, then the working
     directory. Every error of the config is collected and raised at once (one
-    :class:`ConfigError` listing them, each naming its key); ``deep`` (default) also runs the
-    semantic checks that need the scenario: experience counts that do not divide the classes, and
-    a model that cannot be built for (or run on) the scenario's input shape. A strategy with
-    ``recipe: true`` takes the tuned recipe of each scenario (``recipe_folder``: recipe files
-    other than the shipped ones; :mod:`~avalanche_plugins.study.recipe_book`).
+    :class:`ConfigError` listing them, each naming its key), experience counts that do not
+    divide a split scenario's classes included. A strategy with ``recipe: true`` takes the tuned
+    recipe of each scenario (``recipe_folder``: recipe files other than the shipped ones;
+    :mod:`~avalanche_plugins.study.recipe_book`). Whether the model builds for each scenario is
+    the builder's check (:func:`avalanche_plugins.study.api.load_study` runs both).
     """
     raw, source = _raw_config(config)
     found = ErrorList()
@@ -101,12 +106,6 @@ def load_study(config, *, quick: bool = False, seeds: int | None = None, data_ro
     study = _top_level(raw, source, quick_spec, found)
     _entries(study, raw, found, data_root, recipe_folder)
     _names_and_reference(study, raw, found)
-    if deep and study.model is not None and not found.errors:
-        from avalanche_plugins.study.build import check_model_builds
-
-        for i, scenario in enumerate(study.scenarios):
-            with found.attempt():
-                check_model_builds(study.model, scenario, f"scenarios[{i}]")
     found.raise_if_any()
     study.sources, study.paths = _user_sources(study)
     return study
@@ -534,14 +533,13 @@ def _strategy(entry, path: str, training: dict) -> dict:
 
 
 def _grid_target(key: str, values, path: str, plugins: list[dict]) -> tuple[str, int | None, str]:
-    """Where a grid key goes: ``("strategy" | "training" | "plugin", plugin index, argument)``."""
+    """Where a grid key goes (:func:`~avalanche_plugins.study.grid.grid_target`), its values checked
+    where the target is known here (training values)."""
     where = f"{path}.grid.{key}"
     if not isinstance(values, list) or not values:
         raise ConfigError(f"{where}: expected a non-empty list of values, got {values!r}")
-    owner, _, argument = key.rpartition(".")
-    if not owner:
-        return "strategy", None, argument
-    if owner == "training":
+    kind, index, argument = grid_target(key, plugins, where)
+    if kind == "training":
         if argument not in TRAINING_DEFAULTS:
             raise ConfigError(f"{where}: training has no key {argument!r}; expected one of {', '.join(TRAINING_DEFAULTS)}")
         found = ErrorList()
@@ -549,20 +547,7 @@ def _grid_target(key: str, values, path: str, plugins: list[dict]) -> tuple[str,
             with found.attempt():
                 _training_value(argument, value, f"{where}[{j}]")
         found.raise_if_any()
-        return "training", None, argument
-    return "plugin", plugin_index(owner, plugins, where), argument
-
-
-def plugin_index(owner: str, plugins: list[dict], where: str) -> int:
-    if owner.startswith("plugins[") and owner.endswith("]") and owner[8:-1].isdigit():
-        index = int(owner[8:-1])
-        if index < len(plugins):
-            return index
-    for index, plugin in enumerate(plugins):
-        if plugin["name"] == owner:
-            return index
-    raise ConfigError(f"{where}: {owner!r} is neither 'training', a plugin of this strategy "
-                      f"({', '.join(p['name'] for p in plugins) or 'none'}) nor plugins[i]")
+    return kind, index, argument
 
 
 def _metric(entry, path: str) -> dict:

@@ -9,7 +9,6 @@ read back), so the rows reach the study even from a remote worker.
 
 from __future__ import annotations
 
-import copy
 import csv
 import math
 import re
@@ -19,11 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from avalanche_plugins.study.config import plugin_index
 from avalanche_plugins.study.harness.jobs import Timer, seed_everything
 from avalanche_plugins.study.stats import SCORES, run_scores
 
-__all__ = ["CONTEXT", "StudyJob", "accuracy_matrix", "apply_setting", "run_job"]
+__all__ = ["CONTEXT", "StudyJob", "accuracy_matrix", "run_job"]
 
 CONTEXT = ("scenario", "strategy", "setting", "seed", "split")  # the tidy CSV's context columns
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.=-]+")
@@ -52,24 +50,6 @@ class StudyJob:
         if self.split != "test":
             parts[-1] += f"-{self.split}"
         return "/".join(_UNSAFE.sub("_", p).strip("_") or "_" for p in parts)
-
-
-def apply_setting(strategy: dict, training: dict, setting: dict) -> tuple[dict, dict]:
-    """``(strategy spec, training)`` with a grid setting applied: bare keys go to the strategy's
-    kwargs, ``training.KEY`` to the training settings, ``PLUGIN.KEY`` / ``plugins[i].KEY`` to a
-    plugin's kwargs. The strategy's own ``training`` overrides the study's."""
-    spec = {"name": strategy["name"], "class": strategy["class"], "kwargs": dict(strategy["kwargs"]),
-            "plugins": copy.deepcopy(strategy["plugins"])}
-    training = {**training, **strategy.get("training", {})}
-    for key, value in setting.items():
-        owner, _, argument = key.rpartition(".")
-        if not owner:
-            spec["kwargs"][argument] = value
-        elif owner == "training":
-            training[argument] = value
-        else:
-            spec["plugins"][plugin_index(owner, spec["plugins"], key)]["kwargs"][argument] = value
-    return spec, training
 
 
 def accuracy_matrix(rows, n_experiences: int | None = None, metric: str = "Top1_Acc_Exp") -> np.ndarray:
