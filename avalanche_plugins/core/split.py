@@ -197,7 +197,8 @@ def split_model(
         >>> torch.equal(late(early(x)), net(x))
         True
     """
-    check_model_inputs(model, example_input, "example_input")
+    if isinstance(example_input, torch.Tensor):  # anything else gets the "single tensor" error below
+        check_model_inputs(model, example_input, "example_input")
     if at == "" or at not in dict(model.named_modules()):
         raise ValueError(f"at={at!r} names no submodule of {type(model).__name__}")
     entries, out_shape = _traced_entries(model, example_input, output_transform)
