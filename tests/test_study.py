@@ -409,3 +409,35 @@ def test_the_study_package_is_layered():
     assert not graph["avalanche_plugins.study.runner"] & {"avalanche_plugins.study.config",
                                                          "avalanche_plugins.study.cli"}
     assert _find_cycle(graph) is None
+
+
+def test_adding_a_dataset_is_one_catalog_entry(tmp_path):
+    # the documented entry, as written in docs/study.md, makes split_/permuted_ scenarios a study can name
+    import torch
+
+    from avalanche_plugins.study.harness import data
+
+    text = (ROOT / "docs" / "study.md").read_text()
+    block = text.split("## Adding a built-in dataset", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+
+    def load_fashion_arrays(root):
+        x = torch.randn(120, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+        y = torch.arange(120) % 10
+        return x[:100], y[:100], x[100:], y[100:]
+
+    namespace = {"CATALOG": data.CATALOG, "Dataset": data.Dataset, "MNIST_FILES": data.MNIST_FILES,
+                 "load_fashion_arrays": load_fashion_arrays}
+    try:
+        exec(block, namespace)
+        study = load_study({"scenarios": [{"benchmark": "split_fashion_mnist", "data_root": str(tmp_path)},
+                                          {"benchmark": "permuted_fashion_mnist", "n_experiences": 2}],
+                            "model": "cnn", "strategies": ["Naive"]})
+        assert [s["name"] for s in study.scenarios] == ["split_fashion_mnist", "permuted_fashion_mnist"]
+        with pytest.raises(ConfigError, match="split_fashion_mnist has 10 classes, which 4 experiences"):
+            load_study({"scenarios": [{"benchmark": "split_fashion_mnist", "n_experiences": 4}], "strategies": ["Naive"]})
+        stream = data.make_stream("fashion_mnist", "split", n_experiences=5, data_root=tmp_path)
+        assert stream.input_shape == (1, 28, 28) and len(stream.benchmark.train_stream) == 5
+        fingerprint = data.data_fingerprint(tmp_path, "fashion_mnist")
+        assert fingerprint["name"] == "Fashion-MNIST" and set(fingerprint["sha256"].values()) == {"missing"}
+    finally:
+        data.CATALOG.pop("fashion_mnist", None)

@@ -8,11 +8,9 @@ runs. What the study supplies that a config cannot:
   (input shape read from its first sample, classes from ``n_classes`` or the targets);
 * a dotted **model** callable gets ``input_shape`` ``(C, H, W)``, ``n_classes`` and ``multihead``
   (task-incremental scenario) when it accepts them, on top of its kwargs;
-* **metrics**: ``CycleAccuracyMetric`` gets the run's test stream (and the cycle of its Grow /
-  Prune plugin); ``NewbornGradientMetric`` the run's ``GrowPlugin(track_newborn=True)`` (runs
-  without one go without it); ``TransportKeyMetric`` without ``stages`` (or ``stages: auto``) gets
-  up to three stages (:func:`auto_stages`); runs with a Grow / Prune / FixedMask plugin also get
-  :class:`CompactnessMetric`.
+* **metrics**: what each configured metric gets from the run (a stream, a plugin, stages chosen
+  for the model) and what the study adds by itself are the diagnostics catalog's
+  (:mod:`avalanche_plugins.study.diagnostics`).
 """
 
 from __future__ import annotations
@@ -20,13 +18,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 import torch
-from avalanche.evaluation import PluginMetric
-from avalanche.evaluation.metric_results import MetricValue
-from avalanche.evaluation.metric_utils import get_metric_name
 from torch import nn
 
+from avalanche_plugins.study.diagnostics import (
+    RunContext,
+    always_metrics,
+    configured_metrics,
+    run_analyses,
+)
 from avalanche_plugins.study.registry import (
     ConfigError,
     metric_factory,
@@ -35,9 +35,9 @@ from avalanche_plugins.study.registry import (
     resolve_dotted,
     strategy_class,
 )
-from avalanche_plugins.study.scenarios import BUILTIN_SCENARIOS, INPUT_SHAPES
+from avalanche_plugins.study.scenarios import dataset_of
 
-__all__ = ["CompactnessMetric", "auto_stages", "check_model_builds", "build_evaluator", "build_model", "build_optimizer",
+__all__ = ["check_model_builds", "build_evaluator", "build_model", "build_optimizer",
            "build_plugins", "build_stream", "build_strategy", "resolve_device"]
 
 
@@ -46,7 +46,7 @@ def build_stream(scenario: dict, seed: int, validation: bool):
     from avalanche_plugins.study.harness.data import Stream, make_stream
 
     if ":" not in scenario["benchmark"]:
-        dataset, kind = BUILTIN_SCENARIOS[scenario["benchmark"]]
+        dataset, kind, _ = dataset_of(scenario["benchmark"])
         extra = {} if scenario["n_experiences"] is None else {"n_experiences": scenario["n_experiences"]}
         return make_stream(dataset, kind, task_incremental=scenario["task_incremental"],
                            data_root=scenario["data_root"], seed=seed, validation=validation, **extra)
@@ -101,128 +101,22 @@ def build_plugins(specs: list[dict]) -> list:
     return [plugin_class(p["name"], "plugin")(**{k: _value(v) for k, v in p["kwargs"].items()}) for p in specs]
 
 
-class CompactnessMetric(PluginMetric[float]):
-    """Fraction of hidden units active (``masks.compactness()``) of the run's Grow / Prune /
-    FixedMask plugin after every training epoch, as ``Compactness/train_phase/...``."""
-
-    def __init__(self, plugin):
-        super().__init__()
-        self.plugin, self.value = plugin, None
-
-    def result(self):
-        return self.value
-
-    def reset(self):
-        self.value = None
-
-    def __str__(self):
-        return "Compactness"
-
-    def after_training_epoch(self, strategy):
-        masks = getattr(self.plugin, "masks", None)
-        if masks is None:
-            return None
-        self.value = float(masks.compactness())
-        name = get_metric_name(self, strategy, add_experience=True, add_task=True)
-        return [MetricValue(self, name, self.value, strategy.clock.train_iterations)]
-
-
-def auto_stages(model: nn.Module, x: torch.Tensor, task_labels: torch.Tensor, max_stages: int = 3) -> list[str]:
-    """Up to ``max_stages`` stitching stages, evenly spread: for every parametrised layer after the
-    first (the layer map's order), the outermost module that can cut the model
-    (``split_points``) and finishes right before that layer starts."""
-    from avalanche.models import avalanche_forward
-
-    from avalanche_plugins.core.layers import discover_layers
-    from avalanche_plugins.core.split import split_points
-
-    class OneTask(nn.Module):  # a plain forward(x) for multi-task models
-        def __init__(self):
-            super().__init__()
-            self.m = model
-
-        def forward(self, inputs):
-            return avalanche_forward(self.m, inputs, task_labels)
-
-    wrapped = OneTask()
-    layers = [layer.name for layer in discover_layers(wrapped, x)]
-    try:
-        points = set(split_points(wrapped, x))
-    except TypeError:  # a multi-task model cannot be cut as a whole: its trunk can
-        points = set()
-        for name, child in model.named_children():
-            try:
-                points |= {f"m.{name}", *(f"m.{name}.{p}" for p in split_points(child, x))}
-            except (TypeError, RuntimeError, ValueError):
-                continue
-    events, hooks = [], []
-    for name, module in wrapped.named_modules():
-        if name:
-            hooks.append(module.register_forward_pre_hook(lambda *_, n=name: events.append(("start", n))))
-            hooks.append(module.register_forward_hook(lambda *_, n=name: events.append(("end", n))))
-    try:
-        with torch.no_grad():
-            wrapped(x)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    stages: list[str] = []
-    for layer in layers[1:]:
-        before = [n for kind, n in events[:events.index(("start", layer))] if kind == "end" and n in points]
-        if before and before[-1][2:] not in stages:
-            stages.append(before[-1][2:])
-    if len(stages) > max_stages:
-        stages = [stages[i] for i in dict.fromkeys(np.linspace(0, len(stages) - 1, max_stages).round().astype(int))]
-    if not stages:
-        raise ValueError(f"TransportKeyMetric: found no stage to stitch at in {type(model).__name__}; "
-                         "give metrics[...].kwargs.stages")
-    return stages
-
-
-def _example(stream, n: int = 8):
-    data = stream.benchmark.train_stream[0].dataset
-    items = [data[i] for i in range(min(n, len(data)))]
-    x = torch.stack([item[0] for item in items])
-    t = torch.as_tensor([int(item[-1]) if len(item) > 2 else 0 for item in items])
-    return x, t
-
-
 def build_evaluator(metric_specs: list[dict], stream, model, plugins, *, tidy_path, context: dict,
                     images: bool, loggers=(), log_dir=None, run_name: str = "run", project: str = "study",
                     task_il: bool = False):
     """One ``EvaluationPlugin``: accuracy / forgetting / BWT (and task-incremental accuracy with
-    ``task_il``), the configured metrics, and a ``TidyCSVLogger`` (plus the configured
-    TensorBoard / W&B / text loggers). Returns ``(evaluator, loggers, configured metrics)``."""
-    from avalanche.evaluation.metrics import accuracy_metrics, bwt_metrics, forgetting_metrics
+    ``task_il``), the configured metrics with what the diagnostics catalog says each gets from the
+    run (:mod:`~avalanche_plugins.study.diagnostics`), the study's own analyses, and a
+    ``TidyCSVLogger`` (plus the configured TensorBoard / W&B / text loggers). Returns
+    ``(evaluator, loggers, configured metrics)``."""
     from avalanche.training.plugins import EvaluationPlugin
 
     from avalanche_plugins import TidyCSVLogger
-    from avalanche_plugins.study.task_il_metric import TaskILAccuracyMetric
 
-    metrics = [*accuracy_metrics(experience=True, stream=True), *forgetting_metrics(experience=True, stream=True),
-               *bwt_metrics(experience=True, stream=True)]
-    if task_il:
-        metrics.append(TaskILAccuracyMetric())
-    configured = []
-    editing = [p for p in plugins if hasattr(p, "masks") and hasattr(p, "clock")]
-    for spec in metric_specs:
-        kwargs = {k: _value(v) for k, v in spec["kwargs"].items()}
-        name = spec["name"]
-        if name == "CycleAccuracyMetric":
-            kwargs["test_stream"] = stream.benchmark.test_stream
-            if editing:
-                kwargs.setdefault("epochs_per_cycle", editing[0].clock.epochs_per_cycle)
-                kwargs.setdefault("cycle_scope", editing[0].clock.scope)
-        elif name == "NewbornGradientMetric":
-            growing = [p for p in plugins if getattr(p, "track_newborn", False)]
-            if not growing:
-                continue
-            kwargs["grow_plugin"] = growing[0]
-        elif name == "TransportKeyMetric" and kwargs.get("stages", "auto") == "auto":
-            kwargs["stages"] = auto_stages(model, *_example(stream))
-        made = metric_factory(name, "metric")(**kwargs)
-        configured += list(made) if isinstance(made, (list, tuple)) else [made]
-    metrics += [*configured, *(CompactnessMetric(p) for p in editing)]
+    run = RunContext(stream, model, list(plugins))
+    configured = configured_metrics(metric_specs, run, factory=lambda name: metric_factory(name, "metric"),
+                                    value=_value)
+    metrics = [*always_metrics(task_il), *configured, *run_analyses(run)]
     tidy = TidyCSVLogger(tidy_path, context=context, images=images)
     all_loggers = [tidy, *_extra_loggers(loggers, log_dir, run_name, project)]
     return EvaluationPlugin(*metrics, loggers=all_loggers, collect_all=False), all_loggers, configured
@@ -282,10 +176,10 @@ def check_model_builds(model: dict, scenario: dict, where: str) -> None:
         return
     from avalanche.models import avalanche_forward
 
-    from avalanche_plugins.study.harness.data import N_CLASSES, Stream
+    from avalanche_plugins.study.harness.data import Stream
 
-    dataset, kind = BUILTIN_SCENARIOS[scenario["benchmark"]]
-    shape, total = INPUT_SHAPES[dataset], N_CLASSES[dataset]
+    _, kind, dataset = dataset_of(scenario["benchmark"])
+    shape, total = dataset.input_shape, dataset.n_classes
     n_exp = scenario["n_experiences"] or 5
     n_classes = total // n_exp if scenario["task_incremental"] and kind == "split" else total
     stream = Stream(None, shape, n_classes, scenario["task_incremental"], scenario["benchmark"])

@@ -17,7 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from avalanche_plugins.study.diagnostics import ALWAYS, check_kwargs
 from avalanche_plugins.study.grid import grid_target
+from avalanche_plugins.study.harness.models import DEFAULT_MODEL
 from avalanche_plugins.study.registry import (
     ConfigError,
     ErrorList,
@@ -33,21 +35,17 @@ from avalanche_plugins.study.registry import (
     source_hash,
     strategy_class,
 )
-from avalanche_plugins.study.scenarios import BUILTIN_SCENARIOS
+from avalanche_plugins.study.scenarios import BUILTIN_SCENARIOS, builtin_scenarios, dataset_of
 
-__all__ = ["strategy_for", "BUILTIN_SCENARIOS", "ALWAYS_METRICS", "LOGGERS", "STRATEGY_INJECTED", "METRIC_INJECTED",
-           "TRAINING_DEFAULTS", "Study", "read_study"]
+__all__ = ["strategy_for", "BUILTIN_SCENARIOS", "LOGGERS", "STRATEGY_INJECTED", "TRAINING_DEFAULTS", "Study",
+           "read_study"]
 
 TRAINING_DEFAULTS = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.0, "weight_decay": 0.0, "epochs": 1,
                      "batch_size": 32, "eval_batch_size": 256, "device": "cpu"}
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LOGGERS = ("tensorboard", "wandb", "text")
-ALWAYS_METRICS = ("accuracy_metrics", "forgetting_metrics", "bwt_metrics")
 STRATEGY_INJECTED = ("model", "optimizer", "criterion", "train_mb_size", "train_epochs", "eval_mb_size",
                      "device", "plugins", "evaluator")
-# arguments the study supplies to some metrics (and those it may choose for them)
-METRIC_INJECTED = {"CycleAccuracyMetric": ("test_stream",), "NewbornGradientMetric": ("grow_plugin",)}
-METRIC_OPTIONAL = {"TransportKeyMetric": ("stages",)}
 MODEL_INJECTED = ("input_shape", "n_classes", "multihead")
 
 _TOP = ("name", "description", "seeds", "tune_seed", "reference", "scenarios", "model", "training",
@@ -154,7 +152,7 @@ def _top_level(raw: dict, source, quick_spec: dict, found: ErrorList) -> Study:
         seeds=_section(found, lambda: _int(raw.get("seeds", 3), "seeds", minimum=1), 1),
         tune_seed=_section(found, lambda: _int(raw.get("tune_seed", 0), "tune_seed", minimum=0), 0),
         reference="", scenarios=[], strategies=[], metrics=[],
-        model=_section(found, lambda: _model(raw.get("model", "mlp")), None),
+        model=_section(found, lambda: _model(raw.get("model", DEFAULT_MODEL)), None),
         training=_section(found, lambda: _training(raw.get("training", {}), "training", defaults=TRAINING_DEFAULTS),
                           dict(TRAINING_DEFAULTS)),
         loggers=_section(found, lambda: _loggers(raw.get("loggers", [])), []),
@@ -359,22 +357,16 @@ def _scenario(entry, path: str, data_root) -> dict:
                         injected=[n for n in ("seed", "validation") if n in params],
                         label=benchmark)
         return out
-    from avalanche_plugins.study.harness.data import DATASETS
-
-    if benchmark not in BUILTIN_SCENARIOS:
-        raise ConfigError(f"{path}.benchmark: expected one of {', '.join(BUILTIN_SCENARIOS)} or "
+    known = builtin_scenarios()
+    if benchmark not in known:
+        raise ConfigError(f"{path}.benchmark: expected one of {', '.join(known)} or "
                           f"'package.module:callable', got {benchmark!r}")
-    if BUILTIN_SCENARIOS[benchmark][0] not in DATASETS:
-        raise ConfigError(f"{path}.benchmark: {benchmark!r} needs dataset {BUILTIN_SCENARIOS[benchmark][0]!r}, "
-                          f"which this checkout's avalanche_plugins.study.harness.data does not provide ({', '.join(DATASETS)})")
     if out["kwargs"]:
         raise ConfigError(f"{path}.kwargs: only a 'package.module:callable' benchmark takes kwargs")
     if spec.get("n_experiences") is not None:
         out["n_experiences"] = _int(spec["n_experiences"], f"{path}.n_experiences", minimum=1)
-        from avalanche_plugins.study.harness.data import N_CLASSES
-
-        dataset, kind = BUILTIN_SCENARIOS[benchmark]
-        total = N_CLASSES[dataset]
+        _, kind, dataset = dataset_of(benchmark)
+        total = dataset.n_classes
         if kind == "split" and (total % out["n_experiences"] or out["n_experiences"] > total):
             divisors = [d for d in range(1, total + 1) if total % d == 0]
             raise ConfigError(f"{path}.n_experiences: {benchmark} has {total} classes, which "
@@ -387,23 +379,15 @@ def _scenario(entry, path: str, data_root) -> dict:
     return out
 
 
-_ZOO_CLASSES = {"mlp": ("MLP", ("input_shape", "n_classes")), "cnn": ("SmallCNN", ("in_channels", "n_classes", "batchnorm")),
-                "cnn_nobn": ("SmallCNN", ("in_channels", "n_classes", "batchnorm")),
-                "resnet": ("MiniResNet", ("in_channels", "n_classes")),
-                "vit": ("TinyViT", ("image_size", "in_channels", "n_classes")),
-                "cifar_resnet": ("cifar_resnet", ("n_classes", "in_channels"))}
-
-
 def _model(entry) -> dict:
     spec = _named(entry, "model")
     factory = model_factory(spec["name"], "model.name")
-    if factory is None:
-        from avalanche_plugins.study.harness import models
+    if factory is None:  # a zoo model: its kwargs against its class, without what the study injects
+        from avalanche_plugins.study.harness.models import ZOO
 
-        target, injected = _ZOO_CLASSES.get(spec["name"], (None, ()))
-        if target is not None and hasattr(models, target):
-            check_arguments(getattr(models, target), spec["kwargs"], "model.kwargs", injected=injected,
-                            label=f"model {spec['name']!r}")
+        entry = ZOO[spec["name"]]
+        check_arguments(entry.target, spec["kwargs"], "model.kwargs", injected=entry.injected,
+                        label=f"model {spec['name']!r}")
     else:
         params, _, _, _ = parameters(factory)
         check_arguments(factory, spec["kwargs"], "model.kwargs", injected=[n for n in MODEL_INJECTED if n in params],
@@ -552,14 +536,11 @@ def _grid_target(key: str, values, path: str, plugins: list[dict]) -> tuple[str,
 
 def _metric(entry, path: str) -> dict:
     spec = _named(entry, path)
-    if spec["name"] in ALWAYS_METRICS:
+    if spec["name"] in ALWAYS:
         raise ConfigError(f"{path}.name: {spec['name']} is attached to every run already")
     factory = metric_factory(spec["name"], f"{path}.name")
-    kwargs = dict(spec["kwargs"])
-    if spec["name"] == "TransportKeyMetric" and kwargs.get("stages") == "auto":
-        kwargs.pop("stages")  # chosen per model by the study
-    check_arguments(factory, kwargs, f"{path}.kwargs", injected=METRIC_INJECTED.get(spec["name"], ()),
-                    optional=METRIC_OPTIONAL.get(spec["name"], ()), label=spec["name"])
+    kwargs, injected, optional = check_kwargs(spec["name"], spec["kwargs"])  # the diagnostics catalog's
+    check_arguments(factory, kwargs, f"{path}.kwargs", injected=injected, optional=optional, label=spec["name"])
     return spec
 
 

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["make_figures"]
+from avalanche_plugins.study.diagnostics import figure_keys
+
+__all__ = ["PLOTS", "make_figures"]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -89,9 +91,8 @@ def make_figures(runs: Sequence[Mapping], metrics: Sequence[Mapping], out_dir, s
         by_metric = defaultdict(list)
         for row in rows:
             by_metric[row["metric"]].append(row)
-        for name, plot in (("readiness", _readiness), ("ads", _ads), ("transport", _transport),
-                           ("curvature", _curvature), ("structural", _structural)):
-            path = plot(by_metric, order, colors, out / f"{name}_{slug}.png", scenario)
+        for name in figure_keys():  # one figure per key of the diagnostics catalog, in its order
+            path = PLOTS[name](by_metric, order, colors, out / f"{name}_{slug}.png", scenario)
             if path is not None:
                 paths.append(path)
     _missing_note[0] = ""
@@ -306,3 +307,7 @@ def _structural(by_metric, order, colors, path, scenario):
     max(axes[0], key=lambda ax: len(ax.get_lines())).legend(fontsize=7)
     fig.suptitle(f"{scenario}: structural plasticity", fontsize=10)
     return _save(fig, path)
+
+
+PLOTS = {"readiness": _readiness, "ads": _ads, "transport": _transport, "curvature": _curvature,
+         "structural": _structural}  # figure key (the diagnostics catalog's) -> plot

@@ -59,12 +59,8 @@ def scenario_provenance(scenario: Mapping, facts: Mapping | None, *, dataset: st
     if dataset is None:
         out["factory"] = {"name": scenario["benchmark"], "kwargs": dict(scenario.get("kwargs") or {}),
                           "module_sha256": source_hash}
-    else:
-        root = scenario.get("data_root")
-        if root is None and dataset != "digits":
-            out["data"] = {"dataset": dataset, "root": None, "error": "no data_root: the runs could not read it"}
-        else:
-            out["data"] = data_fingerprint(None if dataset == "digits" else root, dataset)
+    else:  # bundled data by its package's version; files by their checksums (missing ones named)
+        out["data"] = data_fingerprint(scenario.get("data_root"), dataset)
     if facts:
         out.update({k: facts[k] for k in ("setting", "experiences", "classes_per_experience", "classes",
                                           "task_labels") if k in facts})
@@ -121,7 +117,7 @@ def study_provenance(scenarios: Sequence[Mapping], sources: Mapping, rows: Seque
     """``{scenario name: provenance}`` of a study's scenarios (:func:`scenario_provenance`), the
     setting and classes read from ``rows`` (its runs), a factory's module hash from ``sources``
     (``{module: source hash}``, the study's)."""
-    from avalanche_plugins.study.scenarios import BUILTIN_SCENARIOS
+    from avalanche_plugins.study.scenarios import dataset_of
 
     out = {}
     for scenario in scenarios:
@@ -129,7 +125,7 @@ def study_provenance(scenarios: Sequence[Mapping], sources: Mapping, rows: Seque
         factory = ":" in benchmark
         out[scenario["name"]] = scenario_provenance(
             scenario, rows_facts(rows, scenario["name"]),
-            dataset=None if factory else BUILTIN_SCENARIOS[benchmark][0],
+            dataset=None if factory else dataset_of(benchmark)[0],
             source_hash=sources.get(benchmark.partition(":")[0]) if factory else None)
     return out
 

@@ -6,7 +6,7 @@
   (``avalanche.training.plugins``), or a dotted path;
 * metrics: this package's metrics, Avalanche's metric helpers and classes
   (``avalanche.evaluation.metrics``: ``loss_metrics``, ``timing_metrics``, …), or a dotted path;
-* models: the benchmark zoo (``avalanche_plugins.study.harness.models.MODEL_NAMES``) or a dotted path.
+* models: the zoo (``avalanche_plugins.study.harness.models.ZOO``) or a dotted path.
 
 :func:`check_arguments` compares config kwargs with the callable's signature (unknown names,
 missing required ones, and the types the annotations or defaults state) and raises
@@ -230,12 +230,12 @@ def metric_factory(name: str, where: str) -> Callable:
 
 def model_factory(name: str, where: str) -> Callable | None:
     """``None`` for a zoo name (built by ``build_model``), else the dotted callable."""
-    from avalanche_plugins.study.harness.models import MODEL_NAMES
+    from avalanche_plugins.study.harness.models import ZOO
 
     if ":" in name:
         return resolve_dotted(name, where)
-    if name not in MODEL_NAMES:
-        raise _unknown("model", name, where, MODEL_NAMES)
+    if name not in ZOO:
+        raise _unknown("model", name, where, ZOO)
     return None
 
 

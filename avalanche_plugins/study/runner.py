@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from avalanche_plugins.study.diagnostics import ACCURACY, TASK_IL_ACCURACY
 from avalanche_plugins.study.harness.jobs import Timer, seed_everything
 from avalanche_plugins.study.stats import SCORES, run_scores
 
@@ -52,7 +53,7 @@ class StudyJob:
         return "/".join(_UNSAFE.sub("_", p).strip("_") or "_" for p in parts)
 
 
-def accuracy_matrix(rows, n_experiences: int | None = None, metric: str = "Top1_Acc_Exp") -> np.ndarray:
+def accuracy_matrix(rows, n_experiences: int | None = None, metric: str = ACCURACY) -> np.ndarray:
     """``R[i, j]`` from tidy rows: ``metric`` (per-experience accuracy) on the evaluation stream,
     ``i`` the training experience, ``j`` the evaluated one (NaN where nothing was logged)."""
     cells = {}
@@ -185,7 +186,7 @@ def _train(job: StudyJob, log_dir: str | None, facts: dict) -> dict:
             rows = list(csv.DictReader(f))
     n = len(benchmark.train_stream)
     acc = accuracy_matrix(rows, n)
-    til = accuracy_matrix(rows, n, metric="Top1_TaskIL_Acc_Exp") if task_il else np.zeros((0, 0))
+    til = accuracy_matrix(rows, n, metric=TASK_IL_ACCURACY) if task_il else np.zeros((0, 0))
     scores = run_scores(acc, baseline=baseline, task_il=til if task_il else None)
     if not math.isfinite(scores["acc"]):
         raise RuntimeError(f"{job.run_name}: the accuracy matrix has holes: {acc.tolist()}")

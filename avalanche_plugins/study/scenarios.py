@@ -1,16 +1,30 @@
-"""The study's built-in scenarios: names → (dataset of ``harness.data.make_stream``, scenario kind),
-with each dataset's input shape."""
+"""The study's built-in scenarios, read from the dataset catalog
+(:data:`avalanche_plugins.study.harness.data.CATALOG`): ``{kind}_{dataset}`` for every kind a
+dataset supports (``split_digits``, ``permuted_mnist``, ...), with its input shape and classes."""
 
 from __future__ import annotations
 
-__all__ = ["BUILTIN_SCENARIOS", "INPUT_SHAPES"]
+from avalanche_plugins.study.harness.data import CATALOG, Dataset
 
-BUILTIN_SCENARIOS = {  # name → (make_stream dataset, scenario)
-    "split_digits": ("digits", "split"),
-    "permuted_digits": ("digits", "permuted"),
-    "split_mnist": ("mnist", "split"),
-    "permuted_mnist": ("mnist", "permuted"),
-    "split_cifar10": ("cifar10", "split"),
-    "split_cifar100": ("cifar100", "split"),
-}
-INPUT_SHAPES = {"digits": (1, 8, 8), "mnist": (1, 28, 28), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
+__all__ = ["BUILTIN_SCENARIOS", "INPUT_SHAPES", "builtin_scenarios", "dataset_of"]
+
+
+def builtin_scenarios() -> dict[str, tuple[str, str]]:
+    """``{scenario name: (dataset, kind)}`` of the catalog as it is now (a dataset added at run
+    time included).
+
+    Example:
+        >>> builtin_scenarios()["permuted_digits"]
+        ('digits', 'permuted')
+    """
+    return {f"{kind}_{name}": (name, kind) for name, entry in CATALOG.items() for kind in entry.kinds}
+
+
+def dataset_of(benchmark: str) -> tuple[str, str, Dataset]:
+    """``(dataset name, kind, catalog entry)`` of a built-in scenario name."""
+    dataset, kind = builtin_scenarios()[benchmark]
+    return dataset, kind, CATALOG[dataset]
+
+
+BUILTIN_SCENARIOS = builtin_scenarios()  # the shipped ones
+INPUT_SHAPES = {name: entry.input_shape for name, entry in CATALOG.items()}

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +42,10 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 __all__ = [
+    "CATALOG",
     "DATASETS",
+    "Dataset",
+    "N_CLASSES",
     "SCENARIOS",
     "VALIDATION_FRACTION",
     "Stream",
@@ -56,7 +60,6 @@ __all__ = [
     "data_fingerprint",
 ]
 
-DATASETS = ("digits", "mnist", "cifar10", "cifar100")
 SCENARIOS = ("split", "permuted")
 VALIDATION_FRACTION = 0.15
 MNIST_FILES = (
@@ -94,7 +97,6 @@ CIFAR = {
     "cifar100": CifarLayout("CIFAR-100", "cifar-100-python", ("train",), ("test",), "meta", "fine_labels", 100,
                             (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
 }
-N_CLASSES = {"digits": 10, "mnist": 10, "cifar10": 10, "cifar100": 100}
 
 
 @dataclass
@@ -167,35 +169,40 @@ def _sha256(path: str, size: int, mtime: float) -> str:
 
 
 def data_fingerprint(data_root=None, dataset: str | None = None) -> dict:
-    """What data a run saw: scikit-learn's digits (no ``data_root``), or the dataset under
-    ``data_root`` with the SHA-256 of each of its files (absent files are listed as missing):
-    MNIST's four files (``dataset`` ``None`` or ``"mnist"``), or CIFAR's pickles
-    (``"cifar10"`` / ``"cifar100"``).
+    """What data a run saw, from the dataset's :data:`CATALOG` entry: bundled data (no files:
+    scikit-learn's digits) by its name and the version of the package that ships it; otherwise the
+    SHA-256 of each of its files under ``data_root`` (absent files listed as missing).
+    ``dataset`` ``None``: the digits without ``data_root``, MNIST with one.
 
     Example:
         >>> data_fingerprint()["name"]
         'scikit-learn digits'
     """
-    if data_root is None or dataset == "digits":
-        import sklearn
-
-        return {"name": "scikit-learn digits", "scikit-learn": sklearn.__version__}
-    if dataset in CIFAR:
-        layout = CIFAR[dataset]
-        name, files = layout.name, [f"{layout.folder}/{f}" for f in layout.files]
-    elif dataset in (None, "mnist"):
-        name, files = "MNIST", [f"MNIST/raw/{f}" for f in MNIST_FILES]
-    else:
+    if dataset is None:
+        dataset = "mnist" if data_root is not None else "digits"
+    if dataset not in CATALOG:
         raise ValueError(f"dataset must be one of {DATASETS} or None, got {dataset!r}")
+    entry = CATALOG[dataset]
+    if not entry.files:
+        return {"name": entry.label, **({entry.version_of: _version(entry.version_of)} if entry.version_of else {})}
     sha = {}
-    for rel in files:
-        path = Path(data_root) / rel
-        if path.is_file():
+    for rel in entry.files:
+        path = Path(data_root) / rel if data_root is not None else None
+        if path is not None and path.is_file():
             stat = path.stat()
             sha[rel] = _sha256(str(path), stat.st_size, stat.st_mtime)
         else:
             sha[rel] = "missing"
-    return {"name": name, "root": str(data_root), "sha256": sha}
+    return {"name": entry.label, "root": None if data_root is None else str(data_root), "sha256": sha}
+
+
+def _version(distribution: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def load_mnist_arrays(data_root):
@@ -314,16 +321,81 @@ def _from_arrays(arrays, scenario: str, n_experiences: int, task_incremental: bo
     )
 
 
+def _benchmark_from_arrays(entry: Dataset, kind: str, n_experiences: int, task_incremental: bool, data_root,
+                          seed: int, validation: bool):
+    """The generic stream of a catalog entry: its arrays (the validation split held out of the
+    training images with ``validation``), split by classes or permuted."""
+    xtr, ytr, xte, yte = entry.arrays(data_root)
+    if validation:
+        keep, held = _stratified_split(ytr.numpy(), VALIDATION_FRACTION, seed)
+        xtr, ytr, xte, yte = xtr[keep], ytr[keep], xtr[held], ytr[held]
+    if kind == "split" and entry.wrap is not None:
+        return _split(entry.wrap(xtr, ytr), entry.wrap(xte, yte), n_experiences, task_incremental, seed)
+    return _from_arrays((xtr, ytr, xte, yte), kind, n_experiences, task_incremental, seed)
+
+
+def _mnist_benchmark(entry: Dataset, kind: str, n_experiences: int, task_incremental: bool, data_root, seed: int,
+                     validation: bool):
+    """MNIST: Avalanche's classic ``SplitMNIST`` / ``PermutedMNIST`` on the test stream; the
+    validation split from the same files through the generic path (same normalisation)."""
+    check_mnist_root(data_root)
+    if validation:
+        return _benchmark_from_arrays(entry, kind, n_experiences, task_incremental, data_root, seed, validation)
+    from avalanche.benchmarks.classic import PermutedMNIST, SplitMNIST
+
+    if kind == "split":
+        return SplitMNIST(n_experiences, return_task_id=task_incremental, seed=seed,
+                          class_ids_from_zero_in_each_exp=task_incremental,
+                          class_ids_from_zero_from_first_exp=not task_incremental, dataset_root=str(data_root))
+    return PermutedMNIST(n_experiences, return_task_id=task_incremental, seed=seed, dataset_root=str(data_root))
+
+
+def _cifar(name: str) -> Dataset:
+    layout = CIFAR[name]
+    return Dataset(layout.name, layout.n_classes, (3, 32, 32), ("split",),
+                   arrays=lambda root: load_cifar_arrays(root, name),
+                   files=tuple(f"{layout.folder}/{f}" for f in layout.files),
+                   wrap=lambda x, y: CifarImages(x, y, layout.mean, layout.std))
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One built-in dataset, one entry of :data:`CATALOG`: everything the study and
+    :func:`make_stream` know of it. Its scenarios are ``{kind}_{name}`` for each of ``kinds``."""
+
+    label: str  # the name results and reports give it
+    n_classes: int
+    input_shape: tuple[int, int, int]  # (C, H, W): what a model is built for
+    kinds: tuple[str, ...]  # scenario kinds it supports: "split" and/or "permuted"
+    arrays: Callable  # data_root -> (x_train, y_train, x_test, y_test) tensors
+    files: tuple[str, ...] = ()  # read under data_root (fingerprinted); () for bundled data
+    version_of: str | None = None  # the distribution whose version identifies bundled data
+    wrap: Callable | None = None  # (images, labels) -> torch Dataset of a split stream (default: tensors)
+    benchmark: Callable = _benchmark_from_arrays  # (entry, kind, n_experiences, task_incremental, data_root, seed, validation)
+
+
+CATALOG: dict[str, Dataset] = {  # name -> entry: adding a dataset is one entry here
+    "digits": Dataset("scikit-learn digits", 10, (1, 8, 8), SCENARIOS, arrays=lambda root: load_digits_arrays(seed=0),
+                      version_of="scikit-learn"),
+    "mnist": Dataset("MNIST", 10, (1, 28, 28), SCENARIOS, arrays=load_mnist_arrays,
+                     files=tuple(f"MNIST/raw/{f}" for f in MNIST_FILES), benchmark=_mnist_benchmark),
+    "cifar10": _cifar("cifar10"),
+    "cifar100": _cifar("cifar100"),
+}
+DATASETS = tuple(CATALOG)  # as shipped (CATALOG itself is read at call time)
+N_CLASSES = {name: entry.n_classes for name, entry in CATALOG.items()}
+
+
 def make_stream(dataset: str = "digits", scenario: str = "split", *, n_experiences: int = 5,
                 task_incremental: bool = False, data_root=None, seed: int = 0,
                 validation: bool = False) -> Stream:
-    """Build a continual-learning stream.
+    """Build a continual-learning stream of a :data:`CATALOG` dataset.
 
     Args:
         dataset: ``"digits"`` (scikit-learn, offline), ``"mnist"``, ``"cifar10"`` or ``"cifar100"``
-            (these three need ``data_root``).
+            (these three need ``data_root``), or any other catalog entry.
         scenario: ``"split"`` (``n_classes / n_experiences`` classes per experience) or
-            ``"permuted"`` (digits and MNIST only).
+            ``"permuted"`` (where the dataset's ``kinds`` allow it: digits and MNIST).
         n_experiences: number of experiences (split: must divide the number of classes, 10 or 100).
         task_incremental: task labels per experience (use a multi-head model); otherwise one
             shared head over all classes (class-incremental for split, domain-incremental for
@@ -338,51 +410,18 @@ def make_stream(dataset: str = "digits", scenario: str = "split", *, n_experienc
         >>> len(s.benchmark.train_stream), s.input_shape, s.n_classes
         (5, (1, 8, 8), 10)
     """
-    if dataset not in DATASETS:
-        raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+    if dataset not in CATALOG:
+        raise ValueError(f"dataset must be one of {tuple(CATALOG)}, got {dataset!r}")
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {SCENARIOS}, got {scenario!r}")
-    total = N_CLASSES[dataset]
-    if dataset in CIFAR and scenario != "split":
-        raise ValueError(f"scenario must be 'split' for {dataset}, got {scenario!r}")
+    entry = CATALOG[dataset]
+    total = entry.n_classes
+    if scenario not in entry.kinds:
+        raise ValueError(f"scenario must be {' or '.join(map(repr, entry.kinds))} for {dataset}, got {scenario!r}")
     if n_experiences < 1 or (scenario == "split" and total % n_experiences):
         raise ValueError(f"n_experiences must be >= 1 (and divide {total} for split {dataset}), got {n_experiences!r}")
     n_classes = total // n_experiences if task_incremental and scenario == "split" else total
-    if dataset in CIFAR:
-        layout = CIFAR[dataset]
-        xtr, ytr, xte, yte = load_cifar_arrays(data_root, dataset)
-        if validation:
-            keep, held = _stratified_split(ytr.numpy(), VALIDATION_FRACTION, seed)
-            xtr, ytr, xte, yte = xtr[keep], ytr[keep], xtr[held], ytr[held]
-        bm = _split(CifarImages(xtr, ytr, layout.mean, layout.std), CifarImages(xte, yte, layout.mean, layout.std),
-                    n_experiences, task_incremental, seed)
-        mode = "task-incremental" if task_incremental else "class-incremental"
-        desc = f"split {dataset} ({n_experiences} experiences, {mode}{', validation split' if validation else ''})"
-        return Stream(bm, (3, 32, 32), n_classes, task_incremental, desc)
-    if dataset == "digits":
-        arrays = load_digits_arrays(seed=0)
-        shape = (1, 8, 8)
-    else:
-        check_mnist_root(data_root)
-        shape = (1, 28, 28)
-        arrays = load_mnist_arrays(data_root) if validation else None
-    if validation:
-        xtr, ytr, _, _ = arrays
-        keep, held = _stratified_split(ytr.numpy(), VALIDATION_FRACTION, seed)
-        arrays = (xtr[keep], ytr[keep], xtr[held], ytr[held])
-    if arrays is not None:
-        bm = _from_arrays(arrays, scenario, n_experiences, task_incremental, seed)
-    else:
-        from avalanche.benchmarks.classic import PermutedMNIST, SplitMNIST
-
-        if scenario == "split":
-            bm = SplitMNIST(n_experiences, return_task_id=task_incremental, seed=seed,
-                            class_ids_from_zero_in_each_exp=task_incremental,
-                            class_ids_from_zero_from_first_exp=not task_incremental,
-                            dataset_root=str(data_root))
-        else:
-            bm = PermutedMNIST(n_experiences, return_task_id=task_incremental, seed=seed,
-                               dataset_root=str(data_root))
+    bm = entry.benchmark(entry, scenario, n_experiences, task_incremental, data_root, seed, validation)
     mode = "task-incremental" if task_incremental else ("class-incremental" if scenario == "split" else "domain-incremental")
     desc = f"{scenario} {dataset} ({n_experiences} experiences, {mode}{', validation split' if validation else ''})"
-    return Stream(bm, shape, n_classes, task_incremental, desc)
+    return Stream(bm, entry.input_shape, n_classes, task_incremental, desc)

@@ -13,14 +13,15 @@ multi-head (task-incremental) variant can replace it:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from avalanche.models import MultiHeadClassifier, MultiTaskModule
 from torch import nn
 
 __all__ = ["MLP", "SmallCNN", "MiniResNet", "TinyViT", "MultiHeadNet", "TaskHeadsNet", "build_model",
-           "cifar_resnet", "CIFAR_RESNET_DEPTHS", "MODEL_NAMES"]
+           "cifar_resnet", "CIFAR_RESNET_DEPTHS", "DEFAULT_MODEL", "MODEL_NAMES", "ZOO", "ZooModel"]
 
 
 class MLP(nn.Module):
@@ -292,12 +293,42 @@ class TaskHeadsNet(nn.Module):
         return self.forward_single_task(x, int(task_labels))
 
 
-MODEL_NAMES = ("mlp", "cnn", "cnn_nobn", "resnet", "vit", "cifar_resnet")
+def _vit(input_shape: Sequence[int], n_classes: int, **kwargs) -> nn.Module:
+    c, h, _ = input_shape
+    kwargs.setdefault("patch", 7 if h % 7 == 0 else 2 if h % 2 == 0 else 1)
+    return TinyViT(image_size=h, in_channels=c, n_classes=n_classes, **kwargs)
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """One zoo model, one entry of :data:`ZOO`: how to make it for a scenario, and what the
+    study injects (``make`` receives them; a config's kwargs are checked against ``target``'s
+    signature without them)."""
+
+    make: Callable[..., nn.Module]  # (input_shape, n_classes, **kwargs) -> model with a linear head
+    target: Callable  # the class (or function) whose arguments a config's kwargs are
+    injected: tuple[str, ...]  # arguments of target the study supplies from the scenario
+    head: str = "head"  # the attribute holding the last linear layer (replaced by a multi-head classifier)
+
+
+ZOO: dict[str, ZooModel] = {  # name -> entry: adding a zoo model is one entry here
+    "mlp": ZooModel(lambda shape, n, **kw: MLP(shape, n_classes=n, **kw), MLP, ("input_shape", "n_classes")),
+    "cnn": ZooModel(lambda shape, n, **kw: SmallCNN(shape[0], n, batchnorm=True, **kw), SmallCNN,
+                    ("in_channels", "n_classes", "batchnorm")),
+    "cnn_nobn": ZooModel(lambda shape, n, **kw: SmallCNN(shape[0], n, batchnorm=False, **kw), SmallCNN,
+                         ("in_channels", "n_classes", "batchnorm")),
+    "resnet": ZooModel(lambda shape, n, **kw: MiniResNet(shape[0], n, **kw), MiniResNet, ("in_channels", "n_classes")),
+    "vit": ZooModel(_vit, TinyViT, ("image_size", "in_channels", "n_classes")),
+    "cifar_resnet": ZooModel(lambda shape, n, **kw: cifar_resnet(n_classes=n, in_channels=shape[0], **kw), cifar_resnet,
+                             ("n_classes", "in_channels"), head="fc"),
+}
+MODEL_NAMES = tuple(ZOO)  # as shipped
+DEFAULT_MODEL = "mlp"  # what a study without ``model:`` runs
 
 
 def build_model(name: str, input_shape: Sequence[int], n_classes: int, *, multihead: bool = False,
                 **kwargs) -> nn.Module:
-    """Build a benchmark model by name for image-shaped inputs ``input_shape = (C, H, W)``.
+    """Build a :data:`ZOO` model by name for image-shaped inputs ``input_shape = (C, H, W)``.
 
     ``multihead=True`` wraps the trunk with a ``MultiHeadClassifier`` (task-incremental runs).
     Extra keyword arguments go to the model class (e.g. ``hidden=(400, 400)`` for the MLP,
@@ -309,22 +340,12 @@ def build_model(name: str, input_shape: Sequence[int], n_classes: int, *, multih
     """
     if len(input_shape) != 3:
         raise ValueError(f"input_shape must be (C, H, W), got {tuple(input_shape)}")
-    c, h, _ = input_shape
-    if name == "mlp":
-        model = MLP(input_shape, n_classes=n_classes, **kwargs)
-    elif name in ("cnn", "cnn_nobn"):
-        model = SmallCNN(c, n_classes, batchnorm=name == "cnn", **kwargs)
-    elif name == "resnet":
-        model = MiniResNet(c, n_classes, **kwargs)
-    elif name == "vit":
-        kwargs.setdefault("patch", 7 if h % 7 == 0 else 2 if h % 2 == 0 else 1)
-        model = TinyViT(image_size=h, in_channels=c, n_classes=n_classes, **kwargs)
-    elif name == "cifar_resnet":
-        model = cifar_resnet(n_classes=n_classes, in_channels=c, **kwargs)
-    else:
-        raise ValueError(f"model name must be one of {MODEL_NAMES}, got {name!r}")
+    if name not in ZOO:
+        raise ValueError(f"model name must be one of {tuple(ZOO)}, got {name!r}")
+    entry = ZOO[name]
+    model = entry.make(input_shape, n_classes, **kwargs)
     if multihead:
         feature_dim = model.feature_dim
-        setattr(model, "fc" if name == "cifar_resnet" else "head", nn.Identity())
+        setattr(model, entry.head, nn.Identity())
         return MultiHeadNet(model, feature_dim)
     return model

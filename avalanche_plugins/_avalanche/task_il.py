@@ -7,7 +7,8 @@ evaluated experience first (the task identity is given at test time):
     acc_TIL(j) = mean_{(x, y) in exp_j} [ argmax_{c in C_j} f(x)_c == y ]
 
 Logged as ``Top1_TaskIL_Acc_Exp/eval_phase/<stream>/TaskNNN/ExpNNN`` after each evaluated
-experience, so a study reads a second accuracy matrix ``R_TIL[i, j]`` from the same run.
+experience, so a study reads a second accuracy matrix ``R_TIL[i, j]`` from the same run (the
+study runner attaches it to every run whose experiences have disjoint classes and one shared head).
 """
 
 from __future__ import annotations
