@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
         save_checkpoint,
     )
     from avalanche_plugins._avalanche.evaluation import quiet_evaluator, stream_accuracy
+    from avalanche_plugins._avalanche.task_il import TaskILAccuracyMetric
     from avalanche_plugins._avalanche.tidy_logger import TidyCSVLogger
     from avalanche_plugins.ads.metric import ArchitectureDrivenShiftMetric
     from avalanche_plugins.layer_adaptive.ewc_plugin import LayerAdaptiveEWCPlugin
@@ -63,6 +64,7 @@ _EXPORTS = {
     "NewbornGradientMetric": "avalanche_plugins.structural.metrics",
     "OptimizationReadinessMetric": "avalanche_plugins.readiness.metric",
     "PrunePlugin": "avalanche_plugins.structural.plugins",
+    "TaskILAccuracyMetric": "avalanche_plugins._avalanche.task_il",
     "TidyCSVLogger": "avalanche_plugins._avalanche.tidy_logger",
     "TransportKeyMetric": "avalanche_plugins.transport.metric",
     "retrain_ticket": "avalanche_plugins.structural.plugins",

@@ -126,7 +126,7 @@ def plan_tuning_jobs(study: Study, skip=()) -> list[tuple[StudyJob, dict]]:
             spec, training = apply_setting(strategy, study.training, setting)
             jobs.append((StudyJob(study.name, scenario, study.model, training, spec, _cell_label(setting, strategy), [],
                                   study.loggers, study.tune_seed, "validation",
-                                  sources_for(study, scenario, study.model, spec), tuple(study.paths)), setting))
+                                  sources_for(study, scenario=scenario, strategy=spec), tuple(study.paths)), setting))
     return jobs
 
 
@@ -141,7 +141,8 @@ def plan_test_jobs(study: Study, chosen: dict, skip=()) -> list[StudyJob]:
         for seed in range(study.seeds):
             jobs.append(StudyJob(study.name, scenario, study.model, training, spec, _cell_label(setting, strategy),
                                  study.metrics, study.loggers, seed, "test",
-                                 sources_for(study, scenario, study.model, spec, study.metrics), tuple(study.paths)))
+                                 sources_for(study, scenario=scenario, strategy=spec, metrics=study.metrics),
+                                 tuple(study.paths)))
     return jobs
 
 

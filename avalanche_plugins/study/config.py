@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from avalanche_plugins.study.diagnostics import ALWAYS, check_kwargs
+from avalanche_plugins.study.diagnostics import ATTACHED, check_kwargs
 from avalanche_plugins.study.grid import grid_target
 from avalanche_plugins.study.harness.models import DEFAULT_MODEL
 from avalanche_plugins.study.registry import (
@@ -184,12 +184,20 @@ def _names_and_reference(study: Study, raw: dict, found: ErrorList) -> None:
     study.reference = reference or ""
 
 
-def _dotted_names(study: Study) -> list[str]:
-    names = [s["benchmark"] for s in study.scenarios] + [study.model["name"]] + [m["name"] for m in study.metrics]
-    for strategy in study.strategies:
+def dotted_names(*, scenarios=(), model=None, strategies=(), metrics=()) -> list[str]:
+    """The ``package.module:callable`` names the specs resolved, read from the fields that take
+    one (a scenario's benchmark, the model, a strategy's class and plugins — every scenario's
+    recipe of it —, a metric)."""
+    names = [s["benchmark"] for s in scenarios] + ([model["name"]] if model else []) + [m["name"] for m in metrics]
+    for strategy in strategies:
         for spec in strategy.get("per_scenario", {}).values() or [strategy]:
             names += [spec["class"], *(p["name"] for p in spec["plugins"])]
     return [n for n in names if ":" in n]
+
+
+def _dotted_names(study: Study) -> list[str]:
+    return dotted_names(scenarios=study.scenarios, model=study.model, strategies=study.strategies,
+                        metrics=study.metrics)
 
 
 def _user_sources(study: Study) -> tuple[dict, list]:
@@ -206,11 +214,12 @@ def _user_sources(study: Study) -> tuple[dict, list]:
     return sources, paths
 
 
-def sources_for(study: Study, *specs) -> dict:
-    """The source hashes of the user modules named in ``specs`` (dicts of a scenario, strategy,
-    model or metric), for the cache key of the jobs that use them."""
-    text = repr(specs)
-    return {m: h for m, h in study.sources.items() if f"'{m}:" in text}
+def sources_for(study: Study, *, scenario: dict, strategy: dict, metrics=()) -> dict:
+    """The source hashes of the user modules one job's specs name (its scenario, the study's
+    model, its strategy spec and ``metrics``), for the cache key of the jobs that use them."""
+    modules = {name.partition(":")[0] for name in dotted_names(scenarios=[scenario], model=study.model,
+                                                               strategies=[strategy], metrics=metrics)}
+    return {m: h for m, h in study.sources.items() if m in modules}
 
 
 def _read(path: Path) -> dict:
@@ -536,7 +545,7 @@ def _grid_target(key: str, values, path: str, plugins: list[dict]) -> tuple[str,
 
 def _metric(entry, path: str) -> dict:
     spec = _named(entry, path)
-    if spec["name"] in ALWAYS:
+    if spec["name"] in ATTACHED:
         raise ConfigError(f"{path}.name: {spec['name']} is attached to every run already")
     factory = metric_factory(spec["name"], f"{path}.name")
     kwargs, injected, optional = check_kwargs(spec["name"], spec["kwargs"])  # the diagnostics catalog's

@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["ACCURACY", "ALWAYS", "AUTO", "CATALOG", "TASK_IL_ACCURACY", "Diagnostic", "RunContext", "always_metrics",
+__all__ = ["ACCURACY", "ALWAYS", "ATTACHED", "AUTO", "CATALOG", "TASK_IL_ACCURACY", "Diagnostic", "RunContext", "always_metrics",
            "check_kwargs", "configured_metrics", "figure_keys", "run_analyses"]
 
-ALWAYS = ("accuracy_metrics", "forgetting_metrics", "bwt_metrics")  # attached to every run (not configurable)
+ALWAYS = ("accuracy_metrics", "forgetting_metrics", "bwt_metrics")  # Avalanche's helpers attached to every run
+ATTACHED = (*ALWAYS, "TaskILAccuracyMetric")  # what the study attaches itself: never named in a config
 ACCURACY = "Top1_Acc_Exp"  # what R[i, j] is read from (Avalanche's per-experience accuracy)
 TASK_IL_ACCURACY = "Top1_TaskIL_Acc_Exp"  # the task-IL matrix (``_avalanche.task_il.TaskILAccuracyMetric``)
 AUTO = "auto"  # a value of an optional argument that asks the study to choose it
