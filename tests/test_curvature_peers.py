@@ -122,6 +122,13 @@ def test_empirical_fisher_blocks_match_curvlinops(name):
     np.testing.assert_allclose(spec.top, _peer(curvlinops.EFLinearOperator, model, x, y, t), rtol=RTOL)
 
 
+@pytest.mark.parametrize("name", CASES)
+def test_expected_label_fisher_blocks_are_the_ggn_blocks_of_curvlinops(name):
+    model, x, y, t = _case(name)
+    spec = layer_fisher_eigenvalues(model, CE, x, y, task_labels=t, labels="expected", debias=False, chunk_size=7)
+    np.testing.assert_allclose(spec.top, _peer(curvlinops.GGNLinearOperator, model, x, y, t), rtol=RTOL)
+
+
 def test_layer_curvature_matches_curvlinops_for_both_methods():
     model, x, y, t = _case("conv_bn")
     hessian = layer_curvature(model, CE, x, y, method="hessian", tol=TOL, max_iter=500)

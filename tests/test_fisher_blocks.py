@@ -127,7 +127,7 @@ def test_layer_curvature_dispatches_and_validates():
     with pytest.raises(ValueError, match="memory_mb"):
         layer_fisher_eigenvalues(model, CE, x, y, memory_mb=0)
     with pytest.raises(ValueError, match="labels"):
-        layer_fisher_eigenvalues(model, CE, x, y, labels="expected")
+        layer_fisher_eigenvalues(model, CE, x, y, labels="predicted")
     # the empirical Fisher takes any per-sample loss
     assert layer_fisher_eigenvalues(model, nn.MSELoss(), x, torch.randn(16, 3), labels="true").top.shape == (3,)
 
@@ -197,3 +197,36 @@ def test_linear_layers_gram_from_activations_equals_per_sample_gradients(case, m
     reference = layer_fisher_eigenvalues(model, CE, x, y, task_labels=t, chunk_size=5, seed=1)
     np.testing.assert_allclose(spec.top, reference.top, rtol=1e-5)
     assert (spec.top > 0).all()
+
+
+@pytest.mark.parametrize("debias", [True, False])
+def test_expected_labels_match_a_dense_loop_over_samples_and_classes(debias):
+    """``labels="expected"``: rows ``√p_ic g_ic`` for every sample and class (autograd loop here);
+    ``debias`` drops the products of a sample's own rows with each other."""
+    model = small_bn_cnn()
+    torch.manual_seed(4)
+    x = torch.randn(12, 1, 8, 8)
+    spec = layer_fisher_eigenvalues(model, CE, x, torch.zeros(12, dtype=torch.long), labels="expected",
+                                    debias=debias, chunk_size=5)
+    layers = discover_layers(model, x[:1])
+    model.eval()
+    rows, owner = {layer.index: [] for layer in layers}, []
+    for i in range(x.shape[0]):
+        logits = model(x[i:i + 1])
+        probs = torch.softmax(logits.detach().double(), -1)[0]
+        for c in range(logits.shape[1]):
+            loss = CE(logits, torch.tensor([c]))
+            owner.append(i)
+            for layer in layers:
+                grads = torch.autograd.grad(loss, list(layer.params.values()), retain_graph=True)
+                rows[layer.index].append(probs[c].sqrt() * torch.cat([g.flatten() for g in grads]).double())
+    owner = torch.tensor(owner)
+    n = x.shape[0]
+    tops = []
+    for layer in layers:
+        m = torch.stack(rows[layer.index])
+        gram = m @ m.T / n
+        if debias:
+            gram = gram.masked_fill(owner[:, None] == owner[None, :], 0.0) * n / (n - 1)
+        tops.append(float(torch.linalg.eigvalsh(gram)[-1]))
+    np.testing.assert_allclose(spec.top, tops, rtol=1e-5)

@@ -5,11 +5,12 @@ method     what ``s_ℓ`` is                                          cost
 ========== ======================================================== ==============================
 ``fisher`` top eigenvalue of the Fisher (Gauss–Newton) block, exact  one per-sample-gradient pass
            from the Gram of per-sample gradients                     per group of layers
-``hessian`` top eigenvalue of the Hessian block, power iteration    ~L HVPs per iteration
+``hessian`` top eigenvalue of the Hessian block, block Lanczos      one block product per layer
+           to a relative residual ``tol``                           and Lanczos step
 ========== ======================================================== ==============================
 
-``fisher`` is the default of every adapter: on a CIFAR-size ResNet-18 the exact path costs hours;
-the agreement of the two on models where both run is in ``docs/RESULTS.md``.
+``fisher`` is the default of every adapter (far cheaper on large models); the agreement of the two
+on models where both run, and both against curvlinops, are in ``docs/RESULTS.md``.
 """
 
 from __future__ import annotations

@@ -36,7 +36,15 @@ gives the plain ``λ_max(K_ℓ)``.
 
 ``labels="sampled"`` (default) draws ``ŷ_i`` from the model's own predictive distribution, an
 unbiased Monte-Carlo estimate of the true Fisher (= Gauss–Newton) block; ``labels="true"`` uses the
-data labels (the *empirical* Fisher, defined for any per-sample loss).
+data labels (the *empirical* Fisher, defined for any per-sample loss). ``labels="expected"`` takes
+the expectation over ``ŷ`` exactly: with ``p_ic = p_θ(c | x_i)`` and ``g_ic`` the gradient of
+``−log p_θ(c | x_i)``,
+
+.. math:: F_{ℓℓ} = \\frac{1}{N}\\sum_{i=1}^{N}\\sum_{c=1}^{C} p_{ic}\\, g_{ic}^{(ℓ)} g_{ic}^{(ℓ)\\top},
+
+the generalised Gauss–Newton block of softmax cross-entropy, from the ``NC × NC`` Gram of the
+rows ``√p_ic g_ic`` (``C`` times the gradients of ``"sampled"``: for a few classes); ``debias``
+then drops the products of each sample's own ``C`` rows with each other.
 """
 
 from __future__ import annotations
@@ -66,7 +74,7 @@ from avalanche_plugins.layer_adaptive.hessian import LayerSpectrum
 
 __all__ = ["FISHER_LABELS", "layer_fisher_eigenvalues"]
 
-FISHER_LABELS = ("sampled", "true")
+FISHER_LABELS = ("sampled", "true", "expected")
 
 
 def layer_fisher_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: torch.Tensor, *,
@@ -89,7 +97,9 @@ def layer_fisher_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, ta
             model's likelihood is then the softmax); ``labels="true"`` applies ``loss_fn`` to one
             sample at a time, so any mean-reduced loss works.
         inputs, targets: the data; ``task_labels`` for multi-task models.
-        labels: ``"sampled"`` (Monte-Carlo true Fisher = Gauss–Newton) or ``"true"`` (empirical Fisher).
+        labels: ``"sampled"`` (Monte-Carlo true Fisher = Gauss–Newton), ``"true"`` (empirical
+            Fisher) or ``"expected"`` (the Gauss–Newton block exactly: every class, weighted by its
+            probability; ``C`` times the cost and memory of ``"sampled"``).
         debias: drop each sample's product with itself (see the module docstring); needs N >= 2.
         chunk_size: samples per ``vmap``-ed per-sample-gradient call (bounds activation memory).
         memory_mb: budget for the stored per-sample gradients of one group of layers; a single
@@ -121,33 +131,92 @@ def layer_fisher_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, ta
     if debias and inputs.shape[0] < 2:
         raise ValueError(f"debias=True needs at least 2 samples (it drops each sample's self-product), got "
                          f"{inputs.shape[0]}")
-    if labels == "sampled" and not isinstance(loss_fn, nn.CrossEntropyLoss):
-        raise ValueError(f"labels='sampled' draws labels from a softmax and needs nn.CrossEntropyLoss, got "
+    if labels != "true" and not isinstance(loss_fn, nn.CrossEntropyLoss):
+        raise ValueError(f"labels={labels!r} takes labels from a softmax and needs nn.CrossEntropyLoss, got "
                          f"{type(loss_fn).__name__}; use labels='true' (empirical Fisher) or the exact "
                          "Hessian (method='hessian')")
     if layer_map is None:
         layer_map = discover_layers(model, example_input(model, inputs, task_labels))
 
     with eval_mode(model):
-        groups = task_groups(model, inputs.shape[0], task_labels)
-        if labels == "sampled":
-            targets = _sample_labels(model, inputs, groups, chunk_size, seed)
+        rows = _Rows.of(model, inputs, targets, task_labels, labels, chunk_size, seed)
         top = np.zeros(len(layer_map))
         # Linear layers on (samples, features) inputs: the Gram from activations and output
-        # gradients of batched passes (sampled labels: the loss is a plain sum over samples)
-        grams = _linear_layer_grams(model, inputs, targets, groups, layer_map, chunk_size) if labels == "sampled" \
-            else {}
-        for name, parts in grams.items():
-            top[layer_map[name].index] = _linear_top_eigenvalue(*parts, debias=debias)
+        # gradients of batched passes (model labels: the loss is a plain sum over samples)
+        grams = _linear_layer_grams(model, rows.inputs, rows.targets, rows.groups, layer_map, chunk_size) \
+            if labels != "true" else {}
+        for name, (a, delta, bias) in grams.items():
+            top[layer_map[name].index] = _linear_top_eigenvalue(a, rows.scale(delta), bias, rows=rows, debias=debias)
         rest = [layer for layer in layer_map if layer.name not in grams]
-        for layer_group in _layer_groups(rest, inputs.shape[0], memory_mb):
-            gradients = _per_sample_gradients(model, loss_fn, inputs, targets, groups, layer_group,
-                                              chunk_size, sampled=labels == "sampled")
+        for layer_group in _layer_groups(rest, rows.inputs.shape[0], memory_mb):
+            gradients = _per_sample_gradients(model, loss_fn, rows.inputs, rows.targets, rows.groups, layer_group,
+                                              chunk_size, sampled=labels != "true")
             for layer in layer_group:
-                top[layer.index] = _top_gram_eigenvalue([gradients[k] for k in layer.params], debias=debias)
+                top[layer.index] = _top_gram_eigenvalue([rows.scale(gradients[k]) for k in layer.params],
+                                                        rows=rows, debias=debias)
     n = len(layer_map)
     return LayerSpectrum(names=layer_map.names, top=top, dominant=top.copy(), iterations=[1] * n,
                          converged=[True] * n, last_relative_change=[0.0] * n, method="fisher")
+
+
+class _Rows:
+    """The rows whose per-row gradients form the Gram: one per sample (``"true"``/``"sampled"``
+    labels), or ``C`` per sample (``"expected"``: every class, weighted by ``√p_ic``). ``sample``
+    maps a row to its sample, ``n`` is the number of samples (the Gram's ``1/N``)."""
+
+    def __init__(self, inputs, targets, groups, weights, sample, n):
+        self.inputs, self.targets, self.groups = inputs, targets, groups
+        self.weights, self.sample, self.n = weights, sample, n
+
+    @classmethod
+    def of(cls, model, inputs, targets, task_labels, labels, chunk_size, seed) -> _Rows:
+        n = inputs.shape[0]
+        groups = task_groups(model, n, task_labels)
+        if labels == "true":
+            return cls(inputs, targets, groups, None, None, n)
+        if labels == "sampled":
+            return cls(inputs, _sample_labels(model, inputs, groups, chunk_size, seed), groups, None, None, n)
+        return cls._expected(model, inputs, task_labels, groups, chunk_size)
+
+    @classmethod
+    def _expected(cls, model, inputs, task_labels, groups, chunk_size) -> _Rows:
+        """Each sample repeated once per class of its task's output, target the class, weight ``√p``."""
+        parts = []
+        for label, index in groups:
+            rows = torch.arange(inputs.shape[0], device=inputs.device) if index is None else index
+            probs = torch.cat([_probabilities(model, inputs[rows[s]], label) for s in iterate_batches(len(rows),
+                                                                                                        chunk_size)])
+            c = probs.shape[1]
+            parts.append((rows.repeat_interleave(c), torch.arange(c, device=inputs.device).repeat(len(rows)),
+                          probs.flatten().sqrt()))
+        sample, targets, weights = (torch.cat(t) for t in zip(*parts))
+        labels = None if task_labels is None else task_labels.reshape(-1).to(inputs.device)[sample]
+        expanded = inputs[sample]
+        return cls(expanded, targets, task_groups(model, expanded.shape[0], labels), weights, sample,
+                   inputs.shape[0])
+
+    def scale(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows times their weights ``√p_ic`` (unchanged without weights)."""
+        if self.weights is None:
+            return rows
+        return rows * self.weights.to(rows).view(-1, *[1] * (rows.dim() - 1))
+
+    def hollow(self, gram: torch.Tensor) -> torch.Tensor:
+        """``gram`` without the products of a sample's rows with each other, times ``N/(N-1)``."""
+        if self.sample is None:
+            own = torch.eye(gram.shape[0], dtype=torch.bool, device=gram.device)
+        else:
+            sample = self.sample.to(gram.device)
+            own = sample[:, None] == sample[None, :]
+        return gram.masked_fill(own, 0.0) * (self.n / (self.n - 1))
+
+
+def _probabilities(model, x, label) -> torch.Tensor:
+    """``softmax(f(x))`` in float64, no gradient."""
+    with torch.no_grad():
+        logits = model_forward(model, x, label)
+        check_finite_loss(logits.sum(), "(model outputs) while weighting classes for the Fisher")
+        return torch.softmax(logits.double(), dim=-1)
 
 
 def _sample_labels(model, inputs, groups, chunk_size, seed) -> torch.Tensor:
@@ -219,16 +288,16 @@ def _linear_layer_grams(model, inputs, targets, groups, layer_map, chunk_size) -
             for name, (a, delta) in captured.items() if name not in unsupported}
 
 
-def _linear_top_eigenvalue(a: torch.Tensor, delta: torch.Tensor, bias: bool, *, debias: bool) -> float:
-    """:func:`_top_gram_eigenvalue` of a Linear layer from its inputs ``a`` and output gradients
-    ``delta``: through the Gram ``(ΔΔᵀ) ⊙ (AAᵀ) (+ ΔΔᵀ)``, or, for a layer with fewer parameters
-    than samples, through its per-sample gradients ``δ_i ⊗ a_i`` formed explicitly."""
+def _linear_top_eigenvalue(a: torch.Tensor, delta: torch.Tensor, bias: bool, *, rows: _Rows, debias: bool) -> float:
+    """:func:`_top_gram_eigenvalue` of a Linear layer from its inputs ``a`` and (weighted) output
+    gradients ``delta``: through the Gram ``(ΔΔᵀ) ⊙ (AAᵀ) (+ ΔΔᵀ)``, or, for a layer with fewer
+    parameters than rows, through its per-row gradients ``δ_r ⊗ a_r`` formed explicitly."""
     n, n_params = a.shape[0], delta.shape[1] * (a.shape[1] + int(bias))
     if n_params < n:
         parts = [torch.einsum("no,ni->noi", delta, a).flatten(1)] + ([delta] if bias else [])
-        return _top_gram_eigenvalue(parts, debias=debias)
+        return _top_gram_eigenvalue(parts, rows=rows, debias=debias)
     outer = delta @ delta.T
-    return _top_eigenvalue(outer * (a @ a.T) + (outer if bias else 0.0), debias=debias)
+    return _top_eigenvalue(outer * (a @ a.T) + (outer if bias else 0.0), rows=rows, debias=debias)
 
 
 def _layer_groups(layer_map, n_samples: int, memory_mb: float) -> list[list]:
@@ -279,25 +348,26 @@ def _per_sample_gradients(model, loss_fn, inputs, targets, groups, layer_group, 
     return out  # finiteness is checked on the (much smaller) Gram matrices
 
 
-def _top_gram_eigenvalue(parts: list[torch.Tensor], *, debias: bool) -> float:
-    """Top eigenvalue of the Gram ``K = MMᵀ / N`` of ``M = [parts]`` (columns side by side), hollow
-    and rescaled by ``N/(N-1)`` with ``debias``. ``MMᵀ = Σ_k P_k P_kᵀ``, so ``M`` is never
+def _top_gram_eigenvalue(parts: list[torch.Tensor], *, debias: bool, rows: _Rows | None = None) -> float:
+    """Top eigenvalue of the Gram ``K = MMᵀ / N`` of ``M = [parts]`` (columns side by side; ``N``
+    samples, ``rows.n``, each with one row or, with ``"expected"`` labels, ``C``), hollow and
+    rescaled by ``N/(N-1)`` with ``debias``. ``MMᵀ = Σ_k P_k P_kᵀ``, so ``M`` is never
     concatenated; products run in the gradients' dtype (one BLAS call each), the eigensolve in
     float64. Without ``debias`` a narrow ``M`` uses ``MᵀM`` (the same non-zero spectrum)."""
-    n = parts[0].shape[0]
-    if not debias and sum(p.shape[1] for p in parts) < n:
+    n = parts[0].shape[0] if rows is None else rows.n
+    if not debias and sum(p.shape[1] for p in parts) < parts[0].shape[0]:
         m = torch.cat(parts, dim=1)
         return float(torch.linalg.eigvalsh(_finite((m.T @ m).double() / n))[-1].clamp_min(0.0))
-    return _top_eigenvalue(sum(p @ p.T for p in parts).double(), debias=debias)
+    return _top_eigenvalue(sum(p @ p.T for p in parts).double(), debias=debias, rows=rows)
 
 
-def _top_eigenvalue(products: torch.Tensor, *, debias: bool) -> float:
-    """``λ_max`` of ``K = products / N`` (``products = M Mᵀ``), hollow and rescaled by ``N/(N-1)``
-    with ``debias``."""
-    n = products.shape[0]
+def _top_eigenvalue(products: torch.Tensor, *, debias: bool, rows: _Rows | None = None) -> float:
+    """``λ_max`` of ``K = products / N`` (``products = M Mᵀ``), without each sample's products with
+    itself and rescaled by ``N/(N-1)`` with ``debias``."""
+    n = products.shape[0] if rows is None else rows.n
     gram = _finite(products.double() / n)
     if debias:
-        gram = (gram - torch.diag(torch.diagonal(gram))) * (n / (n - 1))
+        gram = rows.hollow(gram) if rows is not None else (gram - torch.diag(torch.diagonal(gram))) * (n / (n - 1))
     return float(torch.linalg.eigvalsh(gram)[-1].clamp_min(0.0))
 
 

@@ -1,0 +1,190 @@
+"""Per-layer curvature against the maintained curvature library, side by side in one process.
+
+For every layer ℓ of three models — the benchmark MLP on scikit-learn digits (trained 3 epochs),
+the BN-CNN on 32×32 inputs and the CIFAR ResNet-18 (synthetic CIFAR-shaped tensors, seeded;
+BatchNorm statistics from one train-mode pass) — the top eigenvalue of three blocks, ours against
+curvlinops (``curvlinops-for-pytorch``: per layer the block operator on that layer's parameters,
+its top eigenvalue by scipy's ``eigsh(k=1, which="LA", tol=TOL)``, the model's own float32):
+
+* ``hessian``: ``layer_top_eigenvalues`` (block Lanczos, ``tol=TOL``) vs ``HessianLinearOperator``;
+* ``empirical Fisher``: ``layer_fisher_eigenvalues(labels="true", debias=False)`` (exact, from the
+  Gram of per-sample gradients) vs ``EFLinearOperator``;
+* ``GGN``: ``layer_fisher_eigenvalues(labels="expected", debias=False)`` (exact: per-class
+  gradients weighted by the model's probabilities) vs ``GGNLinearOperator``; on ResNet-18 (100
+  classes: 100 gradients per sample) ours is ``labels="sampled"``, a Monte-Carlo estimate, and the
+  values are not expected to agree.
+
+Times are wall-clock seconds in this process with one torch thread (``--threads``), the best of
+``--repeats``; speed-up = curvlinops time / ours. Values: the largest relative difference between
+ours and curvlinops over layers, and, for the Hessian, each side's largest relative error against
+a tight reference (ours at ``REFERENCE_TOL``, whose residual bound makes it accurate to that
+tolerance up to float32 rounding). ``--quick``: fewer samples, for a smoke run.
+
+``python -m benchmarks.curvature_peers [--skip mlp,cnn/ggn,resnet18] [--repeats R] [--quick]`` prints
+the table and writes ``results.json`` / ``results.csv`` / ``report.md`` under ``--out``
+(default ``out/curvature_peers``); ``--report out/curvature_peers/results.json`` re-prints it.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from avalanche_plugins.core.layers import discover_layers
+from avalanche_plugins.layer_adaptive.fisher_blocks import layer_fisher_eigenvalues
+from avalanche_plugins.layer_adaptive.hessian import layer_top_eigenvalues
+from avalanche_plugins.study.harness.data import load_digits_arrays
+from avalanche_plugins.study.harness.models import build_model
+from avalanche_plugins.study.harness.results import print_report, write_results
+from avalanche_plugins.study.harness.training import train_minibatches
+from benchmarks._cli import benchmark_parser, is_skipped, parse_args
+
+CE = nn.CrossEntropyLoss()
+CURVATURES = ("hessian", "ef", "ggn")  # exact Hessian, empirical Fisher, generalised Gauss-Newton blocks
+NAMES = {"hessian": "Hessian", "ef": "empirical Fisher", "ggn": "GGN"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    samples: int
+    quick_samples: int
+    tol: float
+    reference_tol: float
+    ggn_labels: str  # ours for the GGN row: "expected" (exact) or "sampled" (Monte-Carlo)
+
+
+SETTINGS = (Setting("mlp", 256, 64, 1e-6, 1e-8, "expected"),
+            Setting("cnn", 128, 32, 1e-6, 1e-8, "expected"),
+            Setting("resnet18", 16, 4, 1e-3, 1e-5, "sampled"))
+CHUNK = 32  # samples per minibatch, ours and curvlinops alike
+
+
+def build(setting: Setting, n: int):
+    """``(model, x, y)``: the model in eval mode and its ``n`` samples (seeded)."""
+    torch.manual_seed(0)
+    if setting.name == "mlp":
+        x_train, y_train, _, _ = load_digits_arrays()
+        model = build_model("mlp", (1, 8, 8), 10)
+        train_minibatches(model, x_train, y_train, epochs=3, lr=1e-3, batch_size=64,
+                          generator=torch.Generator().manual_seed(0))
+        return model.eval(), x_train[:n], y_train[:n]
+    classes = 10 if setting.name == "cnn" else 100
+    model = build_model("cnn", (3, 32, 32), classes) if setting.name == "cnn" else \
+        build_model("cifar_resnet", (3, 32, 32), classes, depth=18)
+    x, y = torch.randn(n, 3, 32, 32), torch.randint(0, classes, (n,))
+    model.train()
+    with torch.no_grad():
+        model(x)  # BatchNorm running statistics of the data
+    return model.eval(), x, y
+
+
+def peer(kind: str, model, x, y, tol: float) -> tuple[np.ndarray, int]:
+    """curvlinops: per layer the block operator and eigsh's top eigenvalue; and the products used."""
+    import curvlinops
+    from scipy.sparse.linalg import LinearOperator, eigsh
+
+    operator = {"hessian": curvlinops.HessianLinearOperator, "ef": curvlinops.EFLinearOperator,
+                "ggn": curvlinops.GGNLinearOperator}[kind]
+    data = list(zip(x.split(CHUNK), y.split(CHUNK)))
+    tops, products = [], [0]
+    for layer in discover_layers(model, x[:2]):
+        op = operator(model, CE, list(layer.params.values()), data, check_deterministic=False,
+                      num_data=x.shape[0]).to_scipy()
+
+        def matvec(v, op=op):
+            products[0] += 1
+            return op.matvec(v)
+
+        counted = LinearOperator(op.shape, matvec=matvec, dtype=op.dtype)
+        tops.append(float(eigsh(counted, k=1, which="LA", tol=tol, return_eigenvectors=False)[0]))
+    return np.array(tops), products[0]
+
+
+def ours(kind: str, model, x, y, setting: Setting, tol: float) -> tuple[np.ndarray, int]:
+    """Ours: the top eigenvalues and the block products used (0 for the exact Gram paths)."""
+    if kind == "hessian":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            spec = layer_top_eigenvalues(model, CE, x, y, tol=tol, max_iter=500, chunk_size=CHUNK)
+        return spec.top, int(sum(spec.iterations))
+    labels = "true" if kind == "ef" else setting.ggn_labels
+    return layer_fisher_eigenvalues(model, CE, x, y, labels=labels, debias=False).top, 0
+
+
+def timed(fn, repeats: int):
+    """``(result of the last call, best wall time)``."""
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - start)
+    return out, best
+
+
+def relative(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b)) / np.abs(np.asarray(b))))
+
+
+def measure(setting: Setting, kind: str, quick: bool, repeats: int) -> dict:
+    n = setting.quick_samples if quick else setting.samples
+    model, x, y = build(setting, n)
+    (ours_top, ours_products), ours_s = timed(lambda: ours(kind, model, x, y, setting, setting.tol), repeats)
+    (peer_top, peer_products), peer_s = timed(lambda: peer(kind, model, x, y, setting.tol), repeats)
+    row = {"model": setting.name, "samples": n, "layers": len(ours_top), "tol": setting.tol, "curvature": kind,
+           "ours_labels": {"hessian": "-", "ef": "true"}.get(kind, setting.ggn_labels),
+           "ours_s": ours_s, "peer_s": peer_s, "speedup": peer_s / ours_s,
+           "ours_products": ours_products, "peer_products": peer_products,
+           "rel_diff": relative(ours_top, peer_top), "ours_top": ours_top.tolist(), "peer_top": peer_top.tolist()}
+    if kind == "hessian":
+        reference, _ = ours(kind, model, x, y, setting, setting.reference_tol)
+        row.update(reference_tol=setting.reference_tol, ours_err=relative(ours_top, reference),
+                   peer_err=relative(peer_top, reference))
+    print(f"{setting.name} {NAMES[kind]}: ours {ours_s:.2f} s, curvlinops {peer_s:.2f} s, "
+          f"rel. diff {row['rel_diff']:.1e}", flush=True)
+    return row
+
+
+def report(saved: dict) -> str:
+    lines = [f"`{saved['command']}` — {saved['machine']['cpus']}-CPU machine, torch threads "
+             f"{saved['config']['threads']}, times the best of {saved['config']['repeats']}", "",
+             "| model (samples, layers, tol) | curvature | ours (s) | curvlinops (s) | speed-up | products ours / "
+             "curvlinops | max rel. diff | rel. error vs reference: ours / curvlinops |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in saved["runs"]:
+        label = "" if r["ours_labels"] in ("-", "true", "expected") else f" (ours: {r['ours_labels']} labels)"
+        error = f"{r['ours_err']:.1e} / {r['peer_err']:.1e} (ref. tol {r['reference_tol']:g})" \
+            if "ours_err" in r else "exact Gram / –"
+        lines.append(f"| {r['model']} ({r['samples']}, {r['layers']}, {r['tol']:g}) | {NAMES[r['curvature']]}{label} | "
+                     f"{r['ours_s']:.2f} | {r['peer_s']:.2f} | {r['speedup']:.1f}× | "
+                     f"{r['ours_products'] or '–'} / {r['peer_products']} | {r['rel_diff']:.1e} | {error} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = benchmark_parser("curvature_peers", __doc__.split("\n")[0],
+                              skip_help="mlp, cnn, resnet18, or MODEL/hessian, MODEL/ef, MODEL/ggn")
+    parser.add_argument("--repeats", type=int, default=1, help="time each measurement this often, keep the best")
+    args = parse_args(parser, argv)
+    if args.report:
+        print_report(args.report, report)
+        return
+    torch.set_num_threads(args.threads)
+    start, rows = time.perf_counter(), []
+    for setting in SETTINGS:
+        for kind in CURVATURES:
+            if not is_skipped(args.skip, setting.name, kind):
+                rows.append(measure(setting, kind, args.quick, args.repeats))
+    config = {"threads": args.threads, "repeats": args.repeats, "quick": args.quick, "chunk": CHUNK,
+              "settings": [vars(s) for s in SETTINGS]}
+    out = write_results(args.out, args, config=config, rows=rows, summary=[], wall_seconds=time.perf_counter() - start)
+    print_report(out / "results.json", report, out_dir=out)
+
+
+if __name__ == "__main__":
+    main()
