@@ -20,7 +20,11 @@ This package holds the parts that need only PyTorch (one module per concept: ``r
 * :func:`k_step_gain` — the ground truth ``G^(k)`` from many vectorised k-step SGD/Adam runs;
 * label-agnostic baselines: :func:`effective_rank`, :func:`energy_rank`,
   :func:`representation_ranks`, :func:`active_unit_fraction`, :func:`entk_energy_rank`,
-  :func:`hessian_energy_rank` (hidden features from :func:`hidden_features`);
+  :func:`hessian_energy_rank` (hidden features from :func:`hidden_features`), and the
+  loss-of-plasticity literature's diagnostics :func:`srank` (Kumar et al. 2021),
+  :func:`feature_rank` (Lyle et al. 2022), :func:`dormant_unit_fraction` (Sokar et al. 2023),
+  :func:`average_weight_magnitude` (Dohare et al. 2024), read in the directions of
+  :data:`PLASTICITY_DIAGNOSTICS`;
 * ranking agreement: :func:`pairwise_ranking_accuracy`, :func:`spearman`, :func:`kendall_tau`.
 
 Conventions shared by every function here:
@@ -41,13 +45,18 @@ Conventions shared by every function here:
 """
 
 from avalanche_plugins.readiness.baselines import (
+    PLASTICITY_DIAGNOSTICS,
     active_unit_fraction,
+    average_weight_magnitude,
+    dormant_unit_fraction,
     effective_rank,
     energy_rank,
     entk_energy_rank,
+    feature_rank,
     hessian_energy_rank,
     hidden_features,
     representation_ranks,
+    srank,
 )
 from avalanche_plugins.readiness.gain import OPTIMIZERS, GainResult, k_step_gain
 from avalanche_plugins.readiness.readiness import (
@@ -70,4 +79,9 @@ __all__ = [
     "active_unit_fraction",
     "entk_energy_rank",
     "hessian_energy_rank",
+    "srank",
+    "feature_rank",
+    "dormant_unit_fraction",
+    "average_weight_magnitude",
+    "PLASTICITY_DIAGNOSTICS",
 ]

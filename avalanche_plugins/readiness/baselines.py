@@ -31,7 +31,19 @@ from avalanche_plugins.core.checks import (
 from avalanche_plugins.core.layers import discover_layers, example_input
 
 __all__ = ["effective_rank", "energy_rank", "hidden_features", "representation_ranks",
-           "active_unit_fraction", "entk_energy_rank", "hessian_energy_rank"]
+           "active_unit_fraction", "entk_energy_rank", "hessian_energy_rank", "srank", "feature_rank",
+           "dormant_unit_fraction", "average_weight_magnitude", "PLASTICITY_DIAGNOSTICS"]
+
+#: The loss-of-plasticity literature's diagnostics of a network (label-agnostic), with the
+#: direction in which each is read as "more plastic": +1 higher is more plastic, −1 lower is.
+PLASTICITY_DIAGNOSTICS = {
+    "effective_rank": +1,  # Roy & Vetterli (2007) entropy rank, as used by Dohare et al. (2024)
+    "srank": +1,  # Kumar et al. (2021)
+    "feature_rank": +1,  # Lyle et al. (2022)
+    "active_units": +1,  # Dohare et al. (2024), Lyle et al. (2023)
+    "dormant_units": -1,  # Sokar et al. (2023)
+    "weight_magnitude": -1,  # Dohare et al. (2024)
+}
 
 
 
@@ -96,6 +108,135 @@ def energy_rank(features: torch.Tensor, energy: float = 0.99) -> int:
     """
     _check_energy(energy)
     return _energy_rank_from_squares(torch.linalg.svdvals(_as_matrix(features)).pow(2), energy)
+
+
+def _check_fraction(name: str, value) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+
+
+def srank(features: torch.Tensor, delta: float = 0.01) -> int:
+    r"""Effective rank ``srank_δ`` of Kumar et al. (2021, "Implicit Under-Parameterization Inhibits
+    Data-Efficient Deep Reinforcement Learning", ICLR), the rank measure of the loss-of-plasticity
+    literature (Kumar et al. 2021; Lyle et al. 2022):
+
+    .. math:: \operatorname{srank}_δ(Φ) = \min\Big\{k : \frac{\sum_{i\le k} σ_i(Φ)}{\sum_i σ_i(Φ)}
+              \ge 1 - δ\Big\}
+
+    over the singular values ``σ_1 ≥ σ_2 ≥ …`` of the ``(n, d)`` feature matrix Φ (not squared,
+    unlike :func:`energy_rank`); δ = 0.01 as in the paper. Trailing dimensions are flattened; a
+    zero matrix has srank 0.
+
+    Example:
+        >>> srank(torch.diag(torch.tensor([5.0, 4.0, 1.0, 0.0])))  # 9/10 < 0.99 ≤ 10/10
+        3
+        >>> srank(torch.diag(torch.tensor([100.0, 0.5])))  # 100/100.5 = 0.995 ≥ 0.99
+        1
+    """
+    _check_fraction("delta", delta)
+    sigma = torch.linalg.svdvals(_as_matrix(features)).sort(descending=True).values
+    total = float(sigma.sum())
+    if total == 0:
+        return 0
+    cumulative = sigma.cumsum(0) / total
+    return min(int((cumulative < (1 - delta) * (1 - 1e-12)).sum()) + 1, sigma.numel())
+
+
+def feature_rank(features: torch.Tensor, epsilon: float = 0.01) -> int:
+    r"""Feature rank of Lyle et al. (2022, "Understanding and Preventing Capacity Loss in
+    Reinforcement Learning", ICLR): the number of singular values of the ``(n, d)`` feature matrix,
+    scaled by ``1/√n``, that exceed ``ε`` (0.01 as in the paper):
+
+    .. math:: ρ(Φ) = \#\{σ ∈ \operatorname{spec}(Φ/\sqrt n) : σ > ε\}
+
+    Unlike :func:`srank` it counts directions of non-negligible absolute size, so it falls when
+    features shrink as well as when they collapse onto fewer directions.
+
+    Example:
+        >>> phi = torch.cat([torch.eye(3), torch.zeros(1, 3)])  # n = 4: singular values 1/2
+        >>> feature_rank(phi), feature_rank(phi, epsilon=0.6), feature_rank(0.01 * phi)
+        (3, 0, 0)
+    """
+    _check_fraction("epsilon", epsilon)
+    matrix = _as_matrix(features)
+    sigma = torch.linalg.svdvals(matrix / math.sqrt(matrix.shape[0]))
+    return int((sigma > epsilon).sum())
+
+
+def average_weight_magnitude(model: nn.Module, *, include_bias: bool = False) -> float:
+    r"""Average weight magnitude, the loss-of-plasticity diagnostic of Dohare et al. (2024,
+    "Loss of plasticity in deep continual learning", Nature): the mean absolute value of the
+    network's weights,
+
+    .. math:: \frac{1}{P}\sum_{i=1}^{P} |w_i|
+
+    over the ``P`` entries of every trainable weight matrix / kernel (parameters with ≥ 2
+    dimensions; ``include_bias=True`` adds the 1-d ones: biases and norm scales). Large weights go
+    with lost plasticity, so lower reads as more plastic.
+
+    Example:
+        >>> net = nn.Linear(2, 2)
+        >>> with torch.no_grad():
+        ...     _ = net.weight.copy_(torch.tensor([[1.0, -3.0], [0.0, 2.0]]))
+        >>> average_weight_magnitude(net)
+        1.5
+    """
+    tensors = [p for p in model.parameters() if p.requires_grad and (include_bias or p.dim() >= 2)]
+    if not tensors:
+        raise ValueError("model has no trainable weights: the average weight magnitude is undefined")
+    with torch.no_grad():
+        total = sum(p.detach().abs().double().sum() for p in tensors)
+        count = sum(p.numel() for p in tensors)
+    return float(total) / count
+
+
+def _unit_abs_means(model, inputs, task_labels, chunk_size) -> list[torch.Tensor]:
+    """Per hidden layer, ``E_x |h_u(x)|`` of every unit ``u`` (conv: also over positions), float64."""
+    hidden = _layers(model, inputs, task_labels)[:-1]
+    feats = hidden_features(model, inputs, task_labels=task_labels, chunk_size=chunk_size)
+    if not feats:
+        raise ValueError("model has no hidden layer (only one layer): unit statistics are undefined")
+    means = []
+    for layer in hidden:
+        h = feats[layer.name].abs().double()
+        unit_dim = 1 if layer.kind == "conv" and h.dim() >= 3 else h.dim() - 1
+        means.append(h.movedim(unit_dim, -1).reshape(-1, h.shape[unit_dim]).mean(dim=0))
+    return means
+
+
+def dormant_unit_fraction(model: nn.Module, inputs: torch.Tensor, *, tau: float = 0.025,
+                          task_labels: torch.Tensor | None = None, chunk_size: int = 1024) -> float:
+    r"""Fraction of τ-dormant hidden units (Sokar et al., 2023, "The Dormant Neuron Phenomenon in Deep
+    Reinforcement Learning", ICML). Unit ``i`` of hidden layer ℓ (``H_ℓ`` units) has the score
+
+    .. math:: s_i^\ell = \frac{\mathbb{E}_x |h_i^\ell(x)|}
+                              {\frac{1}{H_\ell}\sum_{k} \mathbb{E}_x |h_k^\ell(x)|}
+
+    and is τ-dormant when ``s_i^ℓ ≤ τ`` (τ = 0.025, the paper's value for its main results; τ = 0
+    counts exactly-dead units). Expectations are over ``inputs`` (and spatial positions for conv
+    channels); features are the post-activation ones of :func:`hidden_features`. A layer whose
+    features are all zero has every unit dormant. Returns ``Σ_ℓ dormant_ℓ / Σ_ℓ H_ℓ``; lower reads
+    as more plastic.
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(2, 4), nn.ReLU(), nn.Linear(4, 1))
+        >>> with torch.no_grad():
+        ...     _ = net[0].weight.zero_(); _ = net[0].bias.copy_(torch.tensor([1.0, 0.01, 0.0, 2.99]))
+        >>> dormant_unit_fraction(net, torch.randn(5, 2))  # scores 1, 0.01, 0, 2.99
+        0.5
+    """
+    check_estimator_inputs(model, inputs)
+    check_inputs(inputs)
+    check_positive("tau", tau, allow_zero=True)
+    check_int("chunk_size", chunk_size)
+    check_task_labels(task_labels, inputs.shape[0])
+    dormant = total = 0
+    for means in _unit_abs_means(model, inputs, task_labels, chunk_size):
+        layer_mean = means.mean()
+        scores = means / layer_mean if layer_mean > 0 else torch.zeros_like(means)
+        dormant += int((scores <= tau).sum())
+        total += means.numel()
+    return dormant / total
 
 
 def _skip_for_features(module: nn.Module) -> bool:
