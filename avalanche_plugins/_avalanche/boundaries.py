@@ -68,6 +68,11 @@ class _Tracker:
         self.started = 0  # original experiences started
         self.boundary: Boundary | None = None
 
+    def __getstate__(self):
+        # the current boundary holds an experience (its dataset): a checkpoint, taken between
+        # experiences, does not need it (enter_boundary sets it again)
+        return {**self.__dict__, "boundary": None}
+
 
 def _view(experience):
     return experience.logging() if hasattr(experience, "logging") else experience

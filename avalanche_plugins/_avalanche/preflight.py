@@ -42,7 +42,8 @@ from avalanche_plugins.core.calls import eval_mode, model_forward
 from avalanche_plugins.core.layers import discover_layers, example_input
 from avalanche_plugins.core.outputs import describe_output, logits_of, transformed_output
 
-__all__ = ["PREFLIGHT_SAMPLES", "PreflightProbe", "first_samples", "preflight", "with_output_transform"]
+__all__ = ["PREFLIGHT_SAMPLES", "PreflightProbe", "describe_error", "first_samples", "preflight",
+           "with_output_transform"]
 
 PREFLIGHT_SAMPLES = 2  # enough for every estimator (the Fisher blocks' debiasing needs 2)
 
@@ -63,7 +64,7 @@ def first_samples(strategy, n: int = PREFLIGHT_SAMPLES):
     return x, y, torch.as_tensor(t).to(x.device)
 
 
-def _describe(error: Exception) -> str:
+def describe_error(error: Exception) -> str:
     """The error's message, or (a bare ``assert`` in the model, e.g. ICaRL's evaluation forward
     before its class means exist) its type and the line that raised it."""
     text = str(error)
@@ -76,7 +77,7 @@ def _describe(error: Exception) -> str:
 
 def _refusal(component: str, error: Exception, n: int) -> Exception:
     message = (f"{component} refuses this model before training (checked on {n} samples of the first "
-               f"experience): {_describe(error)}")
+               f"experience): {describe_error(error)}")
     if type(error) in (ValueError, TypeError, NotImplementedError):
         return type(error)(message)
     return RuntimeError(f"{message} ({type(error).__name__})")

@@ -110,6 +110,12 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
     per-sample Fisher (``empirical``/``expected``): an unsupported model is refused before
     training, not after the first experience.
 
+    The penalty is added in ``before_backward``: a strategy whose training loop never calls it
+    (MER) is refused before training (:mod:`avalanche_plugins._avalanche.loop`). On an online
+    stream (``split_online_stream(..., access_task_boundaries=True)``; refused before training when
+    the stream hides its boundaries) the Fisher and anchor are taken once per original experience,
+    at its last sub-experience, on its data (:mod:`avalanche_plugins._avalanche.boundaries`).
+
     Parameters outside every layer of the layer map get weight 1 and a one-time warning;
     normalisation parameters share the weight of the layer they follow, and heads not run by the
     example batch the weight of their executed sibling (``LayerMap.attach_parameters``).

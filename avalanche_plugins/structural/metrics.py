@@ -14,6 +14,12 @@
   ``NewbornActivation ≈ IncumbentActivation`` with ``NewbornGradientRatio ≪ 1``. Emits
   ``NewbornGradientRatio/...``, ``NewbornActivation/...`` and ``IncumbentActivation/...``.
 
+Before training ``CycleAccuracyMetric`` runs the pre-flight and one evaluation forward on the
+test stream (a strategy that cannot evaluate yet, ICaRL before its class means, is refused there,
+named). On an online stream a cycle's epoch is one pass over an original experience's sub-stream
+and the accuracy covers the original experiences seen. A newborn-gradient cycle that measured no
+iteration is kept in ``history`` (``iterations == 0``) and logs nothing.
+
 Names follow Avalanche's template (``metric_name``); values reach every logger through the
 ``EvaluationPlugin``. Evaluation never changes the run: eval mode (restored), no gradients, and
 the global RNG is restored after building the data loaders.

@@ -29,7 +29,12 @@ target. Scores are computed on ``score_samples`` random samples of the current e
 (evaluation transforms, seeded by ``seed + cycle``; the global RNG is not touched).
 
 Masks are applied from the first ``before_training_exp`` (after the strategy's model adaptation);
-parameters stay exact through ``before_update`` / ``after_update``. Everything is plain Python and
+parameters stay exact through ``before_update`` / ``after_update``, so a strategy whose training
+loop never calls them (MER) is refused before training, and a strategy that replaces the model
+(GDumb) gets the masks re-bound to the new one (``_MaskedTraining``). On an online stream
+(``split_online_stream``) the cycle clock counts one pass over an original experience's
+sub-stream as one epoch, edits happen at the first sub-experience of an original experience, and
+the stream must grant ``access_task_boundaries=True`` (:mod:`avalanche_plugins._avalanche.boundaries`). Everything is plain Python and
 tensors, so Avalanche checkpoints (dill) restore the run exactly; call
 :func:`avalanche_plugins.fix_checkpoint_pickling` once for torch 2.14 optimizers.
 
@@ -56,6 +61,7 @@ from avalanche_plugins._avalanche.boundaries import at_origin, current_boundary,
 from avalanche_plugins._avalanche.data import experience_example, experience_tensors
 from avalanche_plugins._avalanche.evaluation import quiet_evaluator, stream_accuracy
 from avalanche_plugins._avalanche.loop import require_callbacks
+from avalanche_plugins._avalanche.preflight import describe_error
 from avalanche_plugins.core.calls import is_multitask
 from avalanche_plugins.core.checks import check_choice, check_int
 from avalanche_plugins.structural import (
@@ -104,7 +110,12 @@ class _MaskedTraining(SupervisedPlugin):
         require_callbacks(name, strategy, self._required_callbacks(),
                           "the masked units' parameters are re-imposed around every optimizer step")
         if self.masks is None:
-            self.masks = UnitMasks(strategy.model, experience_example(strategy), activation=self.activation)
+            try:
+                self.masks = UnitMasks(strategy.model, experience_example(strategy), activation=self.activation)
+            except Exception as error:  # no maskable layer, dict inputs, a model's own assert (ICaRL), ...
+                kind = type(error) if isinstance(error, (ValueError, TypeError)) else RuntimeError
+                raise kind(f"{name} refuses this model before training: {describe_error(error)}"
+                           + ("" if kind is type(error) else f" ({type(error).__name__})")) from error
             self._masks_created(strategy)
         elif self.masks.model is not strategy.model:
             self._rebind(strategy, boundary)
@@ -292,7 +303,7 @@ class PrunePlugin(_EditingPlugin):
             per_epoch = math.ceil(len(strategy.adapted_dataset) / strategy.train_mb_size)
             first_prune = self.clock.epochs_per_cycle * per_epoch
             if self.rewind_to > first_prune:
-                raise ValueError(f"rewind_to={self.rewind_to} iterations, but the first prune comes after "
+                raise ValueError(f"PrunePlugin: rewind_to={self.rewind_to} iterations, but the first prune comes after "
                                  f"{first_prune} ({self.clock.epochs_per_cycle} epoch(s) of {per_epoch} "
                                  "minibatches): choose rewind_to <= that, or 'init'")
 

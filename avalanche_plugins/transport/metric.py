@@ -138,7 +138,7 @@ class TransportKeyMetric(RecordingMetric[dict]):
         unknown = [stage for stage in self.stages if stage not in modules]
         if unknown:  # before any training, not at the first evaluation
             names = [name for name in modules if name]
-            raise ValueError(f"stages {unknown} name no submodule of {type(strategy.model).__name__}; "
+            raise ValueError(f"TransportKeyMetric: stages {unknown} name no submodule of {type(strategy.model).__name__}; "
                              f"submodules are {names[:25]}{' ...' if len(names) > 25 else ''}")
         return None
 
