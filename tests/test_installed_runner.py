@@ -11,6 +11,7 @@ its ``.pth`` hooks do not run).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -51,12 +52,27 @@ def _run(cmd, cwd, env=None, timeout=600):
     return result
 
 
+def _source_tree(dest: Path) -> Path:
+    """The checkout's files (tracked, and untracked but not ignored) copied to ``dest``: a wheel
+    built from them never carries a stale ``build/`` left by an earlier build (setuptools reuses
+    it). Without git: the checkout itself."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True)
+    if listed.returncode != 0:
+        return ROOT
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """``(folder, env)``: a fresh venv with the wheel and its ``[study]`` extra's packages."""
     tmp = tmp_path_factory.mktemp("wheel")
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp / "dist"),
-          str(ROOT)], cwd=tmp)
+          str(_source_tree(tmp / "src"))], cwd=tmp)
     wheel = next((tmp / "dist").glob("avalanche_plugins-*.whl"))
     _run([sys.executable, "-m", "venv", str(tmp / "env")], cwd=tmp)
     python = tmp / "env" / "bin" / "python"
