@@ -15,7 +15,7 @@ its top eigenvalue by scipy's ``eigsh(k=1, which="LA", tol=TOL)``, the model's o
   values are not expected to agree.
 
 Times are wall-clock seconds in this process with one torch thread (``--threads``), the best of
-``--repeats``; speed-up = curvlinops time / ours. Values: the largest relative difference between
+``--repeats`` (ours and curvlinops called in turn); speed-up = curvlinops time / ours. Values: the largest relative difference between
 ours and curvlinops over layers, and, for the Hessian, each side's largest relative error against
 a tight reference (ours at ``REFERENCE_TOL``, whose residual bound makes it accurate to that
 tolerance up to float32 rounding). ``--quick``: fewer samples, for a smoke run.
@@ -117,14 +117,16 @@ def ours(kind: str, model, x, y, setting: Setting, tol: float) -> tuple[np.ndarr
     return layer_fisher_eigenvalues(model, CE, x, y, labels=labels, debias=False).top, 0
 
 
-def timed(fn, repeats: int):
-    """``(result of the last call, best wall time)``."""
-    best, out = float("inf"), None
+def timed(fns, repeats: int) -> list[tuple]:
+    """``[(result of the last call, best wall time)]`` of each function, the functions called in
+    turn ``repeats`` times (interleaved, so a change of the machine's load hits both sides)."""
+    best, out = [float("inf")] * len(fns), [None] * len(fns)
     for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - start)
-    return out, best
+        for k, fn in enumerate(fns):
+            start = time.perf_counter()
+            out[k] = fn()
+            best[k] = min(best[k], time.perf_counter() - start)
+    return list(zip(out, best))
 
 
 def relative(a, b) -> float:
@@ -134,8 +136,8 @@ def relative(a, b) -> float:
 def measure(setting: Setting, kind: str, quick: bool, repeats: int) -> dict:
     n = setting.quick_samples if quick else setting.samples
     model, x, y = build(setting, n)
-    (ours_top, ours_products), ours_s = timed(lambda: ours(kind, model, x, y, setting, setting.tol), repeats)
-    (peer_top, peer_products), peer_s = timed(lambda: peer(kind, model, x, y, setting.tol), repeats)
+    ((ours_top, ours_products), ours_s), ((peer_top, peer_products), peer_s) = timed(
+        [lambda: ours(kind, model, x, y, setting, setting.tol), lambda: peer(kind, model, x, y, setting.tol)], repeats)
     row = {"model": setting.name, "samples": n, "layers": len(ours_top), "tol": setting.tol, "curvature": kind,
            "ours_labels": {"hessian": "-", "ef": "true"}.get(kind, setting.ggn_labels),
            "ours_s": ours_s, "peer_s": peer_s, "speedup": peer_s / ours_s,
