@@ -6,7 +6,7 @@ layer's Hessian block.
 * :mod:`~avalanche_plugins.layer_adaptive.fisher_blocks` — top eigenvalue of each layer's Fisher
   (Gauss–Newton) block, exact from the Gram of per-sample gradients (the default);
 * :mod:`~avalanche_plugins.layer_adaptive.hessian` — top eigenvalue s_ℓ of each layer's Hessian
-  block by power iteration, κ, the geometric fit α̂;
+  block by block Lanczos, κ, the geometric fit α̂;
 * :mod:`~avalanche_plugins.layer_adaptive.fisher` — diagonal Fisher estimators;
 * :mod:`~avalanche_plugins.layer_adaptive.options` — ``CurvatureOptions``, ``FisherOptions``: the
   plugins' measurement keywords as validated groups;
