@@ -43,11 +43,11 @@ def test_recipe_true_takes_the_scenarios_recipe_and_explicit_kwargs_win(fake_rec
               "strategies": [{"name": "EWC", "recipe": True, "kwargs": {"ewc_lambda": 5}},
                              {"name": "LAE", "recipe": True}]}
     study = load_study(config, recipe_folder=fake_recipes)
-    ewc = study.strategy("EWC")["per_scenario"]["digits2"]
-    assert ewc["kwargs"] == {"ewc_lambda": 5, "mode": "separate"} and ewc["training"] == {"lr": 0.01}
-    assert ewc["recipe"] == "split_digits/EWC" and ewc["overridden"] == ["kwargs.ewc_lambda"]
-    lae = study.strategy("LAE")["per_scenario"]["digits2"]
-    assert lae["class"] == "Naive" and lae["plugins"][0]["kwargs"] == {"ewc_lambda": 10, "schedule": "smoothed"}
+    ewc = study.strategy("EWC").on("digits2")
+    assert ewc.kwargs == {"ewc_lambda": 5, "mode": "separate"} and ewc.training == {"lr": 0.01}
+    assert ewc.recipe == "split_digits/EWC" and ewc.overridden == ("kwargs.ewc_lambda",)
+    lae = study.strategy("LAE").on("digits2")
+    assert lae.cls == "Naive" and lae.plugins[0].kwargs == {"ewc_lambda": 10, "schedule": "smoothed"}
     result = run_study(study, out=tmp_path / "out", progress=False)
     assert {r["setting"] for r in result.rows} == {"recipe (kwargs.ewc_lambda overridden)", "recipe"}
     report = result.report.read_text()
@@ -127,9 +127,9 @@ def test_documented_recipe_example_is_valid():
     text = (Path(__file__).resolve().parents[1] / "docs" / "study.md").read_text()
     block = text.split("## Recipes", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
     study = load_study(yaml.safe_load(block))
-    replay = study.strategy("Replay")["per_scenario"]["split_digits"]
-    assert replay["kwargs"]["mem_size"] == 500 and replay["overridden"] == ["kwargs.mem_size"]
-    assert study.strategy("LAE")["per_scenario"]["split_digits"]["recipe"] == "split_digits/LayerAdaptiveEWC_smoothed"
+    replay = study.strategy("Replay").on("split_digits")
+    assert replay.kwargs["mem_size"] == 500 and replay.overridden == ("kwargs.mem_size",)
+    assert study.strategy("LAE").on("split_digits").recipe == "split_digits/LayerAdaptiveEWC_smoothed"
 
 
 @pytest.mark.slow  # every Split digits recipe with seed 0 (all seeds: `avalanche-study reproduce split_digits`)

@@ -127,7 +127,7 @@ def test_data_root_fills_scenarios_that_name_none():
     config = {"scenarios": [{"benchmark": "split_mnist", "data_root": None}, {"benchmark": "permuted_mnist",
                                                                               "data_root": "mine"}],
               "strategies": ["Naive"]}
-    assert [s["data_root"] for s in load_study(config, data_root="given").scenarios] == ["given", "mine"]
+    assert [s.data_root for s in load_study(config, data_root="given").scenarios] == ["given", "mine"]
 
 
 def test_yaml_and_toml_give_the_same_study(tmp_path):
@@ -149,7 +149,9 @@ def test_yaml_and_toml_give_the_same_study(tmp_path):
     """))
     yaml_study, toml_study = load_study(tmp_path / "s.yaml"), load_study(tmp_path / "s.toml")
     assert yaml_study.as_dict() == toml_study.as_dict()
-    assert yaml_study.strategies[0]["grid"] == {"ewc_lambda": [1.0, 10.0]}
+    assert yaml_study.strategies[0].spec.grid_values() == {"ewc_lambda": [1.0, 10.0]}
+    grid = yaml_study.strategies[0].spec.grid[0]  # the grid key parsed once, by the loader
+    assert (grid.kind, grid.index, grid.argument, grid.values) == ("strategy", None, "ewc_lambda", (1.0, 10.0))
 
 
 def test_holm_and_paired_tests_match_a_hand_computation():
@@ -218,8 +220,8 @@ def test_tiny_study_writes_csv_tables_figures_and_report(tiny_study):
         ("Naive", 0), ("Naive", 1), ("LwF", 0), ("LwF", 1)}
     assert "\\begin{tabular}" in result.tables["latex"] and "\\textbf{" in result.tables["latex"]
     factory = json.loads((out / "results.json").read_text())["data"]["two_tasks"]  # a user's factory: named, hashed
-    assert factory["factory"] == {"name": result.study.scenarios[0]["benchmark"], "kwargs": {"n_experiences": 2},
-                                  "module_sha256": source_hash(result.study.scenarios[0]["benchmark"].split(":")[0])}
+    assert factory["factory"] == {"name": result.study.scenarios[0].benchmark, "kwargs": {"n_experiences": 2},
+                                  "module_sha256": source_hash(result.study.scenarios[0].benchmark.split(":")[0])}
     assert (factory["setting"], factory["experiences"], factory["classes_per_experience"]) == \
         ("class-incremental", 2, [5, 5])
 
@@ -356,12 +358,12 @@ def test_documented_complete_config_is_valid(user_module):
 
     config = yaml.safe_load(block.replace("my_package.streams:make_benchmark", f"{user_module}:two_digit_tasks"))
     study = load_study(config)
-    assert [s["name"] for s in study.strategies] == ["Naive", "EWC", "LwF", "LAE_Replay"]
-    assert study.strategy("LAE_Replay")["grid"] == {"LayerAdaptiveEWCPlugin.ewc_lambda": [10, 100, 1000],
+    assert [s.name for s in study.strategies] == ["Naive", "EWC", "LwF", "LAE_Replay"]
+    assert study.strategy("LAE_Replay").spec.grid_values() == {"LayerAdaptiveEWCPlugin.ewc_lambda": [10, 100, 1000],
                                                     "training.lr": [0.01, 0.05]}
     quick = load_study(config, quick=True)
-    assert quick.seeds == 1 and quick.training["epochs"] == 1
-    assert [s["n_experiences"] for s in quick.scenarios] == [2, 2, None]  # a factory keeps its own kwargs
+    assert quick.seeds == 1 and quick.training.epochs == 1
+    assert [s.n_experiences for s in quick.scenarios] == [2, 2, None]  # a factory keeps its own kwargs
 
 
 def test_readme_study_example_is_valid(tmp_path):
@@ -373,7 +375,7 @@ def test_readme_study_example_is_valid(tmp_path):
         "                         nn.Linear(width, n_classes))\n")
     (tmp_path / "my_study.yaml").write_text(block)
     study = load_study(tmp_path / "my_study.yaml")
-    assert [s["name"] for s in study.strategies] == ["Naive", "SynapticIntelligence", "LAE"]
+    assert [s.name for s in study.strategies] == ["Naive", "SynapticIntelligence", "LAE"]
     assert set(study.sources) == {"my_models"}
 
 
@@ -432,7 +434,7 @@ def test_adding_a_dataset_is_one_catalog_entry(tmp_path):
         study = load_study({"scenarios": [{"benchmark": "split_fashion_mnist", "data_root": str(tmp_path)},
                                           {"benchmark": "permuted_fashion_mnist", "n_experiences": 2}],
                             "model": "cnn", "strategies": ["Naive"]})
-        assert [s["name"] for s in study.scenarios] == ["split_fashion_mnist", "permuted_fashion_mnist"]
+        assert [s.name for s in study.scenarios] == ["split_fashion_mnist", "permuted_fashion_mnist"]
         with pytest.raises(ConfigError, match="split_fashion_mnist has 10 classes, which 4 experiences"):
             load_study({"scenarios": [{"benchmark": "split_fashion_mnist", "n_experiences": 4}], "strategies": ["Naive"]})
         stream = data.make_stream("fashion_mnist", "split", n_experiences=5, data_root=tmp_path)

@@ -60,4 +60,4 @@ def test_every_target_names_an_existing_config_and_strategy():
     names = {p.stem: p for p in CONFIGS}
     for target in TARGETS:
         study = load_study(names[target["config"]], data_root="fake/data/root", deep=False)
-        assert target["study_strategy"] in {s["name"] for s in study.strategies}, target
+        assert target["study_strategy"] in {s.name for s in study.strategies}, target

@@ -19,8 +19,7 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from avalanche_plugins.study.config import Study, read_study, sources_for, strategy_for
-from avalanche_plugins.study.grid import apply_setting
+from avalanche_plugins.study.config import Study, read_study
 from avalanche_plugins.study.harness.jobs import Timer, make_executor, run_jobs
 from avalanche_plugins.study.harness.protocol import (
     expand_grid,
@@ -32,6 +31,7 @@ from avalanche_plugins.study.harness.results import print_report, write_results
 from avalanche_plugins.study.provenance import provenance_lines, setting_lines, study_provenance
 from avalanche_plugins.study.registry import ErrorList
 from avalanche_plugins.study.runner import CONTEXT, StudyJob, run_job
+from avalanche_plugins.study.specs import ScenarioSpec, StrategySpec, apply_setting
 from avalanche_plugins.study.stats import summarize_study
 from avalanche_plugins.study.tables import (
     accuracy_matrix_tables,
@@ -105,16 +105,16 @@ def _label(setting: dict) -> str:
     return setting_label(setting)
 
 
-def _cells(study: Study, skip) -> list[tuple[dict, dict]]:
+def _cells(study: Study, skip) -> list[tuple[ScenarioSpec, StrategySpec]]:
     """``(scenario, strategy spec for it)`` of every cell not skipped (recipes merged per scenario)."""
-    return [(scenario, strategy_for(strategy, scenario)) for scenario in study.scenarios for strategy in study.strategies
-            if not is_skipped(skip, scenario["name"], strategy["name"]) and not is_skipped(skip, strategy["name"])]
+    return [(scenario, strategy.on(scenario.name)) for scenario in study.scenarios for strategy in study.strategies
+            if not is_skipped(skip, scenario.name, strategy.name) and not is_skipped(skip, strategy.name)]
 
 
-def _cell_label(setting: dict, strategy: dict) -> str:
+def _cell_label(setting: dict, strategy: StrategySpec) -> str:
     """The setting's label; a recipe without a grid is labelled by its recipe."""
-    if not setting and strategy.get("recipe"):
-        return "recipe" + (f" ({', '.join(strategy['overridden'])} overridden)" if strategy.get("overridden") else "")
+    if not setting and strategy.recipe:
+        return "recipe" + (f" ({', '.join(strategy.overridden)} overridden)" if strategy.overridden else "")
     return _label(setting)
 
 
@@ -122,11 +122,11 @@ def plan_tuning_jobs(study: Study, skip=()) -> list[tuple[StudyJob, dict]]:
     """``(job, setting)`` for every grid setting of every (scenario, strategy) with a grid."""
     jobs = []
     for scenario, strategy in _cells(study, skip):
-        for setting in expand_grid(strategy["grid"]) if strategy["grid"] else []:
+        for setting in expand_grid(strategy.grid_values()) if strategy.grid else []:
             spec, training = apply_setting(strategy, study.training, setting)
-            jobs.append((StudyJob(study.name, scenario, study.model, training, spec, _cell_label(setting, strategy), [],
+            jobs.append((StudyJob(study.name, scenario, study.model, training, spec, _cell_label(setting, strategy), (),
                                   study.loggers, study.tune_seed, "validation",
-                                  sources_for(study, scenario=scenario, strategy=spec), tuple(study.paths)), setting))
+                                  study.sources_of(scenario, study.model, spec), study.paths), setting))
     return jobs
 
 
@@ -134,15 +134,14 @@ def plan_test_jobs(study: Study, chosen: dict, skip=()) -> list[StudyJob]:
     """Every (scenario, strategy) at its chosen setting (``{}`` without a grid), every seed."""
     jobs = []
     for scenario, strategy in _cells(study, skip):
-        if "failed" in chosen.get(scenario["name"], {}).get(strategy["name"], {}):
+        if "failed" in chosen.get(scenario.name, {}).get(strategy.name, {}):
             continue  # nothing to test: _tuning_failures records the cell as failed
-        setting = chosen.get(scenario["name"], {}).get(strategy["name"], {}).get("setting", {})
+        setting = chosen.get(scenario.name, {}).get(strategy.name, {}).get("setting", {})
         spec, training = apply_setting(strategy, study.training, setting)
         for seed in range(study.seeds):
             jobs.append(StudyJob(study.name, scenario, study.model, training, spec, _cell_label(setting, strategy),
                                  study.metrics, study.loggers, seed, "test",
-                                 sources_for(study, scenario=scenario, strategy=spec, metrics=study.metrics),
-                                 tuple(study.paths)))
+                                 study.sources_of(scenario, study.model, spec, *study.metrics), study.paths))
     return jobs
 
 
@@ -219,7 +218,7 @@ def write_outputs(study: Study, out: Path, test_rows, tuning_rows, chosen, wall_
     metrics = [m for row in test_rows for m in row["metrics"]]
     runs = [{k: v for k, v in row.items() if k != "metrics"} for row in test_rows]
     tuning = [{k: v for k, v in row.items() if k != "metrics"} for row in tuning_rows]
-    names = [s["name"] for s in study.strategies]
+    names = [s.name for s in study.strategies]
     summary = summarize_study(runs, study.reference, names)
     tables = {"markdown": markdown_tables(summary, study.reference), "latex": latex_tables(summary, study.reference),
               "failed": failed_runs_table(summary), "matrices": accuracy_matrix_tables(summary)}

@@ -36,28 +36,29 @@ from avalanche_plugins.study.registry import (
     strategy_class,
 )
 from avalanche_plugins.study.scenarios import dataset_of
+from avalanche_plugins.study.specs import ModelSpec, RunSpec, ScenarioSpec, TrainingSpec
 
 __all__ = ["check_model_builds", "build_evaluator", "build_model", "build_optimizer",
            "build_plugins", "build_stream", "build_strategy", "resolve_device"]
 
 
-def build_stream(scenario: dict, seed: int, validation: bool):
+def build_stream(scenario: ScenarioSpec, seed: int, validation: bool):
     """The scenario's ``Stream`` for ``seed`` (class order, permutations, validation split)."""
     from avalanche_plugins.study.harness.data import Stream, make_stream
 
-    if ":" not in scenario["benchmark"]:
-        dataset, kind, _ = dataset_of(scenario["benchmark"])
-        extra = {} if scenario["n_experiences"] is None else {"n_experiences": scenario["n_experiences"]}
-        return make_stream(dataset, kind, task_incremental=scenario["task_incremental"],
-                           data_root=scenario["data_root"], seed=seed, validation=validation, **extra)
-    factory = resolve_dotted(scenario["benchmark"], "benchmark")
+    if not scenario.is_factory:
+        dataset, kind, _ = dataset_of(scenario.benchmark)
+        extra = {} if scenario.n_experiences is None else {"n_experiences": scenario.n_experiences}
+        return make_stream(dataset, kind, task_incremental=scenario.task_incremental,
+                           data_root=scenario.data_root, seed=seed, validation=validation, **extra)
+    factory = resolve_dotted(scenario.benchmark, "benchmark")
     params = parameters(factory)[0]
-    kwargs = dict(scenario["kwargs"])
+    kwargs = dict(scenario.kwargs)
     if "seed" in params:
         kwargs["seed"] = seed
     if validation:
         if "validation" not in params:
-            raise ValueError(f"benchmark {scenario['benchmark']!r} takes no 'validation' argument: a grid needs "
+            raise ValueError(f"benchmark {scenario.benchmark!r} takes no 'validation' argument: a grid needs "
                              "a validation split")
         kwargs["validation"] = True
     made = factory(**kwargs)
@@ -69,27 +70,30 @@ def build_stream(scenario: dict, seed: int, validation: bool):
     if not isinstance(n_classes, int):
         n_classes = 1 + max(int(max(exp.dataset.targets)) for exp in train)
     tasks = {t for exp in train for t in getattr(exp, "task_labels", [0])}
-    return Stream(made, tuple(x.shape), n_classes, len(tasks) > 1, scenario["benchmark"])
+    return Stream(made, tuple(x.shape), n_classes, len(tasks) > 1, scenario.benchmark)
 
 
-def build_model(spec: dict, stream) -> nn.Module:
+def build_model(spec: ModelSpec, stream) -> nn.Module:
+    """The study's model for ``stream``: a zoo model, or the user's callable given what it accepts
+    of ``input_shape``, ``n_classes`` and ``multihead``."""
     from avalanche_plugins.study.harness.models import build_model as zoo
 
-    if ":" not in spec["name"]:
-        kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["kwargs"].items()}
-        return zoo(spec["name"], stream.input_shape, stream.n_classes, multihead=stream.task_incremental, **kwargs)
-    factory = resolve_dotted(spec["name"], "model.name")
+    if not spec.modules():
+        kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.kwargs.items()}
+        return zoo(spec.name, stream.input_shape, stream.n_classes, multihead=stream.task_incremental, **kwargs)
+    factory = resolve_dotted(spec.name, "model.name")
     params, _, accepts_any, _ = parameters(factory)
     given = {"input_shape": tuple(stream.input_shape), "n_classes": stream.n_classes,
              "multihead": stream.task_incremental}
-    return factory(**spec["kwargs"], **{k: v for k, v in given.items() if k in params or accepts_any})
+    return factory(**spec.kwargs, **{k: v for k, v in given.items() if k in params or accepts_any})
 
 
-def build_optimizer(model: nn.Module, training: dict) -> torch.optim.Optimizer:
-    lr, decay = training["lr"], training["weight_decay"]
-    if training["optimizer"] == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=lr, momentum=training["momentum"], weight_decay=decay)
-    cls = torch.optim.Adam if training["optimizer"] == "adam" else torch.optim.AdamW
+def build_optimizer(model: nn.Module, training: TrainingSpec) -> torch.optim.Optimizer:
+    """The run's optimizer (SGD with momentum, Adam or AdamW) over every parameter of ``model``."""
+    lr, decay = training.lr, training.weight_decay
+    if training.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=training.momentum, weight_decay=decay)
+    cls = torch.optim.Adam if training.optimizer == "adam" else torch.optim.AdamW
     return cls(model.parameters(), lr=lr, weight_decay=decay)
 
 
@@ -97,11 +101,12 @@ def _value(v):  # YAML lists stand for tuples in kwargs such as hidden=(64, 64)
     return tuple(v) if isinstance(v, list) and all(isinstance(x, (int, float)) for x in v) else v
 
 
-def build_plugins(specs: list[dict]) -> list:
-    return [plugin_class(p["name"], "plugin")(**{k: _value(v) for k, v in p["kwargs"].items()}) for p in specs]
+def build_plugins(specs) -> list:
+    """The run's plugins from their specs (YAML lists as tuples in their kwargs)."""
+    return [plugin_class(p.name, "plugin")(**{k: _value(v) for k, v in p.kwargs.items()}) for p in specs]
 
 
-def build_evaluator(metric_specs: list[dict], stream, model, plugins, *, tidy_path, context: dict,
+def build_evaluator(metric_specs, stream, model, plugins, *, tidy_path, context: dict,
                     images: bool, loggers=(), log_dir=None, run_name: str = "run", project: str = "study",
                     task_il: bool = False):
     """One ``EvaluationPlugin``: accuracy / forgetting / BWT (and task-incremental accuracy with
@@ -154,40 +159,40 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def build_strategy(spec: dict, model: nn.Module, training: dict, plugins: list, evaluator):
+def build_strategy(spec: RunSpec, model: nn.Module, training: TrainingSpec, plugins: list, evaluator):
     """The configured strategy class with the study's model, optimizer, loss, batch sizes and
     evaluator (SynapticIntelligence with the package's CPU fix)."""
     from avalanche_plugins import fix_synaptic_intelligence_on_cpu
 
     fix_synaptic_intelligence_on_cpu()  # Avalanche 0.6's SI is a no-op on CPU without it
-    cls = strategy_class(spec["class"], "class")
-    kwargs = {k: _value(v) for k, v in spec["kwargs"].items()}
+    cls = strategy_class(spec.cls, "class")
+    kwargs = {k: _value(v) for k, v in spec.kwargs.items()}
     return cls(model=model, optimizer=build_optimizer(model, training), criterion=nn.CrossEntropyLoss(),
-               train_mb_size=training["batch_size"], train_epochs=training["epochs"],
-               eval_mb_size=training["eval_batch_size"], device=resolve_device(training["device"]), plugins=plugins,
+               train_mb_size=training.batch_size, train_epochs=training.epochs,
+               eval_mb_size=training.eval_batch_size, device=resolve_device(training.device), plugins=plugins,
                evaluator=evaluator, **kwargs)
 
 
-def check_model_builds(model: dict, scenario: dict, where: str) -> None:
+def check_model_builds(model: ModelSpec, scenario: ScenarioSpec, where: str) -> None:
     """Build the study's model for a built-in scenario's input shape and class count and run it
     on two zero inputs (``ConfigError`` naming ``model`` and the scenario otherwise). Scenarios
     from a benchmark factory are checked when the run builds them."""
-    if ":" in scenario["benchmark"]:
+    if scenario.is_factory:
         return
     from avalanche.models import avalanche_forward
 
     from avalanche_plugins.study.harness.data import Stream
 
-    _, kind, dataset = dataset_of(scenario["benchmark"])
+    _, kind, dataset = dataset_of(scenario.benchmark)
     shape, total = dataset.input_shape, dataset.n_classes
-    n_exp = scenario["n_experiences"] or 5
-    n_classes = total // n_exp if scenario["task_incremental"] and kind == "split" else total
-    stream = Stream(None, shape, n_classes, scenario["task_incremental"], scenario["benchmark"])
+    n_exp = scenario.n_experiences or 5
+    n_classes = total // n_exp if scenario.task_incremental and kind == "split" else total
+    stream = Stream(None, shape, n_classes, scenario.task_incremental, scenario.benchmark)
     try:
         net = build_model(model, stream)
         with torch.no_grad():
             avalanche_forward(net.eval(), torch.zeros(2, *shape), torch.zeros(2, dtype=torch.long))
     except Exception as error:  # noqa: BLE001 - any failure to build or run is the config's error
-        raise ConfigError(f"model: {model['name']!r} cannot be built for or run on {where} "
-                          f"({scenario['name']}: input shape {shape}, {n_classes} classes): "
+        raise ConfigError(f"model: {model.name!r} cannot be built for or run on {where} "
+                          f"({scenario.name}: input shape {shape}, {n_classes} classes): "
                           f"{type(error).__name__}: {error}") from None

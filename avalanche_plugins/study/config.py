@@ -36,12 +36,20 @@ from avalanche_plugins.study.registry import (
     strategy_class,
 )
 from avalanche_plugins.study.scenarios import BUILTIN_SCENARIOS, builtin_scenarios, dataset_of
+from avalanche_plugins.study.specs import (
+    GridKey,
+    MetricSpec,
+    ModelSpec,
+    PluginSpec,
+    ScenarioSpec,
+    StrategySpec,
+    TrainingSpec,
+)
 
-__all__ = ["strategy_for", "BUILTIN_SCENARIOS", "LOGGERS", "STRATEGY_INJECTED", "TRAINING_DEFAULTS", "Study",
+__all__ = ["StrategyEntry", "BUILTIN_SCENARIOS", "LOGGERS", "STRATEGY_INJECTED", "TRAINING_DEFAULTS", "Study",
            "read_study"]
 
-TRAINING_DEFAULTS = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.0, "weight_decay": 0.0, "epochs": 1,
-                     "batch_size": 32, "eval_batch_size": 256, "device": "cpu"}
+TRAINING_DEFAULTS = TrainingSpec().as_dict()  # the training keys and their defaults
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LOGGERS = ("tensorboard", "wandb", "text")
 STRATEGY_INJECTED = ("model", "optimizer", "criterion", "train_mb_size", "train_epochs", "eval_mb_size",
@@ -56,8 +64,8 @@ _QUICK = ("seeds", "training", "scenarios", "grid", "metrics")
 
 
 @dataclass
-class Study:
-    """A validated study: plain JSON-able specs (resolved again in every job's process)."""
+class _Draft:
+    """A study while it is validated: the config's sections as checked dicts (made typed at the end)."""
 
     name: str
     description: str
@@ -72,16 +80,67 @@ class Study:
     loggers: list[str]
     source: str | None = None
     quick: dict = field(default_factory=dict)
-    sources: dict = field(default_factory=dict)  # user module → hash of its source (job cache keys)
-    paths: list = field(default_factory=list)  # folders the user modules are imported from
+
+
+@dataclass(frozen=True)
+class StrategyEntry:
+    """A strategy of the study: one spec, or (``recipe:``) one per scenario with its recipe merged in."""
+
+    name: str
+    spec: StrategySpec | None = None
+    per_scenario: dict = field(default_factory=dict)  # scenario name → StrategySpec
+
+    def on(self, scenario: str) -> StrategySpec:
+        """The spec that runs on ``scenario``."""
+        return self.per_scenario.get(scenario) or self.spec
+
+    def specs(self) -> list[StrategySpec]:
+        return list(self.per_scenario.values()) or [self.spec]
 
     def as_dict(self) -> dict:
-        return {k: copy.deepcopy(getattr(self, k)) for k in
-                ("name", "description", "seeds", "tune_seed", "reference", "scenarios", "model", "training",
-                 "strategies", "metrics", "loggers", "quick")}
+        """The config form (a recipe strategy: its first scenario's spec and ``per_scenario``)."""
+        if not self.per_scenario:
+            return self.spec.as_dict()
+        per = {name: spec.as_dict() for name, spec in self.per_scenario.items()}
+        return {**next(iter(per.values())), "per_scenario": per}
 
-    def strategy(self, name: str) -> dict:
-        return next(s for s in self.strategies if s["name"] == name)
+
+@dataclass(frozen=True)
+class Study:
+    """A validated study: typed, frozen specs (plain values, resolved again in every job's process)."""
+
+    name: str
+    description: str
+    seeds: int
+    tune_seed: int
+    reference: str
+    scenarios: tuple[ScenarioSpec, ...]
+    model: ModelSpec
+    training: TrainingSpec
+    strategies: tuple[StrategyEntry, ...]
+    metrics: tuple[MetricSpec, ...]
+    loggers: tuple[str, ...]
+    source: str | None = None
+    quick: dict = field(default_factory=dict)
+    sources: dict = field(default_factory=dict)  # user module → hash of its source (job cache keys)
+    paths: tuple = ()  # folders the user modules are imported from
+
+    def as_dict(self) -> dict:
+        """The config's JSON form (what ``results.json`` echoes)."""
+        return {"name": self.name, "description": self.description, "seeds": self.seeds, "tune_seed": self.tune_seed,
+                "reference": self.reference, "scenarios": [s.as_dict() for s in self.scenarios],
+                "model": self.model.as_dict(), "training": self.training.as_dict(),
+                "strategies": [s.as_dict() for s in self.strategies], "metrics": [m.as_dict() for m in self.metrics],
+                "loggers": list(self.loggers), "quick": copy.deepcopy(self.quick)}
+
+    def strategy(self, name: str) -> StrategyEntry:
+        return next(s for s in self.strategies if s.name == name)
+
+    def sources_of(self, *specs) -> dict:
+        """The source hashes of the user modules ``specs`` name (each spec knows its dotted names),
+        for the cache key of the jobs that use them."""
+        modules = {m for spec in specs for m in spec.modules()}
+        return {m: h for m, h in self.sources.items() if m in modules}
 
 
 def read_study(config, *, quick: bool = False, seeds: int | None = None, data_root=None,
@@ -105,8 +164,29 @@ def read_study(config, *, quick: bool = False, seeds: int | None = None, data_ro
     _entries(study, raw, found, data_root, recipe_folder)
     _names_and_reference(study, raw, found)
     found.raise_if_any()
-    study.sources, study.paths = _user_sources(study)
-    return study
+    sources, paths = _user_sources(study)
+    return _typed(study, sources, paths)
+
+
+def _strategy_spec(spec: dict) -> StrategySpec:
+    """One validated strategy dict as a typed spec, its grid keys parsed (the only place they are)."""
+    grid = tuple(GridKey(key, *grid_target(key, spec["plugins"], key), tuple(values))
+                 for key, values in spec["grid"].items())
+    return StrategySpec(spec["name"], spec["class"], dict(spec["kwargs"]),
+                        tuple(PluginSpec(p["name"], dict(p["kwargs"])) for p in spec["plugins"]), grid,
+                        dict(spec["training"]), spec.get("recipe"), tuple(spec.get("overridden", ())))
+
+
+def _typed(draft: _Draft, sources: dict, paths: list) -> Study:
+    """The validated draft as a :class:`Study` of typed, frozen specs."""
+    strategies = tuple(StrategyEntry(s["name"], None if "per_scenario" in s else _strategy_spec(s),
+                                     {k: _strategy_spec(v) for k, v in s.get("per_scenario", {}).items()})
+                       for s in draft.strategies)
+    return Study(draft.name, draft.description, draft.seeds, draft.tune_seed, draft.reference,
+                 tuple(ScenarioSpec(**s) for s in draft.scenarios), ModelSpec(draft.model["name"], draft.model["kwargs"]),
+                 TrainingSpec(**draft.training), strategies,
+                 tuple(MetricSpec(m["name"], dict(m["kwargs"])) for m in draft.metrics), tuple(draft.loggers),
+                 draft.source, draft.quick, sources, tuple(paths))
 
 
 def _raw_config(config) -> tuple[dict, str | None]:
@@ -144,9 +224,9 @@ def _section(found: ErrorList, fn, fallback):
     return fallback
 
 
-def _top_level(raw: dict, source, quick_spec: dict, found: ErrorList) -> Study:
+def _top_level(raw: dict, source, quick_spec: dict, found: ErrorList) -> _Draft:
     """The study's scalar sections (name, seeds, model, training, loggers); lists come after."""
-    return Study(
+    return _Draft(
         name=_section(found, lambda: _string(raw.get("name", Path(source).stem if source else "study"), "name"), "study"),
         description=_section(found, lambda: _string(raw.get("description", ""), "description"), ""),
         seeds=_section(found, lambda: _int(raw.get("seeds", 3), "seeds", minimum=1), 1),
@@ -159,7 +239,7 @@ def _top_level(raw: dict, source, quick_spec: dict, found: ErrorList) -> Study:
         source=source, quick=quick_spec)
 
 
-def _entries(study: Study, raw: dict, found: ErrorList, data_root, recipe_folder) -> None:
+def _entries(study: _Draft, raw: dict, found: ErrorList, data_root, recipe_folder) -> None:
     """Scenarios, metrics, then strategies (recipes need the scenarios), each entry on its own."""
     for key, target, fn in (("scenarios", study.scenarios, lambda e, w: _scenario(e, w, data_root)),
                             ("metrics", study.metrics, _metric),
@@ -172,7 +252,7 @@ def _entries(study: Study, raw: dict, found: ErrorList, data_root, recipe_folder
                 target.append(made)
 
 
-def _names_and_reference(study: Study, raw: dict, found: ErrorList) -> None:
+def _names_and_reference(study: _Draft, raw: dict, found: ErrorList) -> None:
     """Unique names per list, and a reference strategy that exists (default: the first)."""
     for key, items in (("scenarios", study.scenarios), ("strategies", study.strategies), ("metrics", study.metrics)):
         with found.attempt():
@@ -184,23 +264,17 @@ def _names_and_reference(study: Study, raw: dict, found: ErrorList) -> None:
     study.reference = reference or ""
 
 
-def dotted_names(*, scenarios=(), model=None, strategies=(), metrics=()) -> list[str]:
-    """The ``package.module:callable`` names the specs resolved, read from the fields that take
-    one (a scenario's benchmark, the model, a strategy's class and plugins — every scenario's
-    recipe of it —, a metric)."""
-    names = [s["benchmark"] for s in scenarios] + ([model["name"]] if model else []) + [m["name"] for m in metrics]
-    for strategy in strategies:
+def _dotted_names(study: _Draft) -> list[str]:
+    """The ``package.module:callable`` names the config resolved (a scenario's benchmark, the
+    model, a strategy's class and plugins — every scenario's recipe of it —, a metric)."""
+    names = [s["benchmark"] for s in study.scenarios] + [study.model["name"]] + [m["name"] for m in study.metrics]
+    for strategy in study.strategies:
         for spec in strategy.get("per_scenario", {}).values() or [strategy]:
             names += [spec["class"], *(p["name"] for p in spec["plugins"])]
     return [n for n in names if ":" in n]
 
 
-def _dotted_names(study: Study) -> list[str]:
-    return dotted_names(scenarios=study.scenarios, model=study.model, strategies=study.strategies,
-                        metrics=study.metrics)
-
-
-def _user_sources(study: Study) -> tuple[dict, list]:
+def _user_sources(study: _Draft) -> tuple[dict, list]:
     """``({module: source hash}, [folders])`` of every user module the config names."""
     sources, paths = {}, []
     for name in _dotted_names(study):
@@ -212,14 +286,6 @@ def _user_sources(study: Study) -> tuple[dict, list]:
         if folder is not None and folder not in paths:
             paths.append(folder)
     return sources, paths
-
-
-def sources_for(study: Study, *, scenario: dict, strategy: dict, metrics=()) -> dict:
-    """The source hashes of the user modules one job's specs name (its scenario, the study's
-    model, its strategy spec and ``metrics``), for the cache key of the jobs that use them."""
-    modules = {name.partition(":")[0] for name in dotted_names(scenarios=[scenario], model=study.model,
-                                                               strategies=[strategy], metrics=metrics)}
-    return {m: h for m, h in study.sources.items() if m in modules}
 
 
 def _read(path: Path) -> dict:
@@ -454,11 +520,6 @@ def _strategy_or_recipe(entry, path: str, training: dict, scenarios: list[dict],
     if not per:
         raise ConfigError(f"{path}.recipe: the study has no scenario to take a recipe for")
     return {**next(iter(per.values())), "per_scenario": per}
-
-
-def strategy_for(strategy: dict, scenario: dict) -> dict:
-    """The strategy spec that runs on ``scenario`` (its recipe merged in, if it has one)."""
-    return strategy.get("per_scenario", {}).get(scenario["name"], strategy)
 
 
 def _strategy(entry, path: str, training: dict) -> dict:

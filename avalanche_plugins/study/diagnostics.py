@@ -96,19 +96,19 @@ def check_kwargs(name: str, kwargs: Mapping) -> tuple[dict, tuple[str, ...], tup
     return kwargs, entry.injected, entry.optional
 
 
-def configured_metrics(specs: Sequence[Mapping], run: RunContext, *, factory: Callable, value: Callable) -> list:
-    """The configured metrics of one run, built by ``factory(name)`` with the spec's kwargs
+def configured_metrics(specs: Sequence, run: RunContext, *, factory: Callable, value: Callable) -> list:
+    """The configured metrics of one run (their ``MetricSpec`` s), built by ``factory(name)`` with the spec's kwargs
     (each through ``value``) and what the catalog says the run supplies; a helper returning
     several metrics contributes all of them."""
     made_all = []
     for spec in specs:
-        kwargs = {k: value(v) for k, v in spec["kwargs"].items()}
-        entry = CATALOG.get(spec["name"], _PLAIN)
+        kwargs = {k: value(v) for k, v in spec.kwargs.items()}
+        entry = CATALOG.get(spec.name, _PLAIN)
         if entry.prepare is not None:
             kwargs = entry.prepare(kwargs, run)
             if kwargs is None:
                 continue
-        made = factory(spec["name"])(**kwargs)
+        made = factory(spec.name)(**kwargs)
         made_all += list(made) if isinstance(made, (list, tuple)) else [made]
     return made_all
 

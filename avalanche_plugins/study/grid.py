@@ -7,8 +7,10 @@ A key names where its values go:
 * ``PLUGIN.ARG`` or ``plugins[i].ARG`` — the kwargs of one of the strategy's plugins (by class
   name, or by position).
 
-:func:`grid_target` parses a key (the validator checks the values it then knows the target of);
-:func:`apply_setting` applies one grid setting to a strategy spec (the runner's jobs).
+:func:`grid_target` parses a key: the loader calls it once per key, for its checks and for the
+typed :class:`~avalanche_plugins.study.specs.GridKey` that build and run then read
+(:func:`avalanche_plugins.study.specs.apply_setting`). :func:`apply_setting` here applies a
+setting to a strategy as saved in a ``results.json`` (a dict; ``benchmarks/recipes.py`` reads those).
 """
 
 from __future__ import annotations

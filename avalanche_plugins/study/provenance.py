@@ -48,19 +48,19 @@ def stream_facts(stream) -> dict:
             "classes": len(seen), "task_labels": tasks}
 
 
-def scenario_provenance(scenario: Mapping, facts: Mapping | None, *, dataset: str | None,
+def scenario_provenance(scenario, facts: Mapping | None, *, dataset: str | None,
                         source_hash: str | None = None) -> dict:
-    """Provenance of one scenario: its spec (``benchmark``, ``data_root``, ``kwargs``), ``dataset``
+    """Provenance of one scenario: its ``ScenarioSpec`` (benchmark, data_root, kwargs), ``dataset``
     the built-in dataset it reads (``None`` for a factory, whose module hashes to ``source_hash``),
     and ``facts`` (:func:`stream_facts`) from one of its runs (``None``: no run built it)."""
     from avalanche_plugins.study.harness.data import data_fingerprint
 
-    out: dict = {"benchmark": scenario["benchmark"]}
+    out: dict = {"benchmark": scenario.benchmark}
     if dataset is None:
-        out["factory"] = {"name": scenario["benchmark"], "kwargs": dict(scenario.get("kwargs") or {}),
+        out["factory"] = {"name": scenario.benchmark, "kwargs": dict(scenario.kwargs or {}),
                           "module_sha256": source_hash}
     else:  # bundled data by its package's version; files by their checksums (missing ones named)
-        out["data"] = data_fingerprint(scenario.get("data_root"), dataset)
+        out["data"] = data_fingerprint(scenario.data_root, dataset)
     if facts:
         out.update({k: facts[k] for k in ("setting", "experiences", "classes_per_experience", "classes",
                                           "task_labels") if k in facts})
@@ -113,7 +113,7 @@ def rows_facts(rows: Sequence[Mapping], scenario: str) -> dict | None:
     return next((r["stream"] for r in rows if r.get("scenario") == scenario and r.get("stream")), None)
 
 
-def study_provenance(scenarios: Sequence[Mapping], sources: Mapping, rows: Sequence[Mapping]) -> dict:
+def study_provenance(scenarios: Sequence, sources: Mapping, rows: Sequence[Mapping]) -> dict:
     """``{scenario name: provenance}`` of a study's scenarios (:func:`scenario_provenance`), the
     setting and classes read from ``rows`` (its runs), a factory's module hash from ``sources``
     (``{module: source hash}``, the study's)."""
@@ -121,10 +121,10 @@ def study_provenance(scenarios: Sequence[Mapping], sources: Mapping, rows: Seque
 
     out = {}
     for scenario in scenarios:
-        benchmark = scenario["benchmark"]
-        factory = ":" in benchmark
-        out[scenario["name"]] = scenario_provenance(
-            scenario, rows_facts(rows, scenario["name"]),
+        benchmark = scenario.benchmark
+        factory = scenario.is_factory
+        out[scenario.name] = scenario_provenance(
+            scenario, rows_facts(rows, scenario.name),
             dataset=None if factory else dataset_of(benchmark)[0],
             source_hash=sources.get(benchmark.partition(":")[0]) if factory else None)
     return out

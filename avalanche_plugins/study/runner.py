@@ -20,6 +20,7 @@ import numpy as np
 
 from avalanche_plugins.study.diagnostics import ACCURACY, TASK_IL_ACCURACY
 from avalanche_plugins.study.harness.jobs import Timer, seed_everything
+from avalanche_plugins.study.specs import MetricSpec, ModelSpec, RunSpec, ScenarioSpec, TrainingSpec
 from avalanche_plugins.study.stats import SCORES, run_scores
 
 __all__ = ["CONTEXT", "StudyJob", "accuracy_matrix", "run_job"]
@@ -33,13 +34,13 @@ class StudyJob:
     """Everything one run needs (its fields are its cache key, with the code version)."""
 
     study: str
-    scenario: dict
-    model: dict
-    training: dict
-    strategy: dict  # name, class, kwargs and plugins with the setting applied
+    scenario: ScenarioSpec
+    model: ModelSpec
+    training: TrainingSpec
+    strategy: RunSpec  # class, kwargs and plugins with the setting applied
     setting: str
-    metrics: list  # metric specs; tuning runs get none (accuracy, forgetting and BWT only)
-    loggers: list
+    metrics: tuple[MetricSpec, ...]  # tuning runs get none (accuracy, forgetting and BWT only)
+    loggers: tuple[str, ...]
     seed: int
     split: str  # "validation" (tuning) or "test"
     sources: dict = field(default_factory=dict)  # user module → hash of its source (in the cache key)
@@ -47,7 +48,7 @@ class StudyJob:
 
     @property
     def run_name(self) -> str:
-        parts = [self.scenario["name"], self.strategy["name"], self.setting, f"seed{self.seed}"]
+        parts = [self.scenario.name, self.strategy.name, self.setting, f"seed{self.seed}"]
         if self.split != "test":
             parts[-1] += f"-{self.split}"
         return "/".join(_UNSAFE.sub("_", p).strip("_") or "_" for p in parts)
@@ -79,7 +80,7 @@ def run_job(job: StudyJob, log_dir: str | None = None) -> dict:
     """
     from avalanche_plugins.study.watch import CallbackFailed, Diverged
 
-    row = {"scenario": job.scenario["name"], "strategy": job.strategy["name"], "setting": job.setting,
+    row = {"scenario": job.scenario.name, "strategy": job.strategy.name, "setting": job.setting,
            "seed": job.seed, "split": job.split}
     add_import_paths(job.paths)
     facts: dict = {}  # the stream's setting, experiences and classes, once it is built (provenance)
@@ -157,9 +158,9 @@ def _train(job: StudyJob, log_dir: str | None, facts: dict) -> dict:
     facts.update(stream_facts(stream))
     seed_everything(job.seed)  # after the stream: Avalanche's generators reseed torch
     model = build_model(job.model, stream)
-    plugins = build_plugins(job.strategy["plugins"])
+    plugins = build_plugins(job.strategy.plugins)
     task_il = not stream.task_incremental and _disjoint_classes(stream)
-    context = {"scenario": job.scenario["name"], "strategy": job.strategy["name"], "setting": job.setting,
+    context = {"scenario": job.scenario.name, "strategy": job.strategy.name, "setting": job.setting,
                "seed": job.seed, "split": job.split}
     ledger: dict = {}
     with tempfile.TemporaryDirectory() as scratch:
@@ -192,7 +193,7 @@ def _train(job: StudyJob, log_dir: str | None, facts: dict) -> dict:
         raise RuntimeError(f"{job.run_name}: the accuracy matrix has holes: {acc.tolist()}")
     diagnostics = sum(ledger[label] for label in timed_metrics)
     return {**scores, "wall_s": timer.seconds, "train_s": timer.seconds - diagnostics, "diagnostics_s": diagnostics,
-            "callback_s": dict(ledger), "peak_memory_mb": _peak_memory_mb(job.training["device"]),
+            "callback_s": dict(ledger), "peak_memory_mb": _peak_memory_mb(job.training.device),
             "accuracy_matrix": acc.tolist(), "til_matrix": til.tolist(), "baseline_accuracy": baseline,
             "metrics": rows}
 
