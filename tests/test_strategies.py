@@ -288,6 +288,11 @@ def test_online_metrics_measure_once_per_original_experience_and_leave_the_run_u
     assert [r["experience"] for r in ads.history] == [1, 2]
     assert sorted(transport.snapshots) == [0, 1, 2]
     assert len(cycles.history) == 3
+    # evaluated on an online split of the test stream: keyed by the original experience
+    from avalanche.benchmarks.scenarios.online import split_online_stream
+
+    strategy.eval(list(split_online_stream(bench.test_stream[:1], 8, seed=0)), num_workers=0)
+    assert [r["experience"] for r in transport.history] == [0, 0]  # 16 test images: 2 sub-experiences
 
 
 def test_online_plugins_need_the_boundaries_and_act_once_per_original_experience():

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-__all__ = ["Boundary", "at_origin", "current_boundary", "enter_boundary"]
+__all__ = ["Boundary", "at_origin", "current_boundary", "enter_boundary", "evaluated_experience_id"]
 
 _TRACKER = "_boundary_tracker"
 
@@ -156,3 +156,12 @@ def at_origin(strategy, boundary: Boundary):
         yield
     finally:
         strategy.experience = experience
+
+
+def evaluated_experience_id(experience) -> int | None:
+    """The id of the experience being evaluated: its original experience's on an online stream
+    (whose snapshots and records are keyed by the original experience), its own otherwise."""
+    online = _online_attributes(experience)
+    if online is not None:
+        return getattr(online[0], "current_experience", None)
+    return getattr(experience, "current_experience", None)

@@ -34,7 +34,12 @@ from collections.abc import Mapping
 import torch
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche.boundaries import at_origin, current_boundary, enter_boundary
+from avalanche_plugins._avalanche.boundaries import (
+    at_origin,
+    current_boundary,
+    enter_boundary,
+    evaluated_experience_id,
+)
 from avalanche_plugins._avalanche.data import metric_name
 from avalanche_plugins._avalanche.figures import figure_image
 from avalanche_plugins._avalanche.preflight import preflight
@@ -179,7 +184,7 @@ class TransportKeyMetric(RecordingMetric[dict]):
     # --- evaluation side -----------------------------------------------------------------------
 
     def before_eval_exp(self, strategy):
-        exp_id = int(strategy.experience.current_experience)
+        exp_id = int(evaluated_experience_id(strategy.experience))
         self._active = None
         snap = self.snapshots.get(exp_id)
         if snap is None or self._last_trained <= exp_id:
