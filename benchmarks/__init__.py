@@ -1,8 +1,9 @@
 """Experiments that reproduce the five results (run from a checkout; not part of the wheel).
 
-* :mod:`avalanche_plugins.study.harness` (installed with the package) — the shared contract: one
-  command line, one job protocol with a resumable executor, results files and ``--report``, data,
-  the model zoo, training loops. The comparative-study runner is ``avalanche-study``.
+* :mod:`benchmarks._cli` — the one command line of every benchmark (here, not in the wheel).
+* :mod:`avalanche_plugins.study.harness` (installed with the package) — one job protocol with a
+  resumable executor, results files and ``--report``, data, the model zoo, training loops. The
+  comparative-study runner is ``avalanche-study`` (strategy comparisons: ``studies/*.yaml``).
 * One module or package per study: :mod:`benchmarks.baselines`, :mod:`benchmarks.layer_adaptive_ewc`,
   :mod:`benchmarks.grow_prune`, :mod:`benchmarks.plasticity_ranking` (with the SCR task source
   :mod:`benchmarks.scr`), :mod:`benchmarks.ads_zoo`, :mod:`benchmarks.transport_keys`.
