@@ -160,6 +160,31 @@ def test_mer_is_refused_before_training_naming_plugin_strategy_and_callback(make
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
+def test_the_loop_check_reads_the_training_epoch_a_template_runs():
+    from avalanche.training.supervised import MER, Naive
+
+    from avalanche_plugins._avalanche.loop import missing_callbacks
+
+    class Logged(Naive):  # a user's template around Avalanche's loop
+        def training_epoch(self, **kwargs):
+            super().training_epoch(**kwargs)
+
+    class OwnLoop(Naive):  # a user's loop without the update callbacks
+        def training_epoch(self, **kwargs):
+            for batch in self.dataloader:
+                self.mbatch = batch
+                self._unpack_minibatch()
+                self._before_backward(**kwargs)
+                self.optimizer.step()
+
+    needed = ["before_backward", "before_update", "after_update"]
+    assert missing_callbacks(Naive(**common(mlp())), needed) == ("SGDUpdate", [])
+    assert missing_callbacks(Logged(**common(mlp())), needed) == ("Logged", [])
+    assert missing_callbacks(OwnLoop(**common(mlp())), needed) == ("OwnLoop", ["before_update", "after_update"])
+    mer = MER(mem_size=20, **common(mlp()))
+    assert missing_callbacks(mer, needed) == ("MetaUpdate", needed)
+
+
 def test_mer_runs_the_metrics_and_the_learning_rates():
     from avalanche.training.supervised import MER
 

@@ -15,28 +15,38 @@ guards (a callback counted per iteration) stop the run at the first iteration in
 from __future__ import annotations
 
 import inspect
+import re
 
 __all__ = ["missing_callbacks", "require_callbacks"]
 
 
-def _training_epoch(strategy):
+def _loop_sources(strategy) -> tuple[str | None, str | None]:
+    """``(class whose training_epoch runs, the source of it and of every training_epoch it reaches
+    through super())``; ``(None, None)`` when a source cannot be read."""
+    owner, sources = None, []
     for cls in type(strategy).__mro__:
-        if "training_epoch" in vars(cls):
-            return cls, vars(cls)["training_epoch"]
-    return None, None
+        method = vars(cls).get("training_epoch")
+        if method is None:
+            continue
+        try:
+            source = inspect.getsource(method)
+        except (OSError, TypeError):
+            return None, None
+        owner = owner or cls.__name__
+        sources.append(source)
+        if not re.search(r"super\([^)]*\)\s*\.\s*training_epoch", source):
+            break
+    return owner, "\n".join(sources) if sources else None
 
 
 def missing_callbacks(strategy, callbacks) -> tuple[str | None, list[str]]:
     """``(class defining training_epoch, [callbacks its source never names])``; ``(None, [])``
-    when the source is not available."""
-    cls, method = _training_epoch(strategy)
-    if method is None:
+    when the source is not available. A ``training_epoch`` that calls ``super().training_epoch``
+    is read together with the one it calls."""
+    owner, source = _loop_sources(strategy)
+    if source is None:
         return None, []
-    try:
-        source = inspect.getsource(method)
-    except (OSError, TypeError):
-        return None, []
-    return cls.__name__, [name for name in callbacks if name not in source]
+    return owner, [name for name in callbacks if name not in source]
 
 
 def require_callbacks(component: str, strategy, callbacks, effect: str) -> None:
