@@ -141,6 +141,10 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
             self._split_groups(strategy)
             self._grouped = True
 
+    def before_training_iteration(self, strategy, **kwargs):
+        # a template whose loop skips before_training_epoch still trains with the per-layer rates
+        self.before_training_epoch(strategy, **kwargs)
+
     def _split_groups(self, strategy) -> None:
         """One optimizer group per layer of the current model at its rate (module docstring)."""
         optimizer = strategy.optimizer
