@@ -23,10 +23,13 @@ tolerance up to float32 rounding). ``--quick``: fewer samples, for a smoke run.
 ``python -m benchmarks.curvature_peers [--skip mlp,cnn/ggn,resnet18] [--repeats R] [--quick]`` prints
 the table and writes ``results.json`` / ``results.csv`` / ``report.md`` under ``--out``
 (default ``out/curvature_peers``); ``--report out/curvature_peers/results.json`` re-prints it.
+``--memory`` instead measures the peak RSS of this process around the default curvature
+(``layer_curvature``: Fisher blocks, 128 samples) on the ResNet-18, and nothing else.
 """
 
 from __future__ import annotations
 
+import resource
 import time
 import warnings
 from dataclasses import dataclass
@@ -36,6 +39,7 @@ import torch
 from torch import nn
 
 from avalanche_plugins.core.layers import discover_layers
+from avalanche_plugins.layer_adaptive.curvature import DEFAULT_SAMPLES, layer_curvature
 from avalanche_plugins.layer_adaptive.fisher_blocks import layer_fisher_eigenvalues
 from avalanche_plugins.layer_adaptive.hessian import layer_top_eigenvalues
 from avalanche_plugins.study.harness.data import load_digits_arrays
@@ -168,15 +172,30 @@ def report(saved: dict) -> str:
     return "\n".join(lines)
 
 
+def peak_memory() -> None:
+    """Peak RSS of this process before and after the default curvature on the ResNet-18."""
+    model, x, y = build(SETTINGS[-1], DEFAULT_SAMPLES["fisher"])
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    start = time.perf_counter()
+    layer_curvature(model, CE, x, y)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(f"resnet18, layer_curvature defaults (Fisher blocks), {x.shape[0]} samples: "
+          f"{time.perf_counter() - start:.1f} s, peak RSS {after:.2f} GB ({before:.2f} GB before the call)")
+
+
 def main(argv=None) -> None:
     parser = benchmark_parser("curvature_peers", __doc__.split("\n")[0],
                               skip_help="mlp, cnn, resnet18, or MODEL/hessian, MODEL/ef, MODEL/ggn")
     parser.add_argument("--repeats", type=int, default=1, help="time each measurement this often, keep the best")
+    parser.add_argument("--memory", action="store_true", help="only the peak RSS of the default curvature")
     args = parse_args(parser, argv)
     if args.report:
         print_report(args.report, report)
         return
     torch.set_num_threads(args.threads)
+    if args.memory:
+        peak_memory()
+        return
     start, rows = time.perf_counter(), []
     for setting in SETTINGS:
         for kind in CURVATURES:
