@@ -294,3 +294,84 @@ def test_main_rejects_an_empty_selection(tmp_path):
         pr.main(["--quick", "--seeds", "0", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):
         pr.main(["--quick", "--skip", "scr,pmnist", "--out", str(tmp_path)])
+
+
+# ---- issue 33: streams that lose plasticity -------------------------------------------------
+
+
+def _declining(stream, **kw):
+    (setting,) = [s for s in pr.declining_settings(True, tasks=3, n_runs=4, epochs=1) if s.stream == stream]
+    return pr.Setting(**{**setting.__dict__, **kw})
+
+
+def test_random_label_stream_relabels_the_same_images_and_binary_stream_uses_pairs():
+    source = pr.TaskSource(_declining("random_labels"), seed=4)
+    tasks = [source.task(t) for t in range(3)]
+    for x, y, xv, yv in tasks:
+        assert torch.equal(xv, source.x_tr) and len(x) == len(xv) == 500  # the same images every task
+        order = torch.argsort(y * 10_000 + torch.arange(len(y)))  # training = validation, reshuffled
+        assert sorted(y.tolist()) == sorted(yv.tolist()) and order.numel() == len(y)
+        assert int(y.min()) >= 0 and int(y.max()) <= 9
+    assert (tasks[0][3] != tasks[1][3]).float().mean() > 0.8  # fresh labels (chance of a repeat 0.1)
+    again = pr.TaskSource(_declining("random_labels"), seed=4).task(1)
+    assert all(torch.equal(a, b) for a, b in zip(again, tasks[1]))
+    binary = pr.TaskSource(_declining("binary"), seed=0)
+    x, y, xv, yv = binary.task(0)
+    assert set(y.tolist()) == {0, 1} and set(yv.tolist()) <= {0, 1} and binary.n_out == 2
+    digits = {int(d) for d in binary.y_all[torch.cat([torch.nonzero((binary.x_all == row).all(1))[0]
+                                                      for row in x[:20]])]}
+    assert len(digits) == 2  # one pair of classes
+
+
+def test_minibatch_learner_matches_a_torch_loop():
+    torch.manual_seed(0)
+    model = MLP((6,), hidden=(8,), n_classes=3)
+    ref = copy.deepcopy(model)
+    x, y = torch.randn(40, 6), torch.randint(0, 3, (40,))
+    learner = pr.MinibatchLearner(model, "sgd", 0.05, "ce", batch_size=16, epochs=2, momentum=0.9, seed=3)
+    learner.train(x, y)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(50_003)
+    for _ in range(2):
+        order = torch.randperm(40, generator=g)
+        for i in range(0, 40, 16):
+            b = order[i:i + 16]
+            opt.zero_grad()
+            nn.functional.cross_entropy(ref(x[b]), y[b]).backward()
+            opt.step()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert learner.steps == 6 and 0 <= learner.last_accuracy <= 1
+    assert set(learner.checkpoint()) == {"model", "optimizer", "steps"}
+
+
+@pytest.mark.filterwarnings("ignore:Precision loss occurred")  # identical paired differences: t = ±inf
+def test_lower_is_more_plastic_diagnostics_are_negated_and_paired_against_or():
+    from benchmarks.plasticity_ranking.ranking import paired_against_or, pra_table, verdict
+
+    setting = _declining("random_labels", ks=(1,), gain_optimizers=(("sgd", "sgd", 0.01),))
+    rows = []
+    for seed in range(3):
+        gains = [0.1, 0.3, 0.2, 0.4]
+        cks = [{"gain_sgd_k1": g, "or": g + (0.15 if i == 0 else 0.0), "dormant_units": -g, "weight_magnitude": g,
+                "grad_norm_sq": g, "dead": False} for i, g in enumerate(gains)]
+        rows += pr.pra_rows({"seed": seed, "checkpoints": cks}, setting)
+    pra = {r["metric"]: r["pra"] for r in rows if r["seed"] == 0 and r["stratum"] == "all"}
+    assert pra["dormant_units"] == 1.0 and pra["weight_magnitude"] == 0.0 and pra["grad_norm_sq"] == 1.0
+    assert pra["or"] == pytest.approx(5 / 6) and pra["srank"] is None  # missing in these records
+    tests = paired_against_or(rows, "randlabel", "sgd")
+    assert tests[1]["grad_norm_sq"]["mean_diff"] == pytest.approx(1 / 6) and tests[1]["grad_norm_sq"]["n"] == 3
+    _, values = pra_table(rows, "all")
+    v = verdict(values, tests, "randlabel", "sgd", (1,))[1]
+    assert v["beats_all"] is False and v["best_ingredient"] == "grad_norm_sq"
+    assert v["best_diagnostic"] == "dormant_units" and "grad_norm_sq" in v["significantly_beaten_by"]
+
+
+@pytest.mark.slow
+def test_declining_stream_end_to_end_on_digits(tmp_path):
+    settings = [_declining("random_labels", n_probe=32, or_batches=16, ablation_fractions=(1.0,))]
+    result = pr.run_benchmark(settings, [0, 1, 2], tmp_path, progress=False, echo=False)
+    assert "OR against its ingredients" in result["report"] and "Δ vs OR" in result["report"]
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert all(0 <= c["task_accuracy"] <= 1 for r in data["checkpoints"] for c in r["checkpoints"])
+    assert data["cost_ratios"]["randlabel"]["lookahead_over_g100"] > 0

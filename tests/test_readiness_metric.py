@@ -205,6 +205,8 @@ def test_metric_does_not_change_the_run():
     ({"ground_truth_runs": 0}, "ground_truth_runs"),
     ({"seed": -1}, "seed"),
     ({"hessian_max_params": 0}, "hessian_max_params"),
+    ({"diagnostics": ("bogus",)}, "diagnostics"),
+    ({"diagnostics": "srank"}, "diagnostics"),
 ])
 def test_bad_arguments(kwargs, argument):
     with pytest.raises(ValueError, match=argument):
@@ -218,3 +220,52 @@ def test_result_before_any_experience_and_reset():
     assert metric.result() == 1.0
     metric.reset()
     assert metric.result() is None and str(metric) == "OptimizationReadiness"
+
+
+def test_opt_in_diagnostics_logged_beside_or_and_recomputed():
+    """Issue 33: ``diagnostics=`` logs the declining-stream diagnostics beside OR under
+    Name/phase/stream/TaskNNN/ExpNNN, each equal to a direct call on the snapshot; off by default."""
+    from avalanche_plugins.readiness import (
+        average_weight_magnitude,
+        dormant_unit_fraction,
+        effective_rank,
+        feature_rank,
+        hidden_features,
+        srank,
+    )
+    from avalanche_plugins.readiness.lookahead import curvature_readiness, lookahead_readiness
+    from avalanche_plugins.readiness.metric import DEFAULT_DIAGNOSTICS, DIAGNOSTICS
+
+    n = 64
+    metric = OptimizationReadinessMetric(n_samples=n, n_batches=16, n_probe=32, seed=2,
+                                         diagnostics=tuple(DIAGNOSTICS), ground_truth_lr=0.05)
+    snapshot = Snapshot(n, seed=2)
+    strategy, stream = strategy_for(metrics=[metric], plugins=[snapshot], multihead=False)
+    unchanged = Unchanged(snapshot)
+    strategy.plugins.append(unchanged)
+    strategy.train(stream.benchmark.train_stream[0])  # measured before its first iteration
+    assert unchanged.checked == 1
+    last = strategy.evaluator.get_last_metrics()
+    suffix = "train_phase/train_stream/Task000/Exp000"
+    assert OptimizationReadinessMetric().diagnostics == ()  # opt-in only
+    assert set(DEFAULT_DIAGNOSTICS) <= set(DIAGNOSTICS)
+    record = snapshot.records[-1]
+    model, x, y = record["model"], record["x"], record["y"]
+    loss_fn = nn.CrossEntropyLoss()
+    probe = torch.randperm(n, generator=torch.Generator().manual_seed(2))[:32]
+    feats = list(hidden_features(model, x[probe]).values())[-1]
+    direct = {
+        "grad_norm_sq": optimization_readiness(model, loss_fn, x, y, n_batches=16, seed=2).grad_norm_sq,
+        "lookahead": lookahead_readiness(model, loss_fn, x, y, lr=0.05, k=10, n_runs=8, seed=2 + 7919).readiness,
+        "lookahead_gd": lookahead_readiness(model, loss_fn, x[probe], y[probe], lr=0.05, k=10, n_runs=1,
+                                            batch_size=32).readiness,
+        "quadratic_gain": curvature_readiness(model, loss_fn, x, y, lr=0.05).quadratic_gain,
+        "effective_rank": effective_rank(feats), "srank": srank(feats), "feature_rank": feature_rank(feats),
+        "dormant_units": dormant_unit_fraction(model, x[probe]),
+        "weight_magnitude": average_weight_magnitude(model),
+    }
+    assert set(direct) == set(DIAGNOSTICS)
+    for name, value in direct.items():
+        assert last[f"{DIAGNOSTICS[name]}/{suffix}"] == pytest.approx(value, rel=1e-6, abs=1e-12), name
+    assert metric.history[-1]["seconds"]["diagnostics"] > 0
+    assert OptimizationReadinessMetric(diagnostics=True).diagnostics == DEFAULT_DIAGNOSTICS

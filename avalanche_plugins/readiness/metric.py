@@ -26,6 +26,27 @@ with ``baselines=True`` the label-agnostic baselines of :mod:`avalanche_plugins.
 * ``ORBaselineActiveUnitFraction/...`` — :func:`~avalanche_plugins.readiness.active_unit_fraction`
   (not emitted for a model without hidden layer);
 
+with ``diagnostics=True`` (or a tuple of names from :data:`DIAGNOSTICS`) the diagnostics that rank
+checkpoints of a declining stream as well as or better than OR (issue 33, docs/RESULTS.md
+"Optimization Readiness on streams that lose plasticity"), on the same sampled data (unit
+diagnostics on the ``n_probe`` probes), beside OR:
+
+* ``ORGradNormSq/...`` — ``‖g‖²``, OR's own numerator (no extra cost),
+* ``ORLookahead/...`` — :func:`~avalanche_plugins.readiness.lookahead.lookahead_readiness`,
+  ``LA^(10)`` from 8 runs of ``ground_truth_optimizer`` at ``ground_truth_lr``, minibatches of
+  ``batch_size``,
+* ``ORLookaheadGD/...`` — the full-batch lookahead ``LA_GD^(10)``: 10 gradient-descent steps of
+  ``ground_truth_optimizer`` at ``ground_truth_lr`` on the ``n_probe`` probes, relative loss
+  decrease on them (deterministic),
+* ``ORCurvatureGain/...`` — :func:`~avalanche_plugins.readiness.lookahead.curvature_readiness`
+  ``Q(η)`` at ``ground_truth_lr``,
+* ``ORDiagnosticEffectiveRank/...`` (Roy & Vetterli's entropy rank, as in Dohare et al. 2024),
+  ``ORDiagnosticSRank/...`` (Kumar et al. 2021) and ``ORDiagnosticFeatureRank/...`` (Lyle et al.
+  2022) of the last hidden layer's features, ``ORDiagnosticDormantUnits/...`` (Sokar et al. 2023,
+  τ = 0.025) and ``ORDiagnosticWeightMagnitude/...`` (Dohare et al. 2024) — the field's plasticity
+  diagnostics (:mod:`avalanche_plugins.readiness.baselines`; the unit and rank ones not emitted for
+  a model without hidden layer);
+
 and with ``ground_truth_k=k`` the measured plasticity at the same checkpoint,
 :func:`~avalanche_plugins.readiness.k_step_gain`:
 
@@ -86,14 +107,42 @@ from avalanche_plugins.readiness import (
     ESTIMATORS,
     OPTIMIZERS,
     active_unit_fraction,
+    average_weight_magnitude,
+    dormant_unit_fraction,
+    effective_rank,
     entk_energy_rank,
+    feature_rank,
     hessian_energy_rank,
+    hidden_features,
     k_step_gain,
     optimization_readiness,
     representation_ranks,
+    srank,
 )
+from avalanche_plugins.readiness.lookahead import curvature_readiness, lookahead_readiness
 
-__all__ = ["OptimizationReadinessMetric"]
+__all__ = ["OptimizationReadinessMetric", "DIAGNOSTICS", "DEFAULT_DIAGNOSTICS"]
+
+#: ``diagnostics=`` names and the metric name each is logged under
+DIAGNOSTICS = {"grad_norm_sq": "ORGradNormSq", "lookahead": "ORLookahead", "lookahead_gd": "ORLookaheadGD",
+               "quadratic_gain": "ORCurvatureGain", "effective_rank": "ORDiagnosticEffectiveRank",
+               "dormant_units": "ORDiagnosticDormantUnits", "weight_magnitude": "ORDiagnosticWeightMagnitude",
+               "srank": "ORDiagnosticSRank", "feature_rank": "ORDiagnosticFeatureRank"}
+#: ``diagnostics=True``: the ones that matched or beat OR on the declining streams (docs/RESULTS.md)
+DEFAULT_DIAGNOSTICS = ("grad_norm_sq", "lookahead", "quadratic_gain", "dormant_units", "weight_magnitude")
+
+
+def _check_diagnostics(diagnostics) -> tuple[str, ...]:
+    if diagnostics is False or diagnostics is None:
+        return ()
+    if diagnostics is True:
+        return DEFAULT_DIAGNOSTICS
+    if isinstance(diagnostics, str) or not all(isinstance(d, str) for d in diagnostics):
+        raise ValueError(f"diagnostics must be a bool or a tuple of names, got {diagnostics!r}")
+    unknown = [d for d in diagnostics if d not in DIAGNOSTICS]
+    if unknown:
+        raise ValueError(f"diagnostics: unknown {unknown}; choose from {sorted(DIAGNOSTICS)}")
+    return tuple(diagnostics)
 
 
 class OptimizationReadinessMetric(RecordingMetric[float]):
@@ -107,6 +156,8 @@ class OptimizationReadinessMetric(RecordingMetric[float]):
     :param n_batches: minibatches drawn by the ``"sampled"`` estimator.
     :param estimator: ``"sampled"`` (the paper's) or ``"per_sample"`` (exact second moment).
     :param baselines: also log the label-agnostic baselines.
+    :param diagnostics: ``True`` logs :data:`DEFAULT_DIAGNOSTICS` beside OR, a tuple of names from
+        :data:`DIAGNOSTICS` chooses them (module docstring); ``False`` (default) none.
     :param n_probe: probe inputs of the baselines (the first ``n_probe`` of a seeded permutation of
         the sampled data).
     :param ground_truth_k: if an int ``k``, also measure ``G^(k)`` (None: do not).
@@ -144,8 +195,9 @@ class OptimizationReadinessMetric(RecordingMetric[float]):
                  estimator: str = "sampled", baselines: bool = False, n_probe: int = 256,
                  ground_truth_k: int | None = None, ground_truth_lr: float = 0.01,
                  ground_truth_optimizer: str = "sgd", ground_truth_runs: int = 32, seed: int = 0,
-                 *, hessian_max_params: int = 1, output_transform=None):
+                 *, hessian_max_params: int = 1, output_transform=None, diagnostics=False):
         super().__init__()
+        self.diagnostics = _check_diagnostics(diagnostics)
         check_output_transform(output_transform)
         self.output_transform = output_transform
         check_int("n_samples", n_samples)
@@ -225,6 +277,12 @@ class OptimizationReadinessMetric(RecordingMetric[float]):
                 record["baselines"] = self._baselines(model, loss_fn, x[probe], y[probe], t[probe])
                 record["seconds"]["baselines"] = time.perf_counter() - start
 
+            if self.diagnostics:
+                start = time.perf_counter()
+                record["diagnostics"] = self._diagnostics(model, loss_fn, x, y, t, perm[:min(self.n_probe, n)],
+                                                          res.grad_norm_sq, seed)
+                record["seconds"]["diagnostics"] = time.perf_counter() - start
+
             if self.ground_truth_k is not None:
                 start = time.perf_counter()
                 record["ground_truth"] = self._ground_truth(model, loss_fn, x, y, t, perm, seed)
@@ -242,6 +300,42 @@ class OptimizationReadinessMetric(RecordingMetric[float]):
                                                              task_labels=t)),
             "active_unit_fraction": float(active_unit_fraction(model, x, task_labels=t)) if ranks else None,
         }
+        return out
+
+    def _diagnostics(self, model, loss_fn, x, y, t, probe, grad_norm_sq, seed) -> dict:
+        """The opted-in diagnostics (``None`` for a unit/rank one of a model without hidden layer)."""
+        out: dict = {}
+        wanted = set(self.diagnostics)
+        if "grad_norm_sq" in wanted:
+            out["grad_norm_sq"] = float(grad_norm_sq)
+        if "lookahead" in wanted:
+            multitask = is_multitask(model)
+            out["lookahead"] = lookahead_readiness(
+                model, loss_fn, x, y, lr=self.ground_truth_lr, k=10, n_runs=8, batch_size=self.batch_size,
+                optimizer=self.ground_truth_optimizer, seed=seed + 7919,
+                task_labels=t if multitask else None).readiness
+        if "lookahead_gd" in wanted:
+            xp, yp = x[probe], y[probe]
+            out["lookahead_gd"] = lookahead_readiness(
+                model, loss_fn, xp, yp, lr=self.ground_truth_lr, k=10, n_runs=1, batch_size=len(xp),
+                optimizer=self.ground_truth_optimizer, task_labels=t[probe] if is_multitask(model) else None).readiness
+        if "quadratic_gain" in wanted:
+            out["quadratic_gain"] = curvature_readiness(model, loss_fn, x, y, lr=self.ground_truth_lr,
+                                                        task_labels=t).quadratic_gain
+        if "weight_magnitude" in wanted:
+            out["weight_magnitude"] = average_weight_magnitude(model)
+        units = wanted & {"dormant_units", "srank", "feature_rank", "effective_rank"}
+        if units:
+            feats = hidden_features(model, x[probe], task_labels=t[probe])
+            last = list(feats.values())[-1].reshape(len(probe), -1) if feats else None
+            if "dormant_units" in units:
+                out["dormant_units"] = dormant_unit_fraction(model, x[probe], task_labels=t[probe]) if feats else None
+            if "effective_rank" in units:
+                out["effective_rank"] = None if last is None else float(effective_rank(last))
+            if "srank" in units:
+                out["srank"] = None if last is None else float(srank(last))
+            if "feature_rank" in units:
+                out["feature_rank"] = None if last is None else float(feature_rank(last))
         return out
 
     def _ground_truth(self, model, loss_fn, x, y, t, perm, seed) -> dict:
@@ -272,6 +366,8 @@ class OptimizationReadinessMetric(RecordingMetric[float]):
             values["ORBaselineENTKEnergyRank"] = base["entk_energy_rank"]
             values["ORBaselineHessianEnergyRank"] = base["hessian_energy_rank"]
             values["ORBaselineActiveUnitFraction"] = base["active_unit_fraction"]
+        for name, value in record.get("diagnostics", {}).items():
+            values[DIAGNOSTICS[name]] = None if value is None else float(value)
         truth = record.get("ground_truth")
         if truth is not None:
             values["ORGroundTruthGain"] = float(truth["gain"])

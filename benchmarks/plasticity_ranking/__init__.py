@@ -87,7 +87,7 @@ and ground truths), :mod:`~benchmarks.plasticity_ranking.run` (one run = one job
 (command line).
 """
 
-from benchmarks.plasticity_ranking.learner import OnlineLearner
+from benchmarks.plasticity_ranking.learner import MinibatchLearner, OnlineLearner
 from benchmarks.plasticity_ranking.main import main, run_benchmark
 from benchmarks.plasticity_ranking.ranking import (
     noise_ceiling,
@@ -108,12 +108,13 @@ from benchmarks.plasticity_ranking.settings import (
     METRICS,
     STRATA,
     Setting,
+    declining_settings,
     default_settings,
     setting_from_dict,
 )
 from benchmarks.plasticity_ranking.tasks import TaskSource, load_unit_arrays
 
-__all__ = ["BASELINES", "METRICS", "STRATA", "Job", "OnlineLearner", "Setting", "TaskSource", "continuing_adam_gain",
-           "default_settings", "last_hidden_features", "load_unit_arrays", "main", "noise_ceiling", "pooled_analysis",
+__all__ = ["BASELINES", "METRICS", "STRATA", "Job", "MinibatchLearner", "OnlineLearner", "Setting", "TaskSource",
+           "continuing_adam_gain", "declining_settings", "default_settings", "last_hidden_features", "load_unit_arrays", "main", "noise_ceiling", "pooled_analysis",
            "pra_rows", "pra_table", "regime", "report", "run_benchmark", "run_job", "run_setting", "score_checkpoint",
            "setting_from_dict"]

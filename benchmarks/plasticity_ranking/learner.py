@@ -13,6 +13,7 @@ against ``torch.optim`` and ``functional_step``.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -119,3 +120,52 @@ class OnlineLearner:
     def checkpoint(self) -> dict:
         return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
                 "optimizer": self.optimizer_state_dict(), "steps": self.steps}
+
+
+class MinibatchLearner:
+    """Minibatch training of a model with ``torch.optim`` (the declining streams of issue 33):
+    ``epochs`` passes over each task, each a fresh shuffle (seeded ``torch.Generator``), batches of
+    ``batch_size``. ``optimizer``: ``"adam"`` (``torch.optim.Adam``, default betas) or ``"sgd"``
+    (``torch.optim.SGD`` with ``momentum``); ``loss``: ``"ce"`` or ``"mse"``. Same interface as
+    :class:`OnlineLearner` (``train``, ``checkpoint``, ``steps``), plus the accuracy on the task
+    just trained (``last_accuracy``, ``"ce"`` only): the loss-of-plasticity curve."""
+
+    def __init__(self, model: nn.Module, optimizer: str, lr: float, loss: str, *, batch_size: int, epochs: int,
+                 momentum: float = 0.0, seed: int = 0):
+        if optimizer not in ("adam", "sgd") or loss not in ("mse", "ce"):
+            raise ValueError(f"unsupported optimizer/loss {optimizer!r}/{loss!r}")
+        self.model, self.loss, self.batch_size, self.epochs = model, loss, batch_size, epochs
+        params = list(model.parameters())
+        self.opt = (torch.optim.Adam(params, lr=lr) if optimizer == "adam"
+                    else torch.optim.SGD(params, lr=lr, momentum=momentum))
+        self.loss_fn = nn.CrossEntropyLoss() if loss == "ce" else nn.MSELoss()
+        self.generator = torch.Generator().manual_seed(50_000 + seed)
+        self.steps = 0
+        self.last_accuracy = float("nan")
+
+    def train(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """``epochs`` shuffled passes over ``(x, y)``; returns the mean loss of the last pass."""
+        self.model.train()
+        total = 0.0
+        for _ in range(self.epochs):
+            order = torch.randperm(len(x), generator=self.generator)
+            total = 0.0
+            for i in range(0, len(x), self.batch_size):
+                b = order[i:i + self.batch_size]
+                self.opt.zero_grad(set_to_none=True)
+                loss = self.loss_fn(self.model(x[b]), y[b])
+                loss.backward()
+                self.opt.step()
+                self.steps += 1
+                total += loss.item() * len(b)
+        if self.loss == "ce":
+            with torch.no_grad():
+                self.last_accuracy = float((self.model(x).argmax(1) == y).float().mean())
+        return total / max(len(x), 1)
+
+    def optimizer_state_dict(self) -> dict:
+        return self.opt.state_dict()
+
+    def checkpoint(self) -> dict:
+        return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                "optimizer": copy.deepcopy(self.opt.state_dict()), "steps": self.steps}

@@ -18,9 +18,9 @@ from benchmarks._cli import (
     split_list,
 )
 from benchmarks.plasticity_ranking.ranking import pra_rows
-from benchmarks.plasticity_ranking.report import analysis, plot_runs, report
+from benchmarks.plasticity_ranking.report import analysis, keep, plot_decline, plot_runs, report
 from benchmarks.plasticity_ranking.run import Job, run_job
-from benchmarks.plasticity_ranking.settings import Setting, default_settings
+from benchmarks.plasticity_ranking.settings import Setting, declining_settings, default_settings
 
 
 def run_benchmark(settings: list[Setting], seeds: list[int], out_dir, *, data_root=None, progress: bool = True,
@@ -68,6 +68,10 @@ def run_benchmark(settings: list[Setting], seeds: list[int], out_dir, *, data_ro
     args = args or types.SimpleNamespace(command=None, data_root=data_root)
     write_results(out, args, config=config, rows=rows, summary=summary, wall_seconds=wall, extra=extra)
     plot_runs(runs, by_name, out / "or_vs_gain.png")
+    if any(s.stream != "permuted" or s.benchmark == "scr" for s in settings):
+        import json
+
+        plot_decline(json.loads((out / "results.json").read_text()), out / "decline.png")
     text = print_report(out / "results.json", report, out_dir=out, echo=echo)
     if echo:
         print(f"wrote {out}/results.json, results.csv, report.md, or_vs_gain.png ({wall:.0f}s)")
@@ -79,19 +83,37 @@ def main(argv=None) -> dict:
     package = sys.modules["benchmarks.plasticity_ranking"]
     parser = benchmark_parser("plasticity_ranking", package.__doc__.splitlines()[0],
                               skip_help="benchmarks (scr, pmnist) or learners (e.g. scr/bit_flip/h2)")
-    parser.add_argument("--benchmarks", default="scr,pmnist", help="comma-separated subset of scr,pmnist")
+    parser.add_argument("--benchmarks", default="scr,pmnist",
+                        help="comma-separated subset of scr,pmnist and the declining streams randlabel,binary")
+    parser.add_argument("--tasks", type=int, default=None,
+                        help="declining streams: tasks (= checkpoints, one after every task; default 20, quick 6)")
+    parser.add_argument("--epochs-per-task", type=int, default=None, help="declining streams: epochs per task (10)")
+    parser.add_argument("--n-runs", type=int, default=None,
+                        help="declining streams: runs per ground-truth G^(k) (default 128, quick 32)")
     parser.add_argument("--only", default=None,
                         help="comma-separated setting names to run (e.g. scr/bit_flip/h2,pmnist/mnist); default all")
     parser.add_argument("--pmnist-examples", type=int, default=None,
                         help="training images per P-MNIST task (default 10,000 full / 1,000 quick; digits: all)")
     parser.add_argument("--pmnist-val", type=int, default=None, help="validation images per P-MNIST task")
     parser.add_argument("--save-checkpoints", action="store_true", help="also write every checkpoint to OUT/checkpoints")
+    parser.add_argument("--keep", default=None, metavar="DIR",
+                        help="with --report: write the run's kept form to DIR (NAME.json without raw rows, "
+                             "NAME_tables.md, NAME_decline.png; NAME from --keep-name)")
+    parser.add_argument("--keep-name", default="results", help="file stem of --keep's files")
     args = parse_args(parser, argv)
     if args.report:
+        if args.keep:
+            from avalanche_plugins.study.harness.results import load_results
+
+            files = keep(load_results(args.report), args.keep, args.keep_name)
+            print(f"kept {', '.join(files)} in {args.keep}")
         return {"report": print_report(args.report, report)}
     wanted = set(split_list(args.benchmarks))
-    settings = [s for s in default_settings(args.quick, args.data_root, pmnist_examples=args.pmnist_examples,
-                                            pmnist_val=args.pmnist_val)
+    candidates = default_settings(args.quick, args.data_root, pmnist_examples=args.pmnist_examples,
+                                  pmnist_val=args.pmnist_val)
+    candidates += declining_settings(args.quick, args.data_root, tasks=args.tasks, n_runs=args.n_runs,
+                                     epochs=args.epochs_per_task)
+    settings = [s for s in candidates
                 if s.benchmark in wanted and not is_skipped(args.skip, *s.name.split("/"))]
     if args.only:
         names = set(split_list(args.only))

@@ -11,12 +11,23 @@ import numpy as np
 from avalanche_plugins.core.stats import pairwise_ranking_accuracy
 from benchmarks.plasticity_ranking.settings import (
     BASELINES,
+    INGREDIENTS,
     METRIC_LABELS,
     METRICS,
+    NEGATED,
     STRATA,
+    VARIANTS,
     Setting,
     gain_keys,
 )
+
+
+def metric_values(checkpoints, metric: str) -> list[float]:
+    """A metric's values over checkpoints, oriented so that higher reads as more plastic (the
+    :data:`NEGATED` diagnostics flipped); NaN where a checkpoint lacks it (runs saved before the
+    metric existed)."""
+    sign = -1.0 if metric in NEGATED else 1.0
+    return [sign * float(c.get(metric, math.nan)) for c in checkpoints]
 
 
 def _pra(metric, truth):
@@ -39,7 +50,7 @@ def pra_rows(run: dict, setting: Setting) -> list[dict]:
         for name, k in gain_keys(setting):
             truth = [c[f"gain_{name}_k{k}"] for c in sub]
             for metric in (*METRICS, *ablation):
-                value = _pra([c[metric] for c in sub], truth) if len(sub) >= 2 else None
+                value = _pra(metric_values(sub, metric), truth) if len(sub) >= 2 else None
                 rows.append({"benchmark": setting.benchmark, "setting": setting.name, "seed": run["seed"],
                              "stratum": stratum, "gain": name, "k": k, "metric": metric, "pra": value,
                              "n_checkpoints": len(sub)})
@@ -120,9 +131,15 @@ def cost_ratios(runs: list[dict], settings: dict) -> dict:
         s = next(settings[r["setting"]] for r in runs if bench_of(r) == bench)
         name = s.gain_optimizers[0][0]
         entry = {"ground_truth": name, "n_runs": s.n_runs, "gain_batch": s.gain_batch,
-                 "or_sampled_s": float(np.median([t["or_sampled_s"] for t in every])),
-                 "or_per_sample_s": float(np.median([t["or_per_sample_s"] for t in every])),
-                 "per_sample_over_sampled": float(np.median([t["or_per_sample_s"] / t["or_sampled_s"] for t in every]))}
+                 "or_sampled_s": float(np.median([t["or_sampled_s"] for t in every]))}
+        if all("or_per_sample_s" in t for t in every):
+            entry["or_per_sample_s"] = float(np.median([t["or_per_sample_s"] for t in every]))
+            entry["per_sample_over_sampled"] = float(np.median([t["or_per_sample_s"] / t["or_sampled_s"] for t in every]))
+        g100 = f"gain_{name}_k100_s"
+        for variant in VARIANTS:  # our variants' cost against G^(100) at the same checkpoint
+            ratios = [t[f"{variant}_s"] / t[g100] for t in first if f"{variant}_s" in t and g100 in t]
+            if ratios:
+                entry[f"{variant}_over_g100"] = float(np.median(ratios))
         for k in sorted({*s.cost_k, *s.ks}):
             key = f"gain_{name}_k{k}_s"
             ratios = [t[key] / t["or_sampled_s"] for t in first if key in t]
@@ -176,11 +193,11 @@ def pooled_analysis(runs: list[dict]) -> dict:
                               [c[f"gain_{key}_stderr"] for c in r["checkpoints"]]) for r in members]))
             entry["n_checkpoints"], entry["n_runs"] = len(pooled), len(members)
             for metric in METRICS:
-                per_run = [_pra([c[metric] for c in r["checkpoints"]], [c[f"gain_{key}"] for c in r["checkpoints"]])
+                per_run = [_pra(metric_values(r["checkpoints"], metric), [c[f"gain_{key}"] for c in r["checkpoints"]])
                            for r in members]
                 per_run = [p for p in per_run if p is not None]
                 entry[metric] = {"per_run": float(np.mean(per_run)) if per_run else None,
-                                 "pooled": _pra([c[metric] for c in pooled], truth)}
+                                 "pooled": _pra(metric_values(pooled, metric), truth)}
     return out
 
 
@@ -197,3 +214,54 @@ def pooled_table(result: dict, benchmark: str, columns) -> str:
     cells = [cell(result[benchmark][c][k]) for c in columns for k in ("ceiling_per_run", "ceiling_pooled")]
     lines.append("| noise ceiling | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def paired_against_or(rows, benchmark: str, gain: str, metrics=METRICS, stratum: str = "all",
+                      reference: str = "or") -> dict:
+    """Per k: for every metric, its PRA minus the ``reference`` metric's (OR by default), paired over
+    runs (seeds), with a paired t-test (:func:`avalanche_plugins.study.stats.paired_test`; no test
+    under 3 paired runs): ``{k: {metric: {"mean_diff", "t", "p", "n"}}}``."""
+    from avalanche_plugins.study.stats import paired_test
+
+    out: dict = {}
+    sel = [r for r in rows if r["benchmark"] == benchmark and r["gain"] == gain and r["stratum"] == stratum]
+    for k in sorted({r["k"] for r in sel}):
+        by_metric: dict = {}
+        for r in sel:
+            if r["k"] == k and r["pra"] is not None:
+                by_metric.setdefault(r["metric"], {})[(r["setting"], r["seed"])] = r["pra"]
+        ref = by_metric.get(reference, {})
+        keys = {key: i for i, key in enumerate(sorted(ref))}
+        out[k] = {m: paired_test({keys[key]: v for key, v in by_metric.get(m, {}).items() if key in keys},
+                                 {keys[key]: v for key, v in ref.items()})
+                  for m in metrics if m != reference}
+    return out
+
+
+def verdict(values: dict, tests: dict, benchmark: str, gain: str, ks) -> dict:
+    """Does OR rank better than every ingredient and every plasticity diagnostic, per k?
+    ``{k: {"or", "best_ingredient", "best_diagnostic", "beats_all", "significantly_beaten_by"}}``:
+    ``beats_all`` when OR's mean PRA is above every ingredient's and diagnostic's;
+    ``significantly_beaten_by`` lists the metrics above OR with paired p < 0.05."""
+    out = {}
+    for k in ks:
+        cells = values.get(benchmark, {}).get(f"{gain}/k{k}", {})
+        if "or" not in cells or cells["or"]["mean"] is None:
+            continue
+
+        def best(group, cells=cells):
+            have = {m: cells[m]["mean"] for m in group if cells.get(m, {}).get("mean") is not None}
+            top = max(have, key=have.get) if have else None
+            return top, have.get(top)
+
+        ing, diag = best(INGREDIENTS), best(BASELINES)
+        others = [m for m in (*INGREDIENTS, *BASELINES) if cells.get(m, {}).get("mean") is not None]
+        or_mean = cells["or"]["mean"]
+        beaten = [m for m in (*INGREDIENTS, *BASELINES, *VARIANTS)
+                  if cells.get(m, {}).get("mean") is not None and cells[m]["mean"] > or_mean
+                  and tests.get(k, {}).get(m, {}).get("p", math.nan) < 0.05]
+        out[k] = {"or": or_mean, "best_ingredient": ing[0], "best_ingredient_pra": ing[1],
+                  "best_diagnostic": diag[0], "best_diagnostic_pra": diag[1],
+                  "beats_all": all(or_mean > cells[m]["mean"] for m in others),
+                  "significantly_beaten_by": beaten}
+    return out

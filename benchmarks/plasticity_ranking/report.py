@@ -5,13 +5,26 @@ from __future__ import annotations
 from benchmarks.plasticity_ranking.ranking import (
     cost_ratios,
     headlines,
+    paired_against_or,
     pooled_analysis,
     pooled_table,
+    pra_rows,
     pra_table,
+    verdict,
 )
-from benchmarks.plasticity_ranking.settings import STRATA, setting_from_dict
+from benchmarks.plasticity_ranking.settings import (
+    BASELINES,
+    INGREDIENTS,
+    METRIC_LABELS,
+    STRATA,
+    VARIANTS,
+    setting_from_dict,
+)
 
-POOLED_COLUMNS = ("adam_fresh_k1", "adam_fresh_k10", "adam_fresh_k100", "sgd_k100")
+#: the rows of the OR-against-everything table, in order
+COMPARED = ("or", *INGREDIENTS, *BASELINES, *VARIANTS)
+
+POOLED_COLUMNS = ("adam_fresh_k1", "adam_fresh_k10", "adam_fresh_k100", "sgd_k1", "sgd_k10", "sgd_k100")
 
 
 def analysis(rows: list[dict], runs: list[dict], settings: dict) -> dict:
@@ -39,7 +52,58 @@ def analysis(rows: list[dict], runs: list[dict], settings: dict) -> dict:
         "headline": headlines(values, settings),
         "regimes": regimes,
         "pooled": pooled_analysis(runs),
+        "against_or": _against_or(rows, values["all"], settings),
     }
+
+
+def _against_or(rows, values: dict, settings: dict) -> dict:
+    """Per benchmark and ground truth: paired tests of every metric against OR and the verdict."""
+    out: dict = {}
+    for bench in values:
+        s = next(x for x in settings.values() if x.benchmark == bench)
+        for gain, _, _ in s.gain_optimizers:
+            tests = paired_against_or(rows, bench, gain, metrics=COMPARED)
+            verdicts = verdict(values, tests, bench, gain, s.ks)
+            for k, v in verdicts.items():  # our variants against the best ingredient at this k
+                if v["best_ingredient"] is not None:
+                    by_k = paired_against_or(rows, bench, gain, metrics=VARIANTS, reference=v["best_ingredient"])
+                    v["variants_vs_best_ingredient"] = by_k.get(k, {})
+            out.setdefault(bench, {})[gain] = {
+                "tests": {str(k): v for k, v in tests.items()},
+                "verdict": {str(k): v for k, v in verdicts.items()}}
+    return out
+
+
+def against_or_table(a: dict, bench: str, gain: str) -> str:
+    """OR, its ingredients, the plasticity diagnostics and our variants: PRA ± s.e. over runs and
+    the paired difference to OR (p of the paired t-test), one column pair per k."""
+    entry = a["against_or"][bench][gain]
+    ks = sorted(int(k) for k in entry["tests"])
+    cells_of = a["values"]["all"][bench]
+    header = ["metric"] + [h for k in ks for h in (f"k={k} PRA ± s.e.", f"k={k} Δ vs OR (p)")]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for m in COMPARED:
+        row = [METRIC_LABELS.get(m, m)]
+        for k in ks:
+            c = cells_of.get(f"{gain}/k{k}", {}).get(m)
+            if c is None or c["mean"] is None:
+                row += ["—", "—"]
+                continue
+            t = entry["tests"][str(k)].get(m)
+            row += [f"{c['mean']:.3f} ± {c['se']:.3f}", "—" if t is None else f"{t['mean_diff']:+.3f} (p {t['p']:.3f})"]
+        lines.append("| " + " | ".join(row) + " |")
+    for k in ks:
+        v = entry["verdict"].get(str(k))
+        if v:
+            lines.append(f"\nk={k}: OR {v['or']:.3f}; best ingredient {v['best_ingredient']} "
+                         f"{v['best_ingredient_pra']:.3f}; best diagnostic {v['best_diagnostic']} "
+                         f"{v['best_diagnostic_pra']:.3f}; OR above all: {v['beats_all']}; "
+                         f"above OR with p < 0.05: {', '.join(v['significantly_beaten_by']) or 'none'}")
+            ours = v.get("variants_vs_best_ingredient", {})
+            if ours:
+                lines.append(f"k={k}, ours − {v['best_ingredient']}: " + "; ".join(
+                    f"{m} {t['mean_diff']:+.3f} (p {t['p']:.3f})" for m, t in ours.items()))
+    return "\n".join(lines)
 
 
 def format_report(a: dict) -> str:
@@ -57,14 +121,22 @@ def format_report(a: dict) -> str:
               "\n### Cost (same run, median)"]
     for bench, c in a["cost_ratios"].items():
         parts = [f"{key.split('_')[0]}/OR {v:.1f}x" for key, v in c.items() if key.endswith("_over_or")]
-        lines.append(f"{bench}: OR sampled {1000 * c['or_sampled_s']:.1f} ms, per-sample {1000 * c['or_per_sample_s']:.1f} ms "
-                     f"(per-sample/sampled {c['per_sample_over_sampled']:.2f}x); " + ", ".join(parts)
+        per_sample = (f", per-sample {1000 * c['or_per_sample_s']:.1f} ms (per-sample/sampled "
+                      f"{c['per_sample_over_sampled']:.2f}x)" if "or_per_sample_s" in c else "")
+        ours = "".join(f"; {key[:-len('_over_g100')]}/G^(100) {v:.3f}x" for key, v in c.items()
+                       if key.endswith("_over_g100"))
+        lines.append(f"{bench}: OR sampled {1000 * c['or_sampled_s']:.1f} ms{per_sample}; " + ", ".join(parts) + ours
                      + f" [ground truth {c['ground_truth']}, {c['n_runs']} runs]")
     lines.append("\n### Headline (OR sampled vs the best label-agnostic baseline)")
     for bench, h in a["headline"].items():
         strata = ", ".join(f"{k} {v:.3f}" for k, v in h["or_by_stratum"].items() if v is not None)
         lines.append(f"{bench} [{h['column']}]: OR {strata}; best baseline {h['best_baseline']} "
                      f"{h['best_baseline_pra']:.3f}; OR above every baseline: {h['or_above_every_baseline']}")
+    for bench, by_gain in a.get("against_or", {}).items():
+        for gain in by_gain:
+            lines += [f"\n### {bench}, ground truth {gain}: OR against its ingredients, the plasticity diagnostics "
+                      "and our variants (mean ± s.e. over runs; paired t-test against OR over runs)",
+                      against_or_table(a, bench, gain)]
     lines.append("\n### Pooled analysis: PRA per run and pooled over the runs of a benchmark; noise ceiling")
     for bench, result in a["pooled"].items():
         columns = [c for c in POOLED_COLUMNS if c in result] or list(result)
@@ -75,9 +147,40 @@ def format_report(a: dict) -> str:
 
 
 def report(saved: dict) -> str:
-    """Every table of a saved run, recomputed from its PRA rows, checkpoints and settings."""
+    """Every table of a saved run, recomputed from its PRA rows (or, in the kept form without
+    them, from its checkpoints), checkpoints and settings; headed by the command that made it."""
     settings = {s.name: s for s in map(setting_from_dict, saved["config"]["settings"])}
-    return format_report(analysis(saved["runs"], saved["checkpoints"], settings))
+    rows = saved.get("runs")
+    if rows is None:
+        rows = [row for run in saved["checkpoints"] for row in pra_rows(run, settings[run["setting"]])]
+    head = f"command: `{saved['command']}`\n" if saved.get("command") else ""
+    return head + format_report(analysis(rows, saved["checkpoints"], settings))
+
+
+def _rounded(value, digits: int = 6):
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v, digits) for v in value]
+    return value
+
+
+def keep(saved: dict, out_dir, name: str) -> list[str]:
+    """The kept form of a run (docs/results/): ``NAME.json`` — results.json without the per-run PRA
+    rows and their summary (``--report`` recomputes both from the checkpoints), floats at 6
+    significant digits —, ``NAME_tables.md`` (the report) and ``NAME_decline.png``."""
+    import json
+    from pathlib import Path
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    kept = _rounded({k: v for k, v in saved.items() if k not in ("runs", "summary")})
+    (out / f"{name}.json").write_text(json.dumps(kept, separators=(",", ":")) + "\n")
+    (out / f"{name}_tables.md").write_text(report(kept) + "\n")
+    plot_decline(kept, out / f"{name}_decline.png")
+    return [f"{name}.json", f"{name}_tables.md", f"{name}_decline.png"]
 
 
 def plot_runs(runs: list[dict], settings: dict, path) -> None:
@@ -106,6 +209,53 @@ def plot_runs(runs: list[dict], settings: dict, path) -> None:
             if c["dead"]:
                 ax.axvline(xi, color="grey", alpha=0.2, lw=4)
         ax.set_title(f"{name} seed {run['seed']} (grey: dead)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_decline(saved: dict, path, metrics=("or", "loss", "grad_norm_sq", "lookahead_gd")) -> None:
+    """Per benchmark, along the stream (mean over runs of each checkpoint index): the current-task
+    accuracy where recorded, the first ground truth's G^(k) for every k, and ``metrics`` (each
+    scaled to [0, 1] over the benchmark's checkpoints, lower-is-more-plastic ones flipped), so the
+    decline and what follows it can be seen together."""
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks.plasticity_ranking.ranking import metric_values
+
+    settings = {s.name: s for s in map(setting_from_dict, saved["config"]["settings"])}
+    benches = list(dict.fromkeys(settings[r["setting"]].benchmark for r in saved["checkpoints"]))
+    fig, axes = plt.subplots(1, len(benches), figsize=(5.2 * len(benches), 3.6), squeeze=False)
+    for ax, bench in zip(axes[0], benches):
+        runs = [r for r in saved["checkpoints"] if settings[r["setting"]].benchmark == bench]
+        s = settings[runs[0]["setting"]]
+        n = min(len(r["checkpoints"]) for r in runs)
+        x = [c["tasks_trained"] for c in runs[0]["checkpoints"][:n]]
+
+        def mean_of(values_per_run, n=n):
+            return np.nanmean(np.array([v[:n] for v in values_per_run], float), axis=0)
+
+        def scaled(v):
+            lo, hi = np.nanmin(v), np.nanmax(v)
+            return (v - lo) / (hi - lo) if hi > lo else v * 0
+
+        acc = mean_of([[c.get("task_accuracy", np.nan) for c in r["checkpoints"]] for r in runs])
+        if np.isfinite(acc).any():
+            ax.plot(x, acc, "k-", lw=2, label="current-task accuracy")
+        gname = s.gain_optimizers[0][0]
+        for k, style in zip(s.ks, (":", "--", "-")):
+            g = mean_of([[c[f"gain_{gname}_k{k}"] for c in r["checkpoints"]] for r in runs])
+            ax.plot(x, scaled(g), "r" + style, label=f"G^({k}) {gname} (scaled)")
+        for m in metrics:
+            v = mean_of([metric_values(r["checkpoints"], m) for r in runs])
+            if np.isfinite(v).any():
+                ax.plot(x, scaled(v), marker=".", lw=1, label=f"{m} (scaled)")
+        ax.set(xlabel="tasks trained", title=f"{bench}: mean over {len(runs)} runs", ylim=(-0.05, 1.05))
+        ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

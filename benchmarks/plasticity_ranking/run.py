@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from avalanche_plugins.study.harness.jobs import seed_everything
 from avalanche_plugins.study.harness.models import MLP
-from benchmarks.plasticity_ranking.learner import OnlineLearner
+from benchmarks.plasticity_ranking.learner import MinibatchLearner, OnlineLearner
 from benchmarks.plasticity_ranking.scoring import score_checkpoint
 from benchmarks.plasticity_ranking.settings import Setting
 from benchmarks.plasticity_ranking.tasks import TaskSource
@@ -42,7 +42,11 @@ def run_setting(setting: Setting, seed: int, *, data_root=None, arrays=None, pro
     model = MLP(source.input_shape, hidden=setting.hidden, n_classes=source.n_out)
     loss_name = "mse" if setting.benchmark == "scr" else "ce"
     loss_fn = nn.MSELoss() if loss_name == "mse" else nn.CrossEntropyLoss()
-    learner = OnlineLearner(model, setting.optimizer, setting.lr, loss_name)
+    if setting.train_batch > 1 or setting.epochs_per_task > 1:
+        learner = MinibatchLearner(model, setting.optimizer, setting.lr, loss_name, batch_size=setting.train_batch,
+                                   epochs=setting.epochs_per_task, momentum=setting.momentum, seed=seed)
+    else:
+        learner = OnlineLearner(model, setting.optimizer, setting.lr, loss_name)
     checkpoints = []
     train_seconds = score_seconds = 0.0
     bar = tqdm(range(setting.n_tasks), desc=f"{setting.name} seed {seed}", disable=not progress, leave=False)
@@ -62,6 +66,7 @@ def run_setting(setting: Setting, seed: int, *, data_root=None, arrays=None, pro
         rec = score_checkpoint(setting, scored, loss_fn, source.task(t + 1), seed=seed,
                                time_costs=(len(checkpoints) == 0),
                                optimizer_state=ckpt["optimizer"] if setting.optimizer == "adam" else None)
+        rec["task_accuracy"] = getattr(learner, "last_accuracy", float("nan"))  # the decline curve
         score_seconds += time.perf_counter() - t0
         rec.update(tasks_trained=t + 1, target_task=t + 1, steps=ckpt["steps"], train_loss_last_task=train_loss)
         checkpoints.append(rec)

@@ -11,14 +11,19 @@ from torch import nn
 
 from avalanche_plugins.readiness import (
     active_unit_fraction,
+    average_weight_magnitude,
+    dormant_unit_fraction,
     effective_rank,
     energy_rank,
     entk_energy_rank,
+    feature_rank,
     hessian_energy_rank,
     hidden_features,
     k_step_gain,
     optimization_readiness,
+    srank,
 )
+from avalanche_plugins.readiness.lookahead import curvature_readiness, lookahead_readiness
 from benchmarks.plasticity_ranking.settings import DIVERGED, Setting
 
 
@@ -55,6 +60,33 @@ def _safe_or(model, loss_fn, x, y, **kw):
         return None
 
 
+def _variants(s: Setting, model, loss_fn, data, seed: int, timings: dict) -> dict:
+    """Our readiness variants: the lookahead LA^(k') with the first ground truth's optimizer and lr
+    (minibatches drawn with another seed than the ground truth's), its deterministic full-batch
+    form LA_GD^(k') (k' steps on all ``n_probe`` probe samples, loss on them), and the curvature
+    readiness Q(η) at the lr of the first SGD ground truth (else the first one's)."""
+    x_tr, y_tr, x_val, y_val = data
+    _, opt, lr = s.gain_optimizers[0]
+    opt = "adam" if opt.startswith("adam") else opt
+    t0 = time.perf_counter()
+    la = lookahead_readiness(model, loss_fn, x_tr, y_tr, eval_inputs=x_val, eval_targets=y_val, lr=lr,
+                             k=s.lookahead_k, n_runs=s.lookahead_runs, batch_size=s.gain_batch, optimizer=opt,
+                             seed=seed + 7919)
+    timings["lookahead_s"] = time.perf_counter() - t0
+    probe_x, probe_y = x_val[: s.n_probe], y_val[: s.n_probe]
+    t0 = time.perf_counter()  # full-batch: every step uses all probe samples, one deterministic run
+    la_gd = lookahead_readiness(model, loss_fn, probe_x, probe_y, lr=lr, k=s.lookahead_k, n_runs=1,
+                                batch_size=len(probe_x), optimizer=opt)
+    timings["lookahead_gd_s"] = time.perf_counter() - t0
+    sgd_lr = next((g[2] for g in s.gain_optimizers if g[1] == "sgd"), lr)
+    t0 = time.perf_counter()
+    q = curvature_readiness(model, loss_fn, x_val, y_val, lr=sgd_lr)
+    timings["quadratic_gain_s"] = time.perf_counter() - t0
+    return {"lookahead": _finite_gain(la.readiness), "lookahead_gd": _finite_gain(la_gd.readiness),
+            "quadratic_gain": q.quadratic_gain,
+            "grad_curvature": q.curvature}
+
+
 def continuing_adam_gain(model: nn.Module, loss_fn, optimizer_state: dict, train_inputs, train_targets,
                          val_inputs, val_targets, *, k: int, lr: float, batch_size: int, n_runs: int = 128,
                          seed: int = 0, chunk_size: int = 1024) -> dict:
@@ -85,11 +117,14 @@ def score_checkpoint(setting: Setting, model: nn.Module, loss_fn, data, *, seed:
     res = optimization_readiness(model, loss_fn, x_val, y_val, batch_size=s.or_batch, n_batches=s.or_batches,
                                  estimator="sampled", seed=seed)
     timings["or_sampled_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    res_ps = optimization_readiness(model, loss_fn, x_val, y_val, batch_size=s.or_batch, estimator="per_sample")
-    timings["or_per_sample_s"] = time.perf_counter() - t0
+    or_ps = float("nan")
+    if s.per_sample_or:
+        t0 = time.perf_counter()
+        or_ps = optimization_readiness(model, loss_fn, x_val, y_val, batch_size=s.or_batch,
+                                       estimator="per_sample").readiness
+        timings["or_per_sample_s"] = time.perf_counter() - t0
     rec.update(loss=res.loss, grad_norm_sq=res.grad_norm_sq, or_=res.readiness, strength=res.strength,
-               reliability=res.reliability, or_per_sample=res_ps.readiness)
+               reliability=res.reliability, or_per_sample=or_ps)
     rec["or"] = rec.pop("or_")
     probe = x_val[: s.n_probe]
     probe_j, probe_jy = x_val[: s.n_probe_jacobian], y_val[: s.n_probe_jacobian]
@@ -97,7 +132,12 @@ def score_checkpoint(setting: Setting, model: nn.Module, loss_fn, data, *, seed:
     rec["effective_rank"] = effective_rank(last)
     rec["energy_rank"] = float(energy_rank(last))
     rec["active_units"] = active_unit_fraction(model, probe)
+    rec["srank"] = float(srank(last))
+    rec["feature_rank"] = float(feature_rank(last))
+    rec["dormant_units"] = dormant_unit_fraction(model, probe)
+    rec["weight_magnitude"] = average_weight_magnitude(model)
     rec.update(regime(last))
+    rec.update(_variants(s, model, loss_fn, data, seed, timings))
     t0 = time.perf_counter()
     rec["entk_energy_rank"] = float(entk_energy_rank(model, probe_j))
     timings["entk_s"] = time.perf_counter() - t0
@@ -115,7 +155,7 @@ def score_checkpoint(setting: Setting, model: nn.Module, loss_fn, data, *, seed:
                 gain, stderr = g["gain"], g["stderr"]
             else:
                 g = k_step_gain(model, loss_fn, x_tr, y_tr, x_val, y_val, k=k, lr=lr, optimizer=opt,
-                                batch_size=s.gain_batch, n_runs=s.n_runs, seed=seed)
+                                batch_size=s.gain_batch, n_runs=dict(s.n_runs_by_k).get(k, s.n_runs), seed=seed)
                 gain, stderr = g.gain, g.stderr
             timings[f"gain_{name}_k{k}_s"] = time.perf_counter() - t0
             rec[f"gain_{name}_k{k}"] = _finite_gain(gain)

@@ -5,15 +5,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 METRICS = ("or", "or_per_sample", "strength", "reliability", "loss", "grad_norm_sq", "effective_rank", "energy_rank",
-           "entk_energy_rank", "hessian_energy_rank", "active_units")
+           "entk_energy_rank", "hessian_energy_rank", "active_units", "srank", "feature_rank", "dormant_units",
+           "weight_magnitude", "lookahead", "lookahead_gd", "quadratic_gain")
 METRIC_LABELS = {"or": "OR (sampled)", "or_per_sample": "OR (per-sample)", "strength": "S",
                  "loss": "L (cheap baseline)", "grad_norm_sq": "‖g‖² (cheap baseline)",
                  "reliability": "R", "effective_rank": "effective rank", "energy_rank": "energy rank (99%)",
                  "entk_energy_rank": "eNTK energy rank", "hessian_energy_rank": "Hessian energy rank",
-                 "active_units": "active units"}
+                 "active_units": "active units", "srank": "srank (Kumar et al. 2021)",
+                 "feature_rank": "feature rank (Lyle et al. 2022)",
+                 "dormant_units": "τ-dormant units, fewer = more plastic (Sokar et al. 2023)",
+                 "weight_magnitude": "avg weight magnitude, lower = more plastic (Dohare et al. 2024)",
+                 "lookahead": "lookahead readiness LA^(10), 8 SGD runs (ours)",
+                 "lookahead_gd": "full-batch lookahead LA_GD^(10) (ours)",
+                 "quadratic_gain": "curvature readiness Q(η) (ours)"}
+#: metrics read "lower = more plastic": negated before ranking (PLASTICITY_DIAGNOSTICS' directions)
+NEGATED = ("dormant_units", "weight_magnitude")
+#: OR's ingredients (cheaper parts of OR) and the variants beyond the paper
+INGREDIENTS = ("loss", "grad_norm_sq", "strength", "reliability")
+VARIANTS = ("lookahead", "lookahead_gd", "quadratic_gain")
 STRATA = ("all", "dead", "live")
 DIVERGED = -1e300
-BASELINES = ("effective_rank", "energy_rank", "entk_energy_rank", "hessian_energy_rank", "active_units")
+BASELINES = ("effective_rank", "energy_rank", "entk_energy_rank", "hessian_energy_rank", "active_units", "srank",
+             "feature_rank", "dormant_units", "weight_magnitude")
 
 
 @dataclass(frozen=True)
@@ -43,6 +56,15 @@ class Setting:
     ablation_batch: int = 1
     cost_k: tuple[int, ...] = (10, 100)  # G^(k) timed for the cost ratio (extra runs if not in ks)
     data: str = "scr"  # "scr" | "mnist" | "digits"
+    # declining streams (issue 33): minibatch learner, several epochs per task
+    stream: str = "permuted"  # image streams: "permuted" | "random_labels" | "binary"
+    train_batch: int = 1  # > 1: torch minibatch learner (MinibatchLearner) instead of the online NumPy loop
+    momentum: float = 0.0
+    epochs_per_task: int = 1
+    per_sample_or: bool = True
+    lookahead_k: int = 10  # lookahead readiness LA^(k'): k' steps ...
+    lookahead_runs: int = 8  # ... of this many runs (ground truth's first optimizer, lr, gain_batch)
+    n_runs_by_k: tuple[tuple[int, int], ...] = ()  # ((k, runs), ...): fewer runs for a costly k
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -82,6 +104,31 @@ def default_settings(quick: bool, data_root=None, *, pmnist_examples: int | None
     return settings
 
 
+def declining_settings(quick: bool, data_root=None, *, tasks: int | None = None, n_runs: int | None = None,
+                       epochs: int | None = None) -> list[Setting]:
+    """The streams that lose plasticity (issue 33), on MNIST from ``data_root`` (scikit-learn digits
+    without it, for tests): ``randlabel`` — random-label MNIST (the first 1,000 training images,
+    fresh uniform labels every task, loss and accuracy on the task's own images, as in
+    ``benchmarks.grow_prune``'s random-label settings), and ``binary`` — a continual-ImageNet-style
+    stream (Dohare et al. 2024): every task a random pair of classes, binary labels, up to 1,000
+    training images, held-out images of the pair as validation. Learner as in ``benchmarks.grow_prune``:
+    MLP 256-256, SGD lr 0.01 with momentum 0.9, batch 64, 10 epochs per task; a checkpoint after every
+    task. Ground truth: SGD lr 0.01 (the learner's step, the paper's G), 128 runs (64 for G^(100)).
+    """
+    data = "mnist" if data_root is not None else "digits"
+    common = dict(hidden=(256, 256), optimizer="sgd", lr=0.01, momentum=0.9, train_batch=64,
+                  epochs_per_task=epochs or 10,
+                  checkpoint_every=1, n_checkpoints=tasks or (6 if quick else 20), examples_per_task=1000,
+                  n_val=1000, ks=(1, 10) if quick else (1, 10, 100),
+                  gain_optimizers=(("sgd", "sgd", 0.01),), n_runs=n_runs or (32 if quick else 128),
+                  n_runs_by_k=() if quick or n_runs else ((100, 64),), ablation_fractions=(1.0, 0.1), n_probe=256,
+                  n_probe_jacobian=8, per_sample_or=False, data=data)
+    if data == "digits":
+        common.update(examples_per_task=500, n_val=300, hidden=(64, 64))
+    return [Setting(benchmark="randlabel", name=f"randlabel/{data}", stream="random_labels", **common),
+            Setting(benchmark="binary", name=f"binary/{data}", stream="binary", **common)]
+
+
 def gain_keys(setting: Setting) -> list[tuple[str, int]]:
     """``(ground-truth name, k)`` of every ground-truth column of a setting."""
     return [(name, k) for name, _, _ in setting.gain_optimizers for k in setting.ks]
@@ -98,5 +145,6 @@ def setting_from_dict(entry: dict) -> Setting:
     """
     tuples = ("hidden", "ks", "ablation_fractions", "cost_k")
     fields = {k: tuple(v) if k in tuples else v for k, v in entry.items()}
+    fields["n_runs_by_k"] = tuple(tuple(p) for p in entry.get("n_runs_by_k", ()))
     fields["gain_optimizers"] = tuple(tuple(g) for g in entry["gain_optimizers"])
     return Setting(**fields)

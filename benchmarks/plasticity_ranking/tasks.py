@@ -21,6 +21,9 @@ class TaskSource:
                                                 examples_per_period=setting.examples_per_task)
             self.input_shape, self.n_out = (self.scr.n_inputs,), 1
             return
+        if setting.stream != "permuted":
+            self._init_declining(setting, seed, data_root, arrays)
+            return
         x_tr, y_tr, x_te, y_te = arrays if arrays is not None else load_unit_arrays(setting.data, data_root)
         g = torch.Generator().manual_seed(10_000 + seed)
         n_train = min(setting.examples_per_task, len(x_tr))
@@ -34,6 +37,31 @@ class TaskSource:
         self._perm_generator = torch.Generator().manual_seed(20_000 + seed)
         self._perms = [torch.arange(self.n_pixels)]
 
+    def _init_declining(self, setting: Setting, seed: int, data_root, arrays) -> None:
+        """Random-label / binary streams: standardised images (the harness arrays, as
+        ``benchmarks.grow_prune`` trains on them), flattened."""
+        x_tr, y_tr, x_te, y_te = arrays if arrays is not None else load_standard_arrays(setting.data, data_root)
+        self.x_all, self.y_all, self.x_te, self.y_te = x_tr, y_tr, x_te, y_te
+        self.x_tr = x_tr[: setting.examples_per_task]
+        self.input_shape = (x_tr.shape[1],)
+        self.n_out = 10 if setting.stream == "random_labels" else 2
+        if setting.stream not in ("random_labels", "binary"):
+            raise ValueError(f"unknown stream {setting.stream!r}")
+
+    def _declining_task(self, t: int):
+        s = self.setting
+        g = torch.Generator().manual_seed(40_000 + 1000 * self.seed + t)
+        if s.stream == "random_labels":  # same images, fresh labels; the task is to memorise them
+            y = torch.randint(0, 10, (len(self.x_tr),), generator=g)
+            order = torch.randperm(len(self.x_tr), generator=g)
+            return self.x_tr[order], y[order], self.x_tr, y
+        pair = torch.randperm(10, generator=g)[:2]
+        train = ((self.y_all == pair[0]) | (self.y_all == pair[1])).nonzero().squeeze(1)[: s.examples_per_task]
+        val = ((self.y_te == pair[0]) | (self.y_te == pair[1])).nonzero().squeeze(1)[: s.n_val]
+        train = train[torch.randperm(len(train), generator=g)]
+        return (self.x_all[train], (self.y_all[train] == pair[1]).long(), self.x_te[val],
+                (self.y_te[val] == pair[1]).long())
+
     def permutation(self, t: int) -> torch.Tensor:
         while len(self._perms) <= t:
             self._perms.append(torch.randperm(self.n_pixels, generator=self._perm_generator))
@@ -45,9 +73,20 @@ class TaskSource:
             x, y = self.scr.period(t)
             xv, yv = self.scr.period(t, s.n_val, stream=1)
             return x, y, xv, yv
+        if s.stream != "permuted":
+            return self._declining_task(t)
         p = self.permutation(t)
         order = torch.randperm(len(self.x_tr), generator=torch.Generator().manual_seed(30_000 + 1000 * self.seed + t))
         return self.x_tr[order][:, p], self.y_tr[order], self.x_val[:, p], self.y_val
+
+
+@functools.lru_cache(maxsize=2)
+def load_standard_arrays(data: str, data_root=None):
+    """``(x_train, y_train, x_test, y_test)`` flattened as the harness loads them (MNIST standardised
+    with Avalanche's mean and std; digits standardised), cached per process."""
+    arrays = load_mnist_arrays(data_root) if data == "mnist" else load_digits_arrays()
+    x_tr, y_tr, x_te, y_te = arrays
+    return x_tr.reshape(len(x_tr), -1).contiguous(), y_tr, x_te.reshape(len(x_te), -1).contiguous(), y_te
 
 
 @functools.lru_cache(maxsize=2)
