@@ -24,10 +24,18 @@ from benchmarks.plasticity_ranking.settings import (
 
 def metric_values(checkpoints, metric: str) -> list[float]:
     """A metric's values over checkpoints, oriented so that higher reads as more plastic (the
-    :data:`NEGATED` diagnostics flipped); NaN where a checkpoint lacks it (runs saved before the
-    metric existed)."""
+    :data:`NEGATED` diagnostics flipped), at 10 significant digits so that floating-point noise is
+    not ranked (the effective rank of rank-one features is 1 + O(1e-15), not a rank above 1); NaN
+    where a checkpoint lacks the metric (runs saved before it existed).
+
+    Example:
+        >>> metric_values([{"dormant_units": 0.25}, {"effective_rank": 1.0000000000000004}], "effective_rank")
+        [nan, 1.0]
+        >>> metric_values([{"dormant_units": 0.25}], "dormant_units")
+        [-0.25]
+    """
     sign = -1.0 if metric in NEGATED else 1.0
-    return [sign * float(c.get(metric, math.nan)) for c in checkpoints]
+    return [sign * float(f"{float(c.get(metric, math.nan)):.10g}") for c in checkpoints]
 
 
 def _pra(metric, truth):

@@ -147,17 +147,16 @@ def format_report(a: dict) -> str:
 
 
 def report(saved: dict) -> str:
-    """Every table of a saved run, recomputed from its PRA rows (or, in the kept form without
-    them, from its checkpoints), checkpoints and settings; headed by the command that made it."""
+    """Every table of a saved run, recomputed from its checkpoints and settings (the PRA rows too, so
+    a kept run without them and a run saved by older code read the same); headed by the command
+    that made it."""
     settings = {s.name: s for s in map(setting_from_dict, saved["config"]["settings"])}
-    rows = saved.get("runs")
-    if rows is None:
-        rows = [row for run in saved["checkpoints"] for row in pra_rows(run, settings[run["setting"]])]
+    rows = [row for run in saved["checkpoints"] for row in pra_rows(run, settings[run["setting"]])]
     head = f"command: `{saved['command']}`\n" if saved.get("command") else ""
     return head + format_report(analysis(rows, saved["checkpoints"], settings))
 
 
-def _rounded(value, digits: int = 6):
+def _rounded(value, digits: int = 10):
     if isinstance(value, float):
         return float(f"{value:.{digits}g}")
     if isinstance(value, dict):
@@ -169,7 +168,7 @@ def _rounded(value, digits: int = 6):
 
 def keep(saved: dict, out_dir, name: str) -> list[str]:
     """The kept form of a run (docs/results/): ``NAME.json`` — results.json without the per-run PRA
-    rows and their summary (``--report`` recomputes both from the checkpoints), floats at 6
+    rows and their summary (``--report`` recomputes both from the checkpoints), floats at 10
     significant digits —, ``NAME_tables.md`` (the report) and ``NAME_decline.png``."""
     import json
     from pathlib import Path

@@ -15,7 +15,7 @@ METRIC_LABELS = {"or": "OR (sampled)", "or_per_sample": "OR (per-sample)", "stre
                  "feature_rank": "feature rank (Lyle et al. 2022)",
                  "dormant_units": "τ-dormant units, fewer = more plastic (Sokar et al. 2023)",
                  "weight_magnitude": "avg weight magnitude, lower = more plastic (Dohare et al. 2024)",
-                 "lookahead": "lookahead readiness LA^(10), 8 SGD runs (ours)",
+                 "lookahead": "lookahead readiness LA^(10), 8 runs (ours)",
                  "lookahead_gd": "full-batch lookahead LA_GD^(10) (ours)",
                  "quadratic_gain": "curvature readiness Q(η) (ours)"}
 #: metrics read "lower = more plastic": negated before ranking (PLASTICITY_DIAGNOSTICS' directions)
