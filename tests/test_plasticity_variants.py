@@ -97,10 +97,10 @@ def test_full_batch_lookahead_against_a_loop_of_gradient_steps():
     la = lookahead_readiness(net, nn.MSELoss(), x, y, lr=lr, k=k, n_runs=1, batch_size=len(x))
     ref = copy.deepcopy(net)
     opt = torch.optim.SGD(ref.parameters(), lr=lr)
-    loss0 = float(nn.MSELoss()(ref(x), y))
+    loss0 = nn.MSELoss()(ref(x), y).item()
     for _ in range(k):
         opt.zero_grad()
         nn.MSELoss()(ref(x), y).backward()
         opt.step()
-    after = float(nn.MSELoss()(ref(x), y))
+    after = nn.MSELoss()(ref(x), y).item()
     assert la.readiness == pytest.approx((loss0 - after) / loss0, rel=1e-9)

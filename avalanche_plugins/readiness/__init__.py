@@ -25,7 +25,10 @@ This package holds the parts that need only PyTorch (one module per concept: ``r
   :func:`feature_rank` (Lyle et al. 2022), :func:`dormant_unit_fraction` (Sokar et al. 2023),
   :func:`average_weight_magnitude` (Dohare et al. 2024), read in the directions of
   :data:`PLASTICITY_DIAGNOSTICS`;
-* ranking agreement: :func:`pairwise_ranking_accuracy`, :func:`spearman`, :func:`kendall_tau`.
+* ranking agreement: :func:`pairwise_ranking_accuracy`, :func:`spearman`, :func:`kendall_tau`;
+* beyond the paper (issue 33), :mod:`avalanche_plugins.readiness.lookahead`:
+  ``lookahead_readiness`` (a few short minibatch or full-batch runs) and ``curvature_readiness``
+  (the one-step quadratic model along the gradient).
 
 Conventions shared by every function here:
 

@@ -33,6 +33,26 @@ deep continual learning", Nature 2024):
   ``examples_per_task`` training images, reshuffled each task; validation: a fixed subset of
   held-out (test-split) images under the target task's permutation (nothing is tuned on it).
 
+Streams that lose plasticity (issue 33; :func:`~benchmarks.plasticity_ranking.settings.declining_settings`):
+
+* ``randlabel``: random-label MNIST with ``benchmarks.grow_prune``'s protocol (the first 1,000
+  training images, standardised; fresh uniform labels every task; loss and accuracy on the task's
+  own images); MLP 256-256, SGD lr 0.01 with momentum 0.9, batch 64, 10 epochs per task
+  (:class:`~benchmarks.plasticity_ranking.learner.MinibatchLearner`), a checkpoint after every task
+  (``--tasks``, default 20), the current-task accuracy recorded (the decline curve). Ground truth
+  SGD lr 0.01, batch 4, 128 runs (64 for ``G^(100)``; ``--n-runs`` sets all).
+* ``binary``: a continual-ImageNet-style stream (Dohare et al. 2024): every task a random pair of
+  classes, binary labels, held-out images of the pair as validation; same learner.
+
+Every checkpoint is also scored by the field's plasticity diagnostics (srank, feature rank,
+τ-dormant units, average weight magnitude; lower-is-more-plastic ones negated before ranking) and
+by our variants (:mod:`avalanche_plugins.readiness.lookahead`: ``lookahead`` LA^(10) from 8 runs
+of the first ground truth's optimizer, ``lookahead_gd`` from 10 full-batch steps on the probes,
+``quadratic_gain`` Q(η)). The report adds, per benchmark and ground truth, every score against OR
+(paired t-tests over runs), the verdict per k and our variants against the best ingredient;
+``--report RESULTS --keep DIR --keep-name NAME`` writes the kept form (compact JSON, tables,
+decline figure).
+
 Reconstructions and choices (not fixed by the sources available here):
 
 * **Training loop.** A hand-written NumPy loop (forward, backward and the Adam/SGD update written
