@@ -29,11 +29,13 @@ from avalanche_plugins.layer_adaptive.fisher_blocks import layer_fisher_eigenval
 from avalanche_plugins.readiness import optimization_readiness
 from avalanche_plugins.readiness.baselines import (
     active_unit_fraction,
+    dormant_unit_fraction,
     entk_energy_rank,
     hessian_energy_rank,
     hidden_features,
     representation_ranks,
 )
+from avalanche_plugins.readiness.lookahead import curvature_readiness, lookahead_readiness
 from avalanche_plugins.structural import UnitMasks
 from avalanche_plugins.transport import fit_transport_key, gauss_newton_key, refine_key, stitch
 
@@ -62,6 +64,8 @@ LABELLED = {
     "fisher_diagonal/batched": (lambda m, x, y: fisher_diagonal("batched", m, CE, x, y), "targets"),
     "optimization_readiness": (lambda m, x, y: optimization_readiness(m, CE, x, y, n_batches=4), "targets"),
     "hessian_energy_rank": (lambda m, x, y: hessian_energy_rank(m, CE, x, y), "targets"),
+    "lookahead_readiness": (lambda m, x, y: lookahead_readiness(m, CE, x, y, lr=0.1, k=2, n_runs=2), "targets"),
+    "curvature_readiness": (lambda m, x, y: curvature_readiness(m, CE, x, y, lr=0.1), "targets"),
     "update_direction": (lambda m, x, y: update_direction(m, CE, x, y), "new_targets"),
     "architecture_driven_shift": (lambda m, x, y: architecture_driven_shift(m, CE, x, x, y, lr=0.01, steps=5),
                                   "new_targets"),
@@ -83,6 +87,7 @@ UNLABELLED = {
     "hidden_features": (lambda m, x: hidden_features(m, x), "inputs"),
     "representation_ranks": (lambda m, x: representation_ranks(m, x), "inputs"),
     "active_unit_fraction": (lambda m, x: active_unit_fraction(m, x), "inputs"),
+    "dormant_unit_fraction": (lambda m, x: dormant_unit_fraction(m, x), "inputs"),
     "entk_energy_rank": (lambda m, x: entk_energy_rank(m, x), "inputs"),
     "refine_key": (lambda m, x: refine_key(*_stitched(m), x, steps=1), "anchors"),
     "gauss_newton_key": (lambda m, x: gauss_newton_key(*_stitched(m), x, iterations=1), "anchors"),
