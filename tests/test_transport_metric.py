@@ -123,6 +123,60 @@ def test_anchors_read_through_a_random_transform_leave_the_run_unchanged():
     assert torch.equal(rng_measured, rng_plain)
 
 
+def test_auto_stages_change_nothing_else_in_the_run():
+    """``stages="auto"`` chooses stages at the first training experience, after the untrained
+    model's evaluation (the study's b̄ of forward transfer), on a model with BatchNorm and data that
+    draw from the global RNG at every read: the probe runs on a detached copy, so every metric of
+    the run, the transport values included, and the final weights and BatchNorm statistics are
+    bit-identical to a run given the same stages explicitly."""
+    from avalanche.evaluation.metrics import loss_metrics
+
+    def train(stages):
+        stream = digits_stream(task_incremental=True, noise=0.5)
+        torch.manual_seed(0)
+        model = build_model("cnn", stream.input_shape, 2, multihead=True, widths=(4, 8))
+        metric = TransportKeyMetric(stages=stages, families=("identity", "channel"), n_anchors=20,
+                                    controls=False, experiences=[0])
+        plugin = EvaluationPlugin(accuracy_metrics(experience=True, stream=True), loss_metrics(experience=True),
+                                  metric, loggers=[])
+        strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                         criterion=nn.CrossEntropyLoss(), train_mb_size=32, train_epochs=1, eval_mb_size=64,
+                         evaluator=plugin)
+        strategy.eval(stream.benchmark.test_stream[:3])  # the untrained model first
+        for experience in stream.benchmark.train_stream[:3]:
+            strategy.train(experience)
+            strategy.eval(stream.benchmark.test_stream[:3])
+        values = {name: values for name, (_, values) in plugin.get_all_metrics().items()
+                  if not name.startswith("TransportKeyProfile")}  # figures: images
+        return metric, values, strategy.model.state_dict(), torch.get_rng_state()
+
+    auto, auto_values, auto_state, auto_rng = train("auto")
+    assert auto.stages == ["trunk.features.0", "trunk"]  # before the second conv block; before the heads
+    explicit, values, state, rng = train(list(auto.stages))
+    assert any(name.startswith("TransportKeyAcc/") for name in values)
+    assert auto_values == values
+    for (name, a), b in zip(auto_state.items(), state.values(), strict=True):
+        assert torch.equal(a, b), name  # running_mean / running_var included
+    assert torch.equal(auto_rng, rng)
+
+
+def test_auto_stages_leave_the_model_alone():
+    from avalanche_plugins.transport.stages import auto_stages
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.Flatten(),
+                          nn.Linear(4 * 4 * 4, 3)).train()
+    calls = []
+    model[1].register_forward_hook(lambda *_: calls.append(1))
+    x = torch.randn(5, 1, 8, 8)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    assert auto_stages(model, x) == ["2", "4"]  # before the second conv and before the head
+    assert model.training and not calls  # mode kept; hooks of the model never run on the probe
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # BN statistics too
+    assert torch.equal(rng, torch.get_rng_state())
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="stages must be a non-empty list"):
         TransportKeyMetric(stages="layer1")

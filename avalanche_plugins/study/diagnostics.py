@@ -69,11 +69,9 @@ def _newborn(kwargs: dict, run: RunContext) -> dict | None:
 
 
 def _transport(kwargs: dict, run: RunContext) -> dict:
-    """Up to three stitching stages of the run's model when ``stages`` is absent or ``auto``."""
-    if kwargs.get("stages", AUTO) == AUTO:
-        from avalanche_plugins.study.stages import auto_stages, example_batch
-
-        kwargs["stages"] = auto_stages(run.model, *example_batch(run.stream))
+    """``stages`` absent asks for ``auto``: the metric chooses up to three stages itself
+    (``TransportKeyMetric(stages="auto")``, on a detached copy of the run's model)."""
+    kwargs.setdefault("stages", AUTO)
     return kwargs
 
 

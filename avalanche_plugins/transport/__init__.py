@@ -6,6 +6,8 @@ from the updated network's early layers through a small fitted key.
 * :mod:`~avalanche_plugins.transport.stitch` — stage activations and the stitched model;
 * :mod:`~avalanche_plugins.transport.refine` — label-free Adam / Gauss–Newton refinement;
 * :mod:`~avalanche_plugins.transport.controls` — controls and the recovery fraction;
+* :mod:`~avalanche_plugins.transport.stages` — stitching stages chosen from a model
+  (``TransportKeyMetric(stages="auto")``), probed on a detached copy;
 * :mod:`~avalanche_plugins.transport.metric` — the Avalanche metric (imports ``avalanche``; not
   re-exported here).
 """

@@ -19,6 +19,11 @@ The old task's predictions always come from the snapshot's head: for multi-head 
 evaluation batch's task label selects the snapshot's head for that task; class-incremental
 models with one shared head use the snapshot's head as it was after that experience.
 
+``stages="auto"`` chooses up to three stages on the model at the first training experience
+(:func:`~avalanche_plugins.transport.stages.auto_stages`, on :mod:`avalanche_plugins.core.split`'s
+cut points), probing a detached copy: the run's model, its BatchNorm statistics and the RNG are
+untouched, so every other metric of the run is what it is with the same stages given explicitly.
+
 Memory: one deep copy of the model plus ``n_anchors`` inputs per snapshotted experience. Pass
 ``experiences=[0]`` to keep only the first one (the usual "task A" question).
 BatchNorm: keys are fitted and stitched models evaluated in eval mode (running statistics),
@@ -58,6 +63,7 @@ from avalanche_plugins.transport import (
     stage_layout,
     stitch,
 )
+from avalanche_plugins.transport.stages import AUTO, auto_stages, example_inputs
 
 __all__ = ["TransportKeyMetric"]
 
@@ -67,7 +73,9 @@ class TransportKeyMetric(RecordingMetric[dict]):
     """Stitched accuracy of earlier experiences per stage, key family and control (module docstring).
 
     :param stages: submodule names at which to stitch (e.g. ``["layer1", "layer2"]`` for a ResNet,
-        ``["features.0", "features.1"]`` for a CNN whose ``features`` is an ``nn.Sequential`` of blocks).
+        ``["features.0", "features.1"]`` for a CNN whose ``features`` is an ``nn.Sequential`` of blocks),
+        or ``"auto"``: up to three stages chosen on the model at the first training experience
+        (module docstring; the choice is in :attr:`stages` afterwards).
     :param families: key families (``"identity"`` is the "no key" control).
     :param n_anchors: anchors per snapshot (class-balanced, from the experience's training data).
     :param controls: also evaluate the controls for every non-identity family.
@@ -97,8 +105,9 @@ class TransportKeyMetric(RecordingMetric[dict]):
                  controls: bool = True, experiences=None, ridge: float = 1e-4, seed: int = 0,
                  gauss_newton_iterations: int = 0, layouts=None):
         super().__init__()
-        if isinstance(stages, str) or not stages:
-            raise ValueError(f"stages must be a non-empty list of submodule names, got {stages!r}")
+        self._auto = isinstance(stages, str) and stages == AUTO
+        if not self._auto and (isinstance(stages, str) or not stages):
+            raise ValueError(f"stages must be a non-empty list of submodule names or 'auto', got {stages!r}")
         families = tuple(families)
         if not families:
             raise ValueError("families must name at least one key family")
@@ -115,8 +124,12 @@ class TransportKeyMetric(RecordingMetric[dict]):
         check_int("seed", seed, minimum=0)
         check_int("gauss_newton_iterations", gauss_newton_iterations, minimum=0)
         self.gauss_newton_iterations = gauss_newton_iterations
+        self._layout = None  # one layout for every stage, when they are chosen later
         if isinstance(layouts, str):
-            layouts = {stage: layouts for stage in stages}
+            if self._auto:
+                check_choice("layouts", layouts, LAYOUTS)
+            self._layout = layouts
+            layouts = None if self._auto else {stage: layouts for stage in stages}
         if layouts is not None:
             if not isinstance(layouts, Mapping):
                 raise TypeError(f"layouts must be None, a layout name or a {{stage: layout}} mapping, got "
@@ -124,7 +137,7 @@ class TransportKeyMetric(RecordingMetric[dict]):
             for stage, layout in layouts.items():
                 check_choice(f"layouts[{stage!r}]", layout, LAYOUTS)
         self.layouts = dict(layouts or {})
-        self.stages, self.families, self.n_anchors = list(stages), families, n_anchors
+        self.stages, self.families, self.n_anchors = [] if self._auto else list(stages), families, n_anchors
         self.controls, self.experiences, self.ridge, self.seed = controls, experiences, ridge, seed
         self.snapshots: dict[int, dict] = {}
         self._last_trained = -1
@@ -139,6 +152,8 @@ class TransportKeyMetric(RecordingMetric[dict]):
     # --- training side -------------------------------------------------------------------------
 
     def before_training(self, strategy):
+        if self._auto:  # chosen at the first training experience, on its data
+            return None
         modules = dict(strategy.model.named_modules())
         unknown = [stage for stage in self.stages if stage not in modules]
         if unknown:  # before any training, not at the first evaluation
@@ -149,10 +164,21 @@ class TransportKeyMetric(RecordingMetric[dict]):
 
     def before_training_exp(self, strategy):
         enter_boundary(self, strategy, "TransportKeyMetric")
+        if self._auto and not self.stages:
+            self._choose_stages(strategy)
         # before any training: a model whose forward returns a tuple or dict is refused now, not at
         # the first evaluation after the second experience
         preflight(self, strategy, layer_map=False, takes_output_transform=False)
         return None
+
+    def _choose_stages(self, strategy):
+        """``stages="auto"``: the stages of the run's model, probed on a detached copy with the
+        experience's first inputs (loading them under :meth:`measuring`: the RNG stream stays)."""
+        with self.measuring(strategy):
+            x, t = example_inputs(strategy.experience.dataset)
+        self.stages = auto_stages(strategy.model, x.to(strategy.device), t.to(strategy.device))
+        if self._layout is not None:
+            self.layouts = {stage: self._layout for stage in self.stages}
 
     def after_training_exp(self, strategy):
         boundary = current_boundary(self, strategy)
