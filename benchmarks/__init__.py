@@ -4,7 +4,8 @@
 * :mod:`avalanche_plugins.study.harness` (installed with the package) — one job protocol with a
   resumable executor, results files and ``--report``, data, the model zoo, training loops. The
   comparative-study runner is ``avalanche-study`` (strategy comparisons: ``studies/*.yaml``).
-* One module or package per study: :mod:`benchmarks.baselines`, :mod:`benchmarks.layer_adaptive_ewc`,
+* One module or package per experiment a study config cannot express (the standard baselines are
+  ``studies/baselines.yaml`` and ``studies/baselines_mnist.yaml``): :mod:`benchmarks.layer_adaptive_ewc`,
   :mod:`benchmarks.grow_prune`, :mod:`benchmarks.plasticity_ranking` (with the SCR task source
   :mod:`benchmarks.scr`), :mod:`benchmarks.ads_zoo`, :mod:`benchmarks.transport_keys`.
 

@@ -10,7 +10,6 @@ import pytest
 from avalanche_plugins.study.harness import jobs
 from avalanche_plugins.study.harness.jobs import job_key, run_jobs
 from avalanche_plugins.study.harness.results import command_line, load_results, write_results
-from benchmarks import baselines
 from benchmarks._cli import (
     DEFAULT_SEEDS,
     QUICK_SEEDS,
@@ -143,22 +142,48 @@ def test_results_files_record_code_version_data_and_no_absolute_path(tmp_path):
     assert (out / "results.csv").read_text().splitlines() == ["m,acc", "a,0.5"]
 
 
-def test_report_reprints_a_saved_run_without_running_it(tmp_path, capsys, monkeypatch):
-    argv = ["--quick", "--strategies", "naive", "--skip", "digits/split/task", "--no-progress", "--out", str(tmp_path)]
-    result = baselines.main(argv)
+class _Example:
+    """A minimal benchmark on the shared contract (parser, job cache, results files, ``--report``)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def run_job(self, job: Job) -> dict:
+        self.calls.append(job)
+        return {"method": job.method, "seed": job.seed, "acc": 0.25 + 0.5 * job.seed}
+
+    @staticmethod
+    def report(saved: dict) -> str:
+        from avalanche_plugins.study.harness.results import format_table
+
+        return format_table(saved["summary"], ["method"], ["acc"])
+
+    def main(self, argv):
+        from avalanche_plugins.study.harness.results import print_report, summarize
+
+        args = parse_args(benchmark_parser("example", "example benchmark"), argv)
+        if args.report:
+            return {"report": print_report(args.report, self.report)}
+        batch = [Job(m, s) for m in ("naive", "ewc") if not is_skipped(args.skip, m) for s in range(args.seeds)]
+        rows = run_jobs(self.run_job, batch, cache=f"{args.out}/jobs.jsonl", progress=False)
+        summary = summarize(rows, ["method"], ["acc"])
+        out = write_results(args.out, args, config={"args": vars(args)}, rows=rows, summary=summary,
+                            wall_seconds=0.0)
+        return {"rows": rows, "report": print_report(out / "results.json", self.report, out_dir=out)}
+
+
+def test_report_reprints_a_saved_run_without_running_it(tmp_path, capsys):
+    bench = _Example()
+    result = bench.main(["--quick", "--skip", "ewc", "--no-progress", "--out", str(tmp_path)])
     printed = capsys.readouterr().out
-    assert result["report"] in printed and "| split digits" in result["report"]
+    assert result["report"] in printed and "| naive" in result["report"]
     assert (tmp_path / "report.md").read_text() == result["report"] + "\n"
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved["command"].startswith("python -m benchmarks.baselines --quick")
-    assert [r["strategy"] for r in saved["runs"]] == ["naive"]
+    assert saved["command"].startswith("python -m benchmarks.example --quick")
+    assert [r["method"] for r in saved["runs"]] == ["naive"] and len(bench.calls) == 1
 
-    def fail(job):
-        raise AssertionError("--report must not run jobs")
-
-    monkeypatch.setattr(baselines, "run_job", fail)
-    again = baselines.main(["--report", str(tmp_path / "results.json")])
-    assert again["report"] == result["report"]
+    again = bench.main(["--report", str(tmp_path / "results.json")])
+    assert again["report"] == result["report"] and len(bench.calls) == 1  # --report runs no job
     assert capsys.readouterr().out.strip() == result["report"]
     with pytest.raises(FileNotFoundError, match="--report"):
-        baselines.main(["--report", str(tmp_path / "missing.json")])
+        bench.main(["--report", str(tmp_path / "missing.json")])
