@@ -5,6 +5,7 @@ cache that reruns exactly the jobs an edited user module touches."""
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import textwrap
@@ -246,3 +247,82 @@ def test_provenance_is_true_for_every_scenario(tmp_path, where):
     assert "mnist_ti: task-incremental, 2 experiences × 5 classes, MNIST" in report
     assert "ACC is task-incremental accuracy" in report and "digits (class-incremental)" in report
     assert mnist["data"]["sha256"]["MNIST/raw/t10k-labels-idx1-ubyte"] in report
+
+
+# ------------------------------------------------------------------------------------------------
+# online streams (issue 31)
+
+ONLINE = """
+seeds: 1
+scenarios:
+  - {name: online_digits, benchmark: split_digits, n_experiences: 2,
+     online: {experience_size: 64, access_task_boundaries: true}}
+  - {name: online_hidden, benchmark: split_digits, n_experiences: 2, online: {experience_size: 64}}
+model: {name: "MODULE:tiny_mlp"}
+training: {lr: 0.05, epochs: 1, batch_size: 16}
+strategies:
+  - Naive
+  - {name: ER_ACE, kwargs: {mem_size: 40, batch_size_mem: 8}}
+  - {name: LAE, plugins: [{name: LayerAdaptiveEWCPlugin, kwargs: {ewc_lambda: 10.0, schedule: smoothed,
+                                                                  spectrum_samples: 32}}]}
+metrics:
+  - {name: LayerSensitivityMetric, kwargs: {n_samples: 32}}
+  - {name: OptimizationReadinessMetric, kwargs: {n_samples: 32, batch_size: 8, n_batches: 2}}
+  - {name: ArchitectureDrivenShiftMetric, kwargs: {calibration_size: 16}}
+  - {name: TransportKeyMetric, kwargs: {stages: auto, n_anchors: 20}}
+  - CycleAccuracyMetric
+"""
+
+
+def test_an_online_study_with_every_diagnostic_measures_once_per_original_experience(tmp_path):
+    from avalanche_plugins.study.build import build_stream
+    from avalanche_plugins.study.runner import _training_units
+
+    study = load_study(_write_study(tmp_path, ONLINE, module="online_models"))
+    online = study.scenarios[0]
+    assert online.online == {"experience_size": 64, "access_task_boundaries": True}
+    assert online.as_dict()["online"] == online.online and "online" not in load_study(
+        _write_study(tmp_path, BASE + "strategies: [Naive]", module="offline_models")).scenarios[0].as_dict()
+    stream = build_stream(online, 0, validation=False)
+    units = [[len(sub.dataset) for sub in unit] for unit in _training_units(stream.benchmark.train_stream, online, 0)]
+    sizes = [len(e.dataset) for e in stream.benchmark.train_stream]
+    assert [sum(u) for u in units] == sizes and all(len(u) == -(-n // 64) > 1 for u, n in zip(units, sizes))
+
+    result = run_study(study, out=tmp_path / "out", progress=False, skip=["online_hidden/Naive", "online_hidden/ER_ACE"])
+    runs = {(r["scenario"], r["strategy"]): r for r in result.rows}
+    with open(tmp_path / "out" / "metrics.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["split"] == "test"]
+    hidden = runs.pop(("online_hidden", "LAE"))
+    assert hidden["status"] == "callback" and "set online.access_task_boundaries: true" in hidden["error"]
+    assert hidden["error"].startswith("LayerAdaptiveEWCPlugin.before_training_exp at experience 0")
+    for (_, strategy), run in runs.items():
+        assert run["status"] == "ok", run.get("error")
+        assert np.isfinite(np.array(run["accuracy_matrix"])).all() and len(run["accuracy_matrix"]) == 2
+        logged = {}
+        for row in (r for r in rows if (r["scenario"], r["strategy"]) == ("online_digits", strategy)):
+            logged.setdefault(row["metric"], []).append((int(row["training_experience"]), row["experience"]))
+        # once per original experience (not per sub-experience), named by the original experience
+        for metric in ("LayerSensitivityKappa", "OptimizationReadiness", "CycleAccuracy"):
+            assert sorted(logged[metric]) == [(0, "0"), (1, "1")], (strategy, metric, logged[metric])
+        assert logged["ADS"] == [(1, "1")], strategy
+        assert logged["TransportKeyAccUpdated"] == [(1, "0")], strategy  # experience 0 keyed after experience 1
+        assert sorted(c for c in logged["Top1_Acc_Exp"]) == [(0, "0"), (0, "1"), (1, "0"), (1, "1")]
+
+
+@pytest.mark.parametrize(("online", "message"), [
+    ({"experience_size": 0}, "scenarios[0].online.experience_size: expected an integer >= 1, got 0"),
+    ({"size": 10}, "scenarios[0].online.size: unknown key; expected one of experience_size, access_task_boundaries"),
+    ({"experience_size": 10, "access_task_boundaries": "yes"},
+     "scenarios[0].online.access_task_boundaries: expected true or false, got 'yes'"),
+])
+def test_online_option_errors_name_the_key(online, message):
+    with pytest.raises(ConfigError) as error:
+        load_study({"scenarios": [{"benchmark": "split_digits", "online": online}], "strategies": ["Naive"]})
+    assert message in str(error.value), str(error.value)
+
+
+def test_an_online_scenario_never_takes_an_offline_recipe():
+    config = {"scenarios": [{"benchmark": "split_digits", "online": {"experience_size": 10}}],
+              "strategies": [{"name": "Replay", "recipe": True}]}
+    with pytest.raises(ConfigError, match=r"no recipe for scenario 'split_digits' .*online"):
+        load_study(config)

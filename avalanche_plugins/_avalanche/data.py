@@ -69,11 +69,19 @@ def experience_layer_map(strategy):
 
 
 def metric_name(name: str, strategy, *, add_experience: bool = True, add_task: bool = True) -> str:
-    """Avalanche's ``Name/phase/stream/TaskNNN/ExpNNN`` for ``strategy``'s current experience."""
+    """Avalanche's ``Name/phase/stream/TaskNNN/ExpNNN`` for ``strategy``'s current experience (on
+    an online stream, its original experience: a value measured once per original experience is
+    named by it, not by the sub-experience it was measured at)."""
     from avalanche.evaluation.metric_utils import get_metric_name
 
     experience = strategy.experience
     logging_view = experience.logging() if hasattr(experience, "logging") else experience
+    try:
+        origin = logging_view.origin_experience
+    except (AttributeError, ValueError):  # offline (MaskedAttributeError is a ValueError)
+        origin = None
+    if origin is not None:
+        logging_view = origin.logging() if hasattr(origin, "logging") else origin
     strategy.experience = logging_view
     try:
         return get_metric_name(name, strategy, add_experience=add_experience, add_task=add_task)

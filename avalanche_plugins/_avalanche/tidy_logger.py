@@ -26,6 +26,7 @@ from avalanche.logging import BaseLogger
 from matplotlib.figure import Figure
 from PIL.Image import Image
 
+from avalanche_plugins._avalanche.boundaries import evaluated_experience_id
 from avalanche_plugins._avalanche.figures import as_image
 
 __all__ = ["TidyCSVLogger", "parse_metric_name"]
@@ -75,7 +76,8 @@ class TidyCSVLogger(BaseLogger):
     * ``phase``/``stream``/``task``/``experience``/``metric``/``key`` come from the value's name
       (:func:`parse_metric_name`); for a dict value ``key`` is the dict key (one row per key).
     * ``training_experience``: the experience being trained, or last trained, when the value was
-      emitted (empty before any training): with ``experience`` it indexes accuracy matrices.
+      emitted (empty before any training): with ``experience`` it indexes accuracy matrices. On an
+      online stream (``split_online_stream``) it is the original experience of the sub-experience.
     * ``value``: numbers as numbers (bools as 0/1, one-element tensors as their item); tensors and
       arrays give one row per element, ``key`` the index (``"2,3"``), up to ``max_elements``
       elements (larger ones are skipped with a warning); strings are written as they are.
@@ -307,7 +309,7 @@ class TidyCSVLogger(BaseLogger):
     def _on_callback(self, callback: str, strategy) -> None:
         if callback == "before_training_exp":
             experience = getattr(strategy, "experience", None)
-            self._training_experience = getattr(experience, "current_experience", None)
+            self._training_experience = None if experience is None else evaluated_experience_id(experience)
         self.flush(callback)
 
 

@@ -58,7 +58,8 @@ MODEL_INJECTED = ("input_shape", "n_classes", "multihead")
 
 _TOP = ("name", "description", "seeds", "tune_seed", "reference", "scenarios", "model", "training",
         "strategies", "metrics", "loggers", "quick")
-_SCENARIO = ("name", "benchmark", "n_experiences", "task_incremental", "data_root", "kwargs")
+_SCENARIO = ("name", "benchmark", "n_experiences", "task_incremental", "data_root", "kwargs", "online")
+_ONLINE = ("experience_size", "access_task_boundaries")
 _STRATEGY = ("name", "class", "kwargs", "plugins", "grid", "training", "recipe")
 _QUICK = ("seeds", "training", "scenarios", "grid", "metrics")
 
@@ -421,6 +422,8 @@ def _scenario(entry, path: str, data_root) -> dict:
            "kwargs": _kwargs(spec.get("kwargs", {}), f"{path}.kwargs")}
     if out["data_root"] is not None:
         _string(out["data_root"], f"{path}.data_root")
+    if spec.get("online") is not None:
+        out["online"] = _online(spec["online"], f"{path}.online")
     if ":" in benchmark:
         factory = resolve_dotted(benchmark, f"{path}.benchmark")
         for key in ("n_experiences", "task_incremental", "data_root"):
@@ -452,6 +455,16 @@ def _scenario(entry, path: str, data_root) -> dict:
         raise ConfigError(f"{path}.task_incremental: expected true or false, got {task_incremental!r}")
     out["task_incremental"] = task_incremental
     return out
+
+
+def _online(entry, path: str) -> dict:
+    """A scenario's ``online:``: ``{experience_size: N, access_task_boundaries: false}``."""
+    spec = _keys(entry, path, _ONLINE, required=("experience_size",))
+    access = spec.get("access_task_boundaries", False)
+    if not isinstance(access, bool):
+        raise ConfigError(f"{path}.access_task_boundaries: expected true or false, got {access!r}")
+    return {"experience_size": _int(spec["experience_size"], f"{path}.experience_size", minimum=1),
+            "access_task_boundaries": access}
 
 
 def _model(entry) -> dict:

@@ -64,7 +64,8 @@ def recipe_key(scenario: dict) -> str:
         >>> recipe_key({"benchmark": "split_mnist", "task_incremental": True, "n_experiences": 5})
         'split_mnist_task'
     """
-    return scenario["benchmark"] + ("_task" if scenario.get("task_incremental") else "")
+    return (scenario["benchmark"] + ("_task" if scenario.get("task_incremental") else "")
+            + ("_online" if scenario.get("online") else ""))  # never an offline recipe for an online stream
 
 
 def _describe(recipes: dict) -> str:
@@ -82,9 +83,11 @@ def find_recipe(scenario: dict, name: str, where: str, folder=None) -> tuple[str
     key = recipe_key(scenario)
     recipe = recipes.get(key)
     n_experiences = scenario.get("n_experiences") or 5
-    if recipe is None or recipe["scenario"].get("n_experiences", 5) != n_experiences:
+    if (recipe is None or recipe["scenario"].get("n_experiences", 5) != n_experiences
+            or recipe["scenario"].get("online") != scenario.get("online")):
         raise ConfigError(f"{where}: no recipe for scenario {scenario['name']!r} ({scenario['benchmark']}, "
-                          f"{n_experiences} experiences{', task-incremental' if scenario.get('task_incremental') else ''})"
+                          f"{n_experiences} experiences{', task-incremental' if scenario.get('task_incremental') else ''}"
+                          f"{', online ' + str(scenario['online']) if scenario.get('online') else ''})"
                           f"; recipes exist for: {_describe(recipes)}")
     if name not in recipe["strategies"]:
         raise ConfigError(f"{where}: the {key} recipes have no {name!r}; they have "

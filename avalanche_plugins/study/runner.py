@@ -92,6 +92,8 @@ def run_job(job: StudyJob, log_dir: str | None = None) -> dict:
         status, cause = "callback", str(error)
     except Exception as error:  # noqa: BLE001 - a failed run is recorded, the study goes on
         status, cause = "error", f"{type(error).__name__}: {error}"
+    if job.scenario.online and "access_task_boundaries=True" in cause:  # say it in the config's terms
+        cause += f" (scenario {job.scenario.name}: set online.access_task_boundaries: true)"
     return {**row, **{m: float("nan") for m in SCORES}, "wall_s": float("nan"), "train_s": float("nan"),
             "diagnostics_s": float("nan"), "peak_memory_mb": float("nan"), "callback_s": {},
             "accuracy_matrix": [], "til_matrix": [], "baseline_accuracy": [], "metrics": [],
@@ -178,8 +180,9 @@ def _train(job: StudyJob, log_dir: str | None, facts: dict) -> dict:
         baseline = [_initial_accuracy(strategy, experience) for experience in benchmark.test_stream]
         try:
             with Timer() as timer, quiet_deprecations():
-                for experience in benchmark.train_stream:
-                    strategy.train(experience, num_workers=0)
+                for experiences in _training_units(benchmark.train_stream, job.scenario, job.seed):
+                    for experience in experiences:
+                        strategy.train(experience, num_workers=0)
                     strategy.eval(benchmark.test_stream, num_workers=0)
         finally:
             _close(loggers)
@@ -196,6 +199,32 @@ def _train(job: StudyJob, log_dir: str | None, facts: dict) -> dict:
             "callback_s": dict(ledger), "peak_memory_mb": _peak_memory_mb(job.training.device),
             "accuracy_matrix": acc.tolist(), "til_matrix": til.tolist(), "baseline_accuracy": baseline,
             "metrics": rows}
+
+
+def _training_units(train_stream, scenario: ScenarioSpec, seed: int):
+    """What is trained between two evaluations: each experience (offline), or the sub-experiences
+    of each original experience of Avalanche's ``split_online_stream`` (a scenario's ``online:``;
+    shuffled with the run's seed), so ``R[i, j]`` is measured once per original experience."""
+    if not scenario.online:
+        for experience in train_stream:
+            yield [experience]
+        return
+    from avalanche.benchmarks.scenarios.online import split_online_stream
+
+    from avalanche_plugins._avalanche.boundaries import evaluated_experience_id
+
+    subs = split_online_stream(train_stream, scenario.online["experience_size"], seed=seed,
+                               access_task_boundaries=scenario.online["access_task_boundaries"])
+    unit, origin = [], None
+    for sub in subs:
+        sub_origin = evaluated_experience_id(sub)
+        if unit and sub_origin != origin:
+            yield unit
+            unit = []
+        unit.append(sub)
+        origin = sub_origin
+    if unit:
+        yield unit
 
 
 def _close(loggers) -> None:

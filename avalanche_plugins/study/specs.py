@@ -31,7 +31,10 @@ def dotted_modules(*names: str) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class ScenarioSpec:
     """One scenario: a built-in benchmark name (with ``n_experiences``, ``task_incremental``,
-    ``data_root``) or a factory ``package.module:callable`` (with ``kwargs``)."""
+    ``data_root``) or a factory ``package.module:callable`` (with ``kwargs``). ``online``
+    (``{"experience_size": int, "access_task_boundaries": bool}``, None: offline) trains on
+    Avalanche's ``split_online_stream`` of the training stream, evaluating after each original
+    experience."""
 
     name: str
     benchmark: str
@@ -39,6 +42,7 @@ class ScenarioSpec:
     task_incremental: bool = False
     data_root: str | None = None
     kwargs: dict = field(default_factory=dict)
+    online: dict | None = None
 
     @property
     def is_factory(self) -> bool:
@@ -50,7 +54,7 @@ class ScenarioSpec:
     def as_dict(self) -> dict:
         return {"name": self.name, "benchmark": self.benchmark, "n_experiences": self.n_experiences,
                 "task_incremental": self.task_incremental, "data_root": self.data_root,
-                "kwargs": copy.deepcopy(self.kwargs)}
+                "kwargs": copy.deepcopy(self.kwargs), **({"online": dict(self.online)} if self.online else {})}
 
 
 @dataclass(frozen=True)
