@@ -230,3 +230,38 @@ def test_expected_labels_match_a_dense_loop_over_samples_and_classes(debias):
             gram = gram.masked_fill(owner[:, None] == owner[None, :], 0.0) * n / (n - 1)
         tops.append(float(torch.linalg.eigvalsh(gram)[-1]))
     np.testing.assert_allclose(spec.top, tops, rtol=1e-5)
+
+
+@pytest.mark.parametrize("debias", [True, False])
+def test_conv_layers_gram_from_activations_equals_per_sample_gradients(debias, monkeypatch):
+    """Sampled labels: a ``Conv2d`` on a small map takes its Gram from its inputs' patches and its
+    output gradients (``Σ_{t,s} (u_it·u_js)(δ_it·δ_js)``, plus the bias term); it equals the
+    per-sample-gradient path (itself checked against dense loops above) for strides, padding,
+    dilation, with and without bias, blocks of samples smaller than the batch."""
+    from avalanche_plugins.layer_adaptive import fisher_blocks
+
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                          nn.Conv2d(4, 5, 3, stride=2, padding=2, dilation=2, bias=False), nn.Tanh(),
+                          nn.Conv2d(5, 3, 2), nn.Flatten(), nn.Linear(27, 3)).eval()
+    x, y = torch.randn(20, 2, 7, 7), torch.zeros(20, dtype=torch.long)
+    layers = discover_layers(model, x[:2])
+    monkeypatch.setattr(fisher_blocks, "_conv_pays", lambda module, a, out: a.dim() == 4)
+    monkeypatch.setattr(fisher_blocks, "CONV_BLOCK_POSITIONS", 20)  # blocks of 1-2 samples
+    grams = fisher_blocks._conv_layer_grams(model, x, y, fisher_blocks.task_groups(model, 20, None), layers, 7)
+    assert sorted(grams) == ["0", "3", "5"]
+    fast = layer_fisher_eigenvalues(model, CE, x, y, chunk_size=7, seed=2, debias=debias)
+    monkeypatch.setattr(fisher_blocks, "_conv_layer_grams", lambda *args: {})
+    reference = layer_fisher_eigenvalues(model, CE, x, y, chunk_size=7, seed=2, debias=debias)
+    # float32 gradients either way, summed in another order: float32 rounding of the products
+    np.testing.assert_allclose(fast.top, reference.top, rtol=1e-5)
+    assert (fast.top > 0).all()
+
+
+def test_conv_gram_pays_on_the_late_layers_of_a_resnet_only():
+    from avalanche_plugins.layer_adaptive.fisher_blocks import _conv_pays
+
+    late, early = nn.Conv2d(512, 512, 3, padding=1), nn.Conv2d(64, 64, 3, padding=1)
+    assert _conv_pays(late, torch.zeros(1, 512, 4, 4), torch.zeros(1, 512, 4, 4))  # 16 positions
+    assert not _conv_pays(early, torch.zeros(1, 64, 32, 32), torch.zeros(1, 64, 32, 32))
+    assert not _conv_pays(nn.Conv2d(512, 512, 3, groups=2), torch.zeros(1, 512, 4, 4), torch.zeros(1, 512, 2, 2))
