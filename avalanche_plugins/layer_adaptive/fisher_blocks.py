@@ -18,7 +18,9 @@ layer at once; layers are grouped so that the stored gradients of a group fit in
 (more groups, more passes, bounded memory). A ``Linear`` layer on ``(samples, features)`` inputs
 needs no per-sample gradients (with sampled labels): sample ``i``'s gradient is ``δ_i a_iᵀ``, so
 ``K_ℓ = ((ΔΔᵀ) ⊙ (AAᵀ) + ΔΔᵀ) / N`` from its inputs ``A`` and output gradients ``Δ`` of ordinary
-batched backward passes.
+batched backward passes; a ``Conv2d`` on a small map (a ResNet's last stage, whose per-sample
+gradients are the largest) likewise from its input patches and output gradients, summed over
+positions, wherever that costs fewer multiply-adds (``_conv_pays``).
 
 **Small-sample bias.** With ``P_ℓ ≫ N`` the per-sample gradients are nearly orthogonal and
 ``λ_max(K_ℓ)`` is dominated by the largest single ``‖g_i‖² / N`` — each sample's product with
