@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = ("split_digits", "split_mnist", "split_mnist_task", "permuted_mnist")
+SCENARIOS = ("split_digits", "split_mnist", "split_mnist_task", "permuted_mnist", "split_digits_online")
 RECIPES = ROOT / "avalanche_plugins" / "study" / "recipes"
 KEPT = ROOT / "docs" / "results" / "recipes"
 
@@ -45,7 +45,8 @@ def recipe_from_results(saved: dict) -> tuple[dict, list[str]]:
     config = saved["config"]
     scenario = dict(config["scenarios"][0])
     key = scenario["name"]
-    recipe = {"scenario": {k: scenario[k] for k in ("benchmark", "n_experiences", "task_incremental")},
+    recipe = {"scenario": {k: scenario[k] for k in ("benchmark", "n_experiences", "task_incremental", "online")
+                           if k != "online" or scenario.get("online")},
               "model": config["model"], "training": config["training"],
               "tuned_by": {"config": f"studies/recipes/{key}.yaml", "command": saved.get("command"),
                            "code_version": saved.get("code_version"),

@@ -326,3 +326,15 @@ def test_an_online_scenario_never_takes_an_offline_recipe():
               "strategies": [{"name": "Replay", "recipe": True}]}
     with pytest.raises(ConfigError, match=r"no recipe for scenario 'split_digits' .*online"):
         load_study(config)
+
+
+def test_the_online_baselines_have_shipped_recipes_and_the_online_study_takes_them():
+    from pathlib import Path
+
+    from avalanche_plugins.study.recipe_book import load_recipes
+
+    recipe = load_recipes()["split_digits_online"]
+    assert recipe["scenario"]["online"] == {"experience_size": 10, "access_task_boundaries": True}
+    assert {"Naive", "Replay", "ER_ACE", "MIR"} <= set(recipe["strategies"])
+    study = load_study(Path(__file__).resolve().parents[1] / "studies" / "online_digits.yaml", quick=True)
+    assert study.strategy("MIR").on("online_split_digits").recipe == "split_digits_online/MIR"
