@@ -57,6 +57,7 @@ from avalanche_plugins.study.harness.models import build_model
 from avalanche_plugins.study.harness.results import (
     format_table,
     print_report,
+    rounded_floats,
     summarize,
     write_results,
 )
@@ -676,16 +677,6 @@ def claim4_table(by: dict) -> list[str]:
     return out
 
 
-def _rounded(value, digits: int = 6):
-    if isinstance(value, float):
-        return float(f"{value:.{digits}g}")
-    if isinstance(value, dict):
-        return {k: _rounded(v, digits) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_rounded(v, digits) for v in value]
-    return value
-
-
 def compact_row(row: dict) -> dict:
     """A row as a kept run stores it (``--merge``): without the unit indices of every edit and with
     every float at 6 significant digits (the report prints 3 decimals); ``--report`` reads it unchanged.
@@ -697,7 +688,7 @@ def compact_row(row: dict) -> dict:
     out = dict(row)
     if row.get("edits"):
         out["edits"] = [{k: v for k, v in e.items() if k != "units"} for e in row["edits"]]
-    return _rounded(out)
+    return rounded_floats(out)
 
 
 VALUES = ("acc", "taa", "ticket_acc", "ticket_taa", "newborn_grad_ratio", "plasticity")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from avalanche_plugins.study.harness.results import rounded_floats
 from benchmarks.plasticity_ranking.ranking import (
     cost_ratios,
     headlines,
@@ -156,16 +157,6 @@ def report(saved: dict) -> str:
     return head + format_report(analysis(rows, saved["checkpoints"], settings))
 
 
-def _rounded(value, digits: int = 10):
-    if isinstance(value, float):
-        return float(f"{value:.{digits}g}")
-    if isinstance(value, dict):
-        return {k: _rounded(v, digits) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_rounded(v, digits) for v in value]
-    return value
-
-
 def keep(saved: dict, out_dir, name: str) -> list[str]:
     """The kept form of a run (docs/results/): ``NAME.json`` — results.json without the per-run PRA
     rows and their summary (``--report`` recomputes both from the checkpoints), floats at 10
@@ -175,7 +166,7 @@ def keep(saved: dict, out_dir, name: str) -> list[str]:
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    kept = _rounded({k: v for k, v in saved.items() if k not in ("runs", "summary")})
+    kept = rounded_floats({k: v for k, v in saved.items() if k not in ("runs", "summary")}, 10)
     (out / f"{name}.json").write_text(json.dumps(kept, separators=(",", ":")) + "\n")
     (out / f"{name}_tables.md").write_text(report(kept) + "\n")
     plot_decline(kept, out / f"{name}_decline.png")

@@ -26,6 +26,7 @@ from avalanche_plugins.study.harness.data import data_fingerprint
 from avalanche_plugins.study.harness.jobs import code_version, jsonable
 
 __all__ = [
+    "rounded_floats",
     "command_line",
     "machine_info",
     "versions",
@@ -57,6 +58,22 @@ def relative_paths(obj):
     if isinstance(obj, str):
         return _relative(obj)
     return obj
+
+
+def rounded_floats(value, digits: int = 6):
+    """``value`` with every float (in nested dicts and lists) rounded to ``digits`` significant
+    digits: the kept form of a results file, stable across machines and small in the repository.
+
+    >>> rounded_floats({"a": [0.123456789, 2], "b": 1.0000001}, 3)
+    {'a': [0.123, 2], 'b': 1.0}
+    """
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {k: rounded_floats(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded_floats(v, digits) for v in value]
+    return value
 
 
 def command_line(prog: str, argv: Sequence[str]) -> str:
