@@ -11,7 +11,7 @@ experience:
 2. the **layer map** (:func:`~avalanche_plugins.core.layers.discover_layers`): no tied weights,
    no layer run twice per forward pass, at least one parametrised layer;
 3. the component's own **probe**: its estimator run once on those few samples with the smallest
-   budget (one power iteration, one step), which meets what a structural check cannot foresee
+   budget (one Lanczos step, one step), which meets what a structural check cannot foresee
    (recurrent layers under ``vmap``, operations without forward-mode AD, a loss the estimator
    cannot use).
 

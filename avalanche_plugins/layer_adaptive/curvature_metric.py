@@ -48,7 +48,7 @@ def measure_profile(strategy, *, method: str, n_samples: int, chunk_size: int | 
 def curvature_probe(method: str, chunk_size: int | None = None):
     """The pre-flight probe of a component measuring s_ℓ by ``method``
     (:func:`avalanche_plugins._avalanche.preflight.preflight`): the estimator on the pre-flight's few
-    samples with the smallest budget (two power iterations for ``hessian``)."""
+    samples with the smallest budget (two Lanczos steps for ``hessian``)."""
 
     def probe(model, loss_fn, x, y, task_labels):
         options = {} if chunk_size is None else {"chunk_size": chunk_size}

@@ -84,7 +84,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
     :param decay_factor: required for (and only for) ``online``.
     :param curvature: how ``s_ℓ`` is measured: ``fisher`` (default; top eigenvalue of each layer's
         Fisher block, exact from per-sample gradients, bounded cost on a ResNet-18) or ``hessian``
-        (exact Hessian blocks by power iteration; see ``layer_adaptive.curvature``).
+        (exact Hessian blocks by block Lanczos; see ``layer_adaptive.curvature``).
     :param spectrum_samples: samples of each experience used to measure ``s_ℓ`` (None: 128 for
         ``fisher``, 256 for ``hessian``).
     :param spectrum_chunk_size: samples per vectorised call (None: the method's default, 16 for

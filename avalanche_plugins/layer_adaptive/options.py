@@ -30,7 +30,7 @@ __all__ = ["CurvatureOptions", "FisherOptions", "options_from"]
 class CurvatureOptions:
     """How s_ℓ is measured: ``curvature`` ``fisher`` | ``hessian``; ``spectrum_samples`` (None: 128
     for ``fisher``, 256 for ``hessian``); ``spectrum_chunk_size`` samples per vectorised call (None:
-    the method's default); ``spectrum_max_iter`` / ``spectrum_tol`` the power iteration's budget
+    the method's default); ``spectrum_max_iter`` / ``spectrum_tol`` the Lanczos solver's budget
     (``hessian``); ``seed`` for sample selection and start vectors."""
 
     curvature: str = "fisher"
