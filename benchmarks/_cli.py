@@ -31,6 +31,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from avalanche_plugins.study.cli import add_executor_arguments, positive_int
 from avalanche_plugins.study.harness import jobs
 from avalanche_plugins.study.harness.protocol import is_skipped, split_list
 from avalanche_plugins.study.harness.results import command_line
@@ -43,13 +44,6 @@ QUICK_SEEDS = 1
 EXECUTORS = jobs.EXECUTORS
 
 jobs.add_source_root(Path(__file__).resolve().parent)  # benchmark code is part of every benchmark job's key
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
 
 
 def benchmark_parser(name: str, description: str, *, skip_help: str = "") -> argparse.ArgumentParser:
@@ -71,21 +65,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, default_out: str, skip
                              "when absent")
     parser.add_argument("--quick", action="store_true",
                         help="small configuration (minutes on a 2-core CPU)")
-    parser.add_argument("--seeds", type=_positive_int, default=None, metavar="N",
+    parser.add_argument("--seeds", type=positive_int, default=None, metavar="N",
                         help=f"run seeds 0..N-1 (default {DEFAULT_SEEDS}; {QUICK_SEEDS} with --quick "
                              "unless --seeds is given)")
-    parser.add_argument("--workers", type=_positive_int, default=1, metavar="N",
-                        help="processes running jobs in parallel (default 1: in this process)")
-    parser.add_argument("--threads", type=_positive_int, default=1, metavar="N",
-                        help="torch threads per worker (default 1)")
-    parser.add_argument("--executor", choices=EXECUTORS, default="local",
-                        help="local: this process or a process pool (--workers); ray: Ray tasks, a local "
-                             "instance with workers x threads CPUs or the cluster at --address (needs the "
-                             "`ray` extra)")
-    parser.add_argument("--address", default=None, metavar="ADDR",
-                        help="Ray cluster to join (e.g. auto, HOST:6379, ray://HOST:10001); only with "
-                             "--executor ray")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_executor_arguments(parser)
     parser.add_argument("--out", default=default_out,
                         help="output folder: results.json/csv, plots and the resumable job cache "
                              f"jobs.jsonl (default {default_out})")

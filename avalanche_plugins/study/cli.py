@@ -22,17 +22,34 @@ from pathlib import Path
 
 from avalanche_plugins.study.registry import ConfigError
 
-__all__ = ["build_parser", "main", "run_command"]
+__all__ = ["add_executor_arguments", "build_parser", "main", "positive_int", "run_command"]
 
 PROG = "avalanche-study"
 EXECUTORS = ("local", "ray")
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
     return value
+
+
+def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where jobs run: ``--workers``, ``--threads``, ``--executor``, ``--address``, ``--no-progress``
+    (the study's ``run`` and every benchmark under ``benchmarks/`` take the same flags)."""
+    parser.add_argument("--workers", type=positive_int, default=1, metavar="N",
+                        help="processes running jobs in parallel (default 1)")
+    parser.add_argument("--threads", type=positive_int, default=1, metavar="N",
+                        help="torch threads per worker (default 1)")
+    parser.add_argument("--executor", choices=EXECUTORS, default="local",
+                        help="local: a process pool (--workers); ray: Ray tasks, a private local instance with "
+                             "workers x threads CPUs or the cluster at --address (needs the `ray` extra)")
+    parser.add_argument("--address", default=None, metavar="ADDR",
+                        help="Ray cluster to join (e.g. auto, HOST:6379, ray://HOST:10001); only with "
+                             "--executor ray")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def _add_run_flags(run: argparse.ArgumentParser) -> None:
@@ -42,19 +59,10 @@ def _add_run_flags(run: argparse.ArgumentParser) -> None:
                      help="folder holding the data of scenarios that name no data_root (MNIST/raw, "
                           "cifar-10-batches-py, cifar-100-python; e.g. ../shared/data)")
     run.add_argument("--quick", action="store_true", help="the config's quick: overrides (minutes on a 2-core CPU)")
-    run.add_argument("--seeds", type=_positive_int, default=None, metavar="N",
+    run.add_argument("--seeds", type=positive_int, default=None, metavar="N",
                      help="run seeds 0..N-1 (default: the config's seeds; 1 with --quick unless its quick: "
                           "says otherwise)")
-    run.add_argument("--workers", type=_positive_int, default=1, metavar="N",
-                     help="processes running jobs in parallel (default 1)")
-    run.add_argument("--threads", type=_positive_int, default=1, metavar="N",
-                     help="torch threads per worker (default 1)")
-    run.add_argument("--executor", choices=EXECUTORS, default="local",
-                     help="local: a process pool (--workers); ray: Ray tasks, a local instance with workers x "
-                          "threads CPUs or the cluster at --address (needs the `ray` extra)")
-    run.add_argument("--address", default=None, metavar="ADDR",
-                     help="Ray cluster to join (e.g. auto, HOST:6379, ray://HOST:10001); only with --executor ray")
-    run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_executor_arguments(run)
     run.add_argument("--out", default=None,
                      help="output folder: results.json/csv, tables, figures, report.md and the resumable job "
                           "cache jobs.jsonl (default out/study/<name>)")
