@@ -34,7 +34,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-__all__ = ["Boundary", "at_origin", "current_boundary", "enter_boundary", "evaluated_experience_id"]
+__all__ = [
+    "Boundary", "at_experience_end", "at_origin", "current_boundary", "enter_boundary", "evaluated_experience_id"]
 
 _TRACKER = "_boundary_tracker"
 
@@ -156,6 +157,17 @@ def at_origin(strategy, boundary: Boundary):
         yield
     finally:
         strategy.experience = experience
+
+
+def at_experience_end(owner, strategy, measure):
+    """``measure(boundary)`` once per original experience, at its end: after every experience
+    offline, after the last sub-experience online (with ``strategy.experience`` the original one,
+    :func:`at_origin`); ``None`` after the other sub-experiences."""
+    boundary = current_boundary(owner, strategy)
+    if not boundary.last:
+        return None
+    with at_origin(strategy, boundary):
+        return measure(boundary)
 
 
 def evaluated_experience_id(experience) -> int | None:

@@ -48,7 +48,12 @@ import time
 import torch
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche.boundaries import at_origin, current_boundary, enter_boundary
+from avalanche_plugins._avalanche.boundaries import (
+    at_experience_end,
+    at_origin,
+    current_boundary,
+    enter_boundary,
+)
 from avalanche_plugins._avalanche.data import experience_tensors
 from avalanche_plugins._avalanche.preflight import preflight, with_output_transform
 from avalanche_plugins._avalanche.recording import RecordingMetric
@@ -227,11 +232,7 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
 
     @with_output_transform
     def after_training_exp(self, strategy) -> list[MetricValue] | None:
-        boundary = current_boundary(self, strategy)
-        if not boundary.last:  # online: once per original experience, at its last sub-experience
-            return None
-        with at_origin(strategy, boundary):
-            return self._after(strategy, boundary.index)
+        return at_experience_end(self, strategy, lambda boundary: self._after(strategy, boundary.index))
 
     def _after(self, strategy, exp_counter: int) -> list[MetricValue] | None:
         values = None

@@ -27,7 +27,7 @@ import time
 
 from avalanche.evaluation.metric_results import MetricValue
 
-from avalanche_plugins._avalanche.boundaries import at_origin, current_boundary, enter_boundary
+from avalanche_plugins._avalanche.boundaries import at_experience_end, enter_boundary
 from avalanche_plugins._avalanche.data import metric_name
 from avalanche_plugins._avalanche.preflight import preflight, with_output_transform
 from avalanche_plugins._avalanche.recording import RecordingMetric
@@ -94,11 +94,7 @@ class LayerSensitivityMetric(RecordingMetric[dict]):
 
     @with_output_transform
     def after_training_exp(self, strategy) -> list[MetricValue] | None:
-        boundary = current_boundary(self, strategy)
-        if not boundary.last:  # online: once per original experience, at its last sub-experience
-            return None
-        with at_origin(strategy, boundary):
-            return self._measure(strategy, boundary.index)
+        return at_experience_end(self, strategy, lambda boundary: self._measure(strategy, boundary.index))
 
     def _measure(self, strategy, exp_id: int) -> list[MetricValue]:
         start = time.perf_counter()

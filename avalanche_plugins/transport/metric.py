@@ -40,8 +40,7 @@ import torch
 from avalanche.evaluation.metric_results import MetricValue
 
 from avalanche_plugins._avalanche.boundaries import (
-    at_origin,
-    current_boundary,
+    at_experience_end,
     enter_boundary,
     evaluated_experience_id,
 )
@@ -181,11 +180,7 @@ class TransportKeyMetric(RecordingMetric[dict]):
             self.layouts = {stage: self._layout for stage in self.stages}
 
     def after_training_exp(self, strategy):
-        boundary = current_boundary(self, strategy)
-        if not boundary.last:  # online: one snapshot per original experience, at its last sub-experience
-            return None
-        with at_origin(strategy, boundary):
-            return self._snapshot(strategy)
+        return at_experience_end(self, strategy, lambda boundary: self._snapshot(strategy))
 
     def _snapshot(self, strategy):
         exp_id = int(strategy.experience.current_experience)
