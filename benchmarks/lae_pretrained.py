@@ -2,7 +2,7 @@
 
 "Layers Matter" (Moser et al., 2026) measures κ = max_ℓ s_ℓ / min_ℓ s_ℓ = 22–195 on backbones
 pretrained on large data and finds early layers far more sensitive. The from-scratch runs of
-``benchmarks.layer_adaptive_ewc`` measure κ = 1.7–10. This benchmark pretrains the small CNN of
+``studies/layer_adaptive_ewc_*.yaml`` measure κ = 1.7–10. This benchmark pretrains the small CNN of
 ``benchmarks.grow_prune`` (4 conv blocks with BatchNorm, global average pooling; 5 layers with the
 head) to convergence on half the MNIST classes (0–4, ``--pretrain-epochs`` at SGD lr 0.05, the last two at 0.005), then continues on a
 stream of the rest ({5, 6}, then {7, 8, 9}), task-incremental (one head per experience) and/or

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from avalanche_plugins.study.config import Study, read_study
+from avalanche_plugins.study.diagnostics import summary_scalars
 from avalanche_plugins.study.harness.jobs import Timer, make_executor, run_jobs
 from avalanche_plugins.study.harness.protocol import (
     expand_grid,
@@ -32,9 +33,10 @@ from avalanche_plugins.study.provenance import provenance_lines, setting_lines, 
 from avalanche_plugins.study.registry import ErrorList
 from avalanche_plugins.study.runner import CONTEXT, StudyJob, run_job
 from avalanche_plugins.study.specs import ScenarioSpec, StrategySpec, apply_setting
-from avalanche_plugins.study.stats import summarize_study
+from avalanche_plugins.study.stats import summarize_diagnostics, summarize_study
 from avalanche_plugins.study.tables import (
     accuracy_matrix_tables,
+    diagnostics_tables,
     failed_runs_table,
     latex_tables,
     markdown_tables,
@@ -220,15 +222,19 @@ def write_outputs(study: Study, out: Path, test_rows, tuning_rows, chosen, wall_
     tuning = [{k: v for k, v in row.items() if k != "metrics"} for row in tuning_rows]
     names = [s.name for s in study.strategies]
     summary = summarize_study(runs, study.reference, names)
+    diagnostics = summarize_diagnostics(metrics, summary_scalars(), names)
     tables = {"markdown": markdown_tables(summary, study.reference), "latex": latex_tables(summary, study.reference),
-              "failed": failed_runs_table(summary), "matrices": accuracy_matrix_tables(summary)}
+              "failed": failed_runs_table(summary), "matrices": accuracy_matrix_tables(summary),
+              "diagnostics": diagnostics_tables(diagnostics)}
+    if diagnostics:
+        tables["latex"] += "\n\n" + diagnostics_tables(diagnostics, latex=True)
     (out / "tables.md").write_text(_tables_md(tables) + "\n")
     (out / "tables.tex").write_text(tables["latex"] + "\n")
     figures = make_figures(runs, metrics, out / "figures", names)
     data = study_provenance(study.scenarios, study.sources, [*runs, *tuning])
     write_results(out, command=command, data=data, config=study.as_dict(), rows=runs, summary=summary,
                   wall_seconds=wall_seconds, extra={"study": study.name, "source": study.source, "reference": study.reference,
-                         "chosen": chosen, "tuning": tuning, "tables": tables,
+                         "chosen": chosen, "tuning": tuning, "tables": tables, "diagnostics": diagnostics,
                          "figures": [p.relative_to(out).as_posix() for p in figures]})
     print_report(out / "results.json", report, out_dir=out, echo=False)
     if echo:
@@ -242,9 +248,15 @@ def _tables_md(tables: dict) -> str:
     parts = [tables["markdown"]]
     if tables.get("failed"):
         parts += ["## Failed runs", "Not scored: left out of every mean, interval and test.", tables["failed"]]
+    if tables.get("diagnostics"):
+        parts += ["## Diagnostics", _DIAGNOSTICS_NOTE, tables["diagnostics"]]
     if tables.get("matrices"):
         parts += ["## Final accuracy matrices", tables["matrices"]]
     return "\n\n".join(parts)
+
+
+_DIAGNOSTICS_NOTE = ("Mean ± std over seeds of each test run's mean over its measurements (every experience a value "
+                     "was logged at).")
 
 
 def _recipe_lines(config: dict) -> list[str]:
@@ -326,6 +338,8 @@ def report(saved: dict) -> str:
     tuning_failed = _failed_tuning_lines(saved)
     if tuning_failed:
         lines += ["Failed tuning runs (the grid setting was not chosen):", "", *tuning_failed, ""]
+    if saved["tables"].get("diagnostics"):
+        lines += ["## Diagnostics", "", _DIAGNOSTICS_NOTE, "", saved["tables"]["diagnostics"], ""]
     figures = saved.get("figures", [])
     if figures:
         lines += ["## Figures", ""]

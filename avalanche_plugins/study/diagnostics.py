@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["ACCURACY", "ALWAYS", "ATTACHED", "AUTO", "CATALOG", "TASK_IL_ACCURACY", "Diagnostic", "RunContext", "always_metrics",
-           "check_kwargs", "configured_metrics", "figure_keys", "run_analyses"]
+           "check_kwargs", "configured_metrics", "figure_keys", "run_analyses",
+           "summary_scalars"]
 
 ALWAYS = ("accuracy_metrics", "forgetting_metrics", "bwt_metrics")  # Avalanche's helpers attached to every run
 ATTACHED = (*ALWAYS, "TaskILAccuracyMetric")  # what the study attaches itself: never named in a config
@@ -41,12 +42,17 @@ class Diagnostic:
     """One catalog entry. ``injected``: arguments the study always supplies (never in a config);
     ``optional``: arguments the study chooses when the config leaves them out or says ``auto``;
     ``prepare(kwargs, run)``: the final kwargs for one run (``None``: leave the metric off this
-    run); ``figure``: the key of its figure in :mod:`avalanche_plugins.study.figures`."""
+    run); ``figure``: the key of its figure in :mod:`avalanche_plugins.study.figures`;
+    ``summary``: ``(emitted scalar, column title)`` pairs the report's Diagnostics table gives,
+    per strategy, as the mean over seeds of each run's mean of the logged values (whichever
+    component logged them: ``LayerAdaptiveEWCPlugin(log_profile=True)`` logs the same κ and α̂ as
+    ``LayerSensitivityMetric``)."""
 
     injected: tuple[str, ...] = ()
     optional: tuple[str, ...] = ()
     prepare: Callable[[dict, RunContext], dict | None] | None = None
     figure: str | None = None
+    summary: tuple[tuple[str, str], ...] = ()
 
 
 def _cycle_accuracy(kwargs: dict, run: RunContext) -> dict:
@@ -76,10 +82,12 @@ def _transport(kwargs: dict, run: RunContext) -> dict:
 
 
 CATALOG: dict[str, Diagnostic] = {  # config name -> entry, in figure order
-    "OptimizationReadinessMetric": Diagnostic(figure="readiness"),
-    "ArchitectureDrivenShiftMetric": Diagnostic(figure="ads"),
+    "OptimizationReadinessMetric": Diagnostic(figure="readiness", summary=(("OptimizationReadiness", "OR"),)),
+    "ArchitectureDrivenShiftMetric": Diagnostic(figure="ads", summary=(("ADS", "ADS predicted"),
+                                                                        ("ADSRealisedShift", "ADS realised"))),
     "TransportKeyMetric": Diagnostic(optional=("stages",), prepare=_transport, figure="transport"),
-    "LayerSensitivityMetric": Diagnostic(figure="curvature"),
+    "LayerSensitivityMetric": Diagnostic(figure="curvature", summary=(("LayerSensitivityKappa", "κ"),
+                                                                      ("LayerSensitivityAlphaHat", "α̂"))),
     "CycleAccuracyMetric": Diagnostic(injected=("test_stream",), prepare=_cycle_accuracy, figure="structural"),
     "NewbornGradientMetric": Diagnostic(injected=("grow_plugin",), prepare=_newborn, figure="structural"),
 }
@@ -130,6 +138,11 @@ def run_analyses(run: RunContext) -> list:
     from avalanche_plugins.structural.compactness_metric import CompactnessMetric
 
     return [CompactnessMetric(p) for p in run.editing()]
+
+
+def summary_scalars() -> dict[str, str]:
+    """``{emitted scalar: column title}`` of the report's Diagnostics table, in catalog order."""
+    return {name: title for entry in CATALOG.values() for name, title in entry.summary}
 
 
 def figure_keys() -> list[str]:

@@ -31,7 +31,7 @@ from avalanche_plugins.study.harness.training import average_accuracy, average_f
 
 __all__ = ["METRICS", "HIGHER_IS_BETTER", "MIN_SEEDS_FOR_TESTS", "SCORES", "TESTED", "backward_transfer",
            "bootstrap_interval", "describe", "forgetting_per_experience", "forward_transfer", "holm",
-           "paired_test", "run_scores", "summarize_study", "describe_columns"]
+           "paired_test", "run_scores", "summarize_diagnostics", "summarize_study", "describe_columns"]
 
 SCORES = ("acc", "acc_til", "forgetting", "bwt", "fwt")  # from the accuracy matrices of one run
 COSTS = ("train_s", "diagnostics_s", "peak_memory_mb")  # what the run cost
@@ -228,6 +228,39 @@ def summarize_study(rows: Sequence[Mapping], reference: str, strategies: Sequenc
                 entry["tests"][metric] = {**test, "p_holm": p_holm}
         summary += entries
     return summary
+
+
+def summarize_diagnostics(metric_rows: Sequence[Mapping], scalars: Mapping[str, str],
+                          strategies: Sequence[str]) -> list[dict]:
+    """Per (scenario, strategy) that logged any of ``scalars`` (``{metric name: title}``):
+    ``{title: describe(...)}`` over seeds of each run's mean of that metric's finite values (every
+    experience it was measured at; keyed values are left out). ``metric_rows`` are tidy rows
+    (``scenario``, ``strategy``, ``seed``, ``metric``, ``key``, ``value``). Order: scenarios as they
+    appear, strategies as given, titles as in ``scalars``.
+
+    Example:
+        >>> rows = [{"scenario": "s", "strategy": "A", "seed": seed, "metric": "K", "key": "", "value": v}
+        ...         for seed, v in [(0, 2.0), (0, 4.0), (1, 5.0)]]
+        >>> entry = summarize_diagnostics(rows, {"K": "κ"}, ["A"])[0]
+        >>> entry["strategy"], entry["κ"]["mean"], entry["κ"]["n"]
+        ('A', 4.0, 2)
+    """
+    values: dict = {}
+    for row in metric_rows:
+        if row["metric"] in scalars and not row.get("key"):
+            value = float(row["value"]) if row["value"] not in ("", None) else math.nan
+            if math.isfinite(value):
+                cell = values.setdefault((row["scenario"], row["strategy"]), {})
+                cell.setdefault(scalars[row["metric"]], {}).setdefault(str(row["seed"]), []).append(value)
+    out = []
+    for scenario in dict.fromkeys(row["scenario"] for row in metric_rows):
+        for strategy in strategies:
+            cell = values.get((scenario, strategy))
+            if cell:
+                out.append({"scenario": scenario, "strategy": strategy,
+                            **{title: describe([float(np.mean(v)) for v in cell[title].values()])
+                               for title in scalars.values() if title in cell}})
+    return out
 
 
 def describe_columns(rows: Sequence[Sequence[float]]) -> list[dict]:

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 from avalanche_plugins.study.stats import COSTS, HIGHER_IS_BETTER, MIN_SEEDS_FOR_TESTS, TESTED
 
-__all__ = ["COLUMN_TITLES", "accuracy_matrix_tables", "failed_runs_table", "format_cell", "latex_tables",
+__all__ = ["COLUMN_TITLES", "accuracy_matrix_tables", "diagnostics_tables", "failed_runs_table", "format_cell", "latex_tables",
            "markdown_tables"]
 
 COLUMN_TITLES = {"acc": "ACC ↑", "acc_til": "ACC task-IL ↑", "bwt": "BWT ↑", "forgetting": "Forgetting ↓",
@@ -180,6 +180,28 @@ def latex_tables(summary: Sequence[Mapping], reference: str) -> str:
     matrices = accuracy_matrix_tables(summary, latex=True)
     if matrices:
         blocks.append(matrices)
+    return "\n\n".join(blocks)
+
+
+def diagnostics_tables(entries: Sequence[Mapping], latex: bool = False) -> str:
+    """Per scenario, the diagnostics' scalars per strategy (``mean ± std`` over seeds of each run's
+    mean over its measurements; :func:`~avalanche_plugins.study.stats.summarize_diagnostics`);
+    ``""`` when no run logged one."""
+    blocks = []
+    for scenario in dict.fromkeys(e["scenario"] for e in entries):
+        part = [e for e in entries if e["scenario"] == scenario]
+        titles = list(dict.fromkeys(k for e in part for k in e if k not in ("scenario", "strategy")))
+        header = ["strategy", *titles]
+        rows = [[e["strategy"], *(format_cell(e[t], latex=latex, interval=False) if t in e else "—" for t in titles)]
+                for e in part]
+        if latex:
+            rows = [[_escape(row[0], True), *row[1:]] for row in rows]
+            blocks.append(_latex_table(f"{_escape(scenario, True)}: diagnostics, mean over each run's measurements",
+                                       [h.capitalize() for h in header], rows, "l" + "c" * len(titles)))
+            continue
+        lines = [f"### {scenario}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 
 

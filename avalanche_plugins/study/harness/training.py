@@ -1,9 +1,9 @@
-"""Training loops, the accuracy matrix, ACC and forgetting, written once for every benchmark.
+"""Hand-written training loops, accuracy, ACC and forgetting, written once for every benchmark.
 
-* Avalanche strategies: :class:`TrainConfig` (everything that defines a run besides the method
-  and the seed), :func:`run_strategy` (stream, model, ``Naive`` strategy with a method's plugins,
-  trained with :func:`run_stream`), :func:`quiet_evaluator` / :func:`accuracy_evaluator`,
-  :func:`quiet_deprecations`.
+Avalanche strategies are trained by the study (:mod:`avalanche_plugins.study.runner`: one harness);
+this module keeps what the benchmarks that a study cannot express share:
+
+* Avalanche helpers: :func:`quiet_evaluator` / :func:`accuracy_evaluator`, :func:`quiet_deprecations`.
 * Hand-written loops on tensors: :func:`train_minibatches` (shuffled minibatch epochs with Adam
   or SGD and a seeded generator).
 * Accuracy: :func:`accuracy` (logits), :func:`batched_accuracy` (a forward over chunks); over a
@@ -18,38 +18,25 @@
 from __future__ import annotations
 
 import contextlib
-import re
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from avalanche_plugins import quiet_evaluator
-from avalanche_plugins.study.harness.data import make_stream
-from avalanche_plugins.study.harness.jobs import Timer, seed_everything
-from avalanche_plugins.study.harness.models import build_model
 
 __all__ = [
-    "TrainConfig",
     "accuracy",
     "accuracy_evaluator",
     "average_accuracy",
     "average_forgetting",
     "batched_accuracy",
-    "config_stream",
     "quiet_deprecations",
     "quiet_evaluator",
-    "run_strategy",
-    "run_stream",
     "train_minibatches",
 ]
-
-_ACC_EXP = re.compile(r"^Top1_Acc_Exp/eval_phase/test_stream/(?:Task\d+/)?Exp(\d+)$")
-
 
 @contextlib.contextmanager
 def quiet_deprecations():
@@ -70,32 +57,10 @@ def quiet_deprecations():
 
 
 def accuracy_evaluator(*extra_metrics, loggers=()):
-    """:func:`quiet_evaluator` with per-experience accuracy (what :func:`run_stream` reads)."""
+    """:func:`quiet_evaluator` with per-experience accuracy (``Top1_Acc_Exp``)."""
     from avalanche.evaluation.metrics import accuracy_metrics
 
     return quiet_evaluator(accuracy_metrics(experience=True), *extra_metrics, loggers=loggers)
-
-
-def run_stream(strategy, benchmark, *, progress: str | None = None, eval_every_experience: bool = True,
-               **train_kwargs) -> np.ndarray:
-    """Train ``strategy`` on every experience of ``benchmark.train_stream``; after each one
-    evaluate on the whole test stream. Returns the accuracy matrix ``R`` (T × T).
-
-    With ``eval_every_experience=False`` only the final row is measured (others are NaN).
-    """
-    train_stream, test_stream = benchmark.train_stream, benchmark.test_stream
-    n = len(train_stream)
-    acc = np.full((n, len(test_stream)), np.nan)
-    for i, experience in enumerate(tqdm(train_stream, desc=progress, disable=progress is None, leave=False)):
-        with quiet_deprecations():
-            strategy.train(experience, num_workers=0, **train_kwargs)
-        if eval_every_experience or i == n - 1:
-            metrics = strategy.eval(test_stream, num_workers=0)
-            for name, value in metrics.items():
-                match = _ACC_EXP.match(name)
-                if match:
-                    acc[i, int(match.group(1))] = value
-    return acc
 
 
 def average_accuracy(acc: np.ndarray) -> float:
@@ -120,68 +85,6 @@ def average_forgetting(acc: np.ndarray) -> float:
     last = acc.shape[0] - 1
     drops = [np.nanmax(acc[j:last, j]) - acc[last, j] for j in range(last)]
     return float(np.mean(drops))
-
-
-@dataclass
-class TrainConfig:
-    """Everything that defines one Avalanche run besides the method and the seed."""
-
-    dataset: str = "digits"
-    scenario: str = "split"
-    n_experiences: int = 5
-    task_incremental: bool = False
-    model: str = "mlp"
-    hidden: tuple[int, ...] = (128, 128)
-    model_kwargs: dict = field(default_factory=dict)  # for non-MLP models (e.g. CNN widths)
-    lr: float = 0.05
-    momentum: float = 0.0
-    epochs: int = 5
-    batch_size: int = 32
-    ewc_lambda: float = 100.0
-    si_lambda: float = 10000.0
-    gem_patterns: int = 64
-    gem_strength: float = 0.5
-    replay_mem: int = 100
-    data_root: str | None = None
-    validation: bool = False
-    extra: dict = field(default_factory=dict)
-
-
-def config_stream(cfg: TrainConfig, seed: int):
-    """The stream of ``cfg`` for ``seed`` (class order, permutations, validation split)."""
-    return make_stream(cfg.dataset, cfg.scenario, n_experiences=cfg.n_experiences,
-                       task_incremental=cfg.task_incremental, data_root=cfg.data_root, seed=seed,
-                       validation=cfg.validation)
-
-
-def run_strategy(plugins_for: Callable, name: str, cfg: TrainConfig, seed: int, *, stream=None,
-                 keep_strategy: bool = False, progress: bool = True) -> dict:
-    """Train a ``Naive`` strategy with ``plugins_for(name, cfg)`` on ``cfg``'s stream with ``seed``
-    (plain SGD, ``cfg.lr`` / ``cfg.momentum``) and return a row: ACC, forgetting, wall time and
-    the accuracy matrix (plus the strategy with ``keep_strategy``)."""
-    from avalanche.training.supervised import Naive
-
-    stream = stream or config_stream(cfg, seed)
-    seed_everything(seed)  # after the stream: Avalanche's generators reseed torch
-    model_kwargs = {"hidden": cfg.hidden} if cfg.model == "mlp" else dict(cfg.model_kwargs)
-    model = build_model(cfg.model, stream.input_shape, stream.n_classes,
-                        multihead=cfg.task_incremental, **model_kwargs)
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-    strategy = Naive(model=model, optimizer=optimizer, criterion=torch.nn.CrossEntropyLoss(),
-                     train_mb_size=cfg.batch_size, train_epochs=cfg.epochs, eval_mb_size=512,
-                     device="cpu", plugins=plugins_for(name, cfg), evaluator=accuracy_evaluator())
-    with Timer() as timer:
-        acc = run_stream(strategy, stream.benchmark, progress=f"{name} seed {seed}" if progress else None)
-    return {
-        "strategy": name,
-        "scenario": stream.description,
-        "seed": seed,
-        "acc": average_accuracy(acc),
-        "forgetting": average_forgetting(acc),
-        "wall_s": timer.seconds,
-        "accuracy_matrix": acc.tolist(),
-        **({"strategy_object": strategy} if keep_strategy else {}),
-    }
 
 
 def train_minibatches(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float,
