@@ -1,20 +1,86 @@
-"""Edit cycles of Grow / Prune: counting training epochs into cycles, and the trajectory-average
-accuracy over the cycles (plain Python; shared by the plugins and the metrics).
+"""Edit cycles of Grow / Prune: counting training into cycles, and the trajectory-average accuracy
+over the cycles (plain Python; shared by the plugins and the metrics).
+
+A cycle is ``length`` units of training, in one of three units (``cycle_unit``):
+
+* ``"epochs"`` (the default; ``epochs_per_cycle``): a cycle ends after every ``length``-th training
+  epoch and the next edit comes at the start of the following epoch. On an online stream
+  (``split_online_stream``) one *pass over an original experience's sub-stream* counts as one
+  epoch (whatever ``train_epochs`` / ``train_passes`` each sub-experience gets): the clock then
+  counts original experiences, and edits come at the first sub-experience of an original
+  experience.
+* ``"iterations"``: a cycle ends after every ``length``-th training iteration (optimizer step of the
+  strategy's loop) and the next edit comes at the start of the following iteration, whatever
+  the experience or sub-experience boundaries.
+* ``"samples"``: a cycle ends at the first iteration at which the training samples counted so far
+  (``len(strategy.mb_y)`` per iteration: the minibatch as the strategy's loop sees it, replayed
+  samples included when the strategy concatenates them into it) reach the next multiple of
+  ``length``; the edit comes at the start of the following iteration. A minibatch that reaches two
+  multiples at once ends two cycles (``cycle`` counts both) with one edit and one evaluation;
+  the plugins refuse ``length < train_mb_size`` before training so that plain minibatches never do.
+
+Iterations and samples do not depend on how a stream is cut, so they are the natural unit on an
+online stream (an edit every 500 samples, say) and mean the same on any stream. With
+``scope="stream"`` the count runs across experiences; with ``scope="experience"`` it restarts at
+every (original) experience, so a cycle never spans an experience boundary and a cycle that
+ends with the experience brings no edit.
 """
 
 from __future__ import annotations
 
 from avalanche_plugins.core.checks import check_choice, check_int
 
-__all__ = ["CYCLE_SCOPES", "CycleClock", "trajectory_average"]
+__all__ = ["CYCLE_SCOPES", "CYCLE_UNITS", "CycleClock", "check_sample_cycle", "cycle_settings", "minibatch_samples",
+           "trajectory_average"]
 
 
 CYCLE_SCOPES = ("stream", "experience")
+CYCLE_UNITS = ("epochs", "iterations", "samples")
 
+
+def cycle_settings(epochs_per_cycle, cycle_unit: str, cycle_length) -> tuple[str, int]:
+    """``(unit, length)`` of the cycle a component's arguments ask for, checked: ``epochs_per_cycle``
+    (default 1) with ``cycle_unit="epochs"``, ``cycle_length`` with ``"iterations"`` / ``"samples"``
+    (``cycle_length`` may repeat ``epochs_per_cycle`` with ``"epochs"``).
+
+    Example:
+        >>> cycle_settings(None, "epochs", None), cycle_settings(3, "epochs", None)
+        (('epochs', 1), ('epochs', 3))
+        >>> cycle_settings(None, "samples", 500)
+        ('samples', 500)
+        >>> cycle_settings(2, "iterations", 100)
+        Traceback (most recent call last):
+        ...
+        ValueError: epochs_per_cycle=2 counts epochs, but cycle_unit='iterations': give the cycle length as cycle_length=... only
+    """
+    check_choice("cycle_unit", cycle_unit, CYCLE_UNITS)
+    if cycle_unit == "epochs":
+        if epochs_per_cycle is not None and cycle_length is not None and epochs_per_cycle != cycle_length:
+            raise ValueError(f"epochs_per_cycle={epochs_per_cycle} and cycle_length={cycle_length} disagree "
+                             "(with cycle_unit='epochs' both are the epochs per cycle): give one of them")
+        length = epochs_per_cycle if epochs_per_cycle is not None else (cycle_length if cycle_length is not None else 1)
+        check_int("epochs_per_cycle", length)
+        return cycle_unit, length
+    if epochs_per_cycle is not None:
+        raise ValueError(f"epochs_per_cycle={epochs_per_cycle} counts epochs, but cycle_unit={cycle_unit!r}: "
+                         "give the cycle length as cycle_length=... only")
+    if cycle_length is None:
+        raise ValueError(f"cycle_unit={cycle_unit!r} needs cycle_length (the {cycle_unit} per cycle)")
+    check_int("cycle_length", cycle_length)
+    return cycle_unit, cycle_length
+
+
+def minibatch_samples(strategy) -> int:
+    """The training samples of the current iteration (what a ``"samples"`` clock counts)."""
+    targets = getattr(strategy, "mb_y", None)
+    return int(len(targets)) if targets is not None else int(len(strategy.mb_x))
 
 
 class CycleClock:
-    """Counts training epochs into edit cycles (module docstring).
+    """Counts training epochs, iterations or samples into edit cycles (module docstring).
+
+    The epoch clock (``end_epoch`` after every counted epoch, ``edit_due`` at the start of every
+    epoch):
 
     Example:
         >>> clock = CycleClock(epochs_per_cycle=2, scope="stream")
@@ -23,29 +89,61 @@ class CycleClock:
         ...     events.append((clock.edit_due(), clock.end_epoch()))
         >>> events  # (edit at the start of the epoch, cycle ends after it)
         [(False, False), (False, True), (True, False), (False, True), (True, False)]
+
+    The sample clock (``end_iteration(samples)`` after every iteration, ``edit_due`` at the start
+    of every iteration), minibatches of 10, 10, 10, 4 (an epoch's last) and 10 samples, 25 per
+    cycle:
+
+        >>> clock = CycleClock(unit="samples", length=25)
+        >>> [(clock.edit_due(), clock.end_iteration(n)) for n in (10, 10, 10, 4, 10)]
+        [(False, False), (False, False), (False, True), (True, False), (False, False)]
+        >>> clock.count, clock.cycle
+        (44, 1)
     """
 
-    def __init__(self, epochs_per_cycle: int, scope: str = "stream"):
-        check_int("epochs_per_cycle", epochs_per_cycle)
+    def __init__(self, epochs_per_cycle: int | None = None, scope: str = "stream", *, unit: str = "epochs",
+                 length: int | None = None):
+        unit, length = cycle_settings(epochs_per_cycle, unit, length)
         check_choice("cycle_scope", scope, CYCLE_SCOPES)
-        self.epochs_per_cycle, self.scope = epochs_per_cycle, scope
-        self.epoch = 0  # epochs done in the current scope
+        self.unit, self.length, self.scope = unit, length, scope
+        self.epochs_per_cycle = length if unit == "epochs" else None
+        self.epoch = 0  # epochs done in the current scope (epoch clock)
+        self.count = 0  # iterations / samples done in the current scope (iteration and sample clocks)
         self.cycle = 0  # cycles completed (all scopes)
+        self._due = False  # iteration and sample clocks: the last counted iteration ended a cycle
+
+    @property
+    def counts_epochs(self) -> bool:
+        return self.unit == "epochs"
 
     def start_experience(self) -> None:
         if self.scope == "experience":
-            self.epoch = 0
+            self.epoch = self.count = 0
+            self._due = False
 
     def edit_due(self) -> bool:
-        """True at the start of the first epoch of every cycle but the first."""
-        return self.epoch > 0 and self.epoch % self.epochs_per_cycle == 0
+        """Epochs: True at the start of the first epoch of every cycle but the first. Iterations and
+        samples: True at the start of the iteration after the one that ended a cycle."""
+        if self.unit == "epochs":
+            return self.epoch > 0 and self.epoch % self.epochs_per_cycle == 0
+        return self._due
 
     def end_epoch(self) -> bool:
-        """Count one epoch; True if it completed a cycle."""
+        """Count one epoch; True if it completed a cycle (epoch clock)."""
         self.epoch += 1
         ended = self.epoch % self.epochs_per_cycle == 0
         self.cycle += int(ended)
         return ended
+
+    def end_iteration(self, samples: int = 1) -> bool:
+        """Count one iteration of ``samples`` training samples; True if it completed a cycle (or
+        several: ``cycle`` counts each) (iteration and sample clocks)."""
+        before = self.count // self.length
+        self.count += 1 if self.unit == "iterations" else int(samples)
+        ended = self.count // self.length - before
+        self.cycle += ended
+        self._due = ended > 0
+        return self._due
 
 
 def trajectory_average(accuracies) -> float:
@@ -59,3 +157,13 @@ def trajectory_average(accuracies) -> float:
     if not values:
         raise ValueError("accuracies is empty: TAA needs at least one evaluation")
     return sum(values) / len(values)
+
+
+def check_sample_cycle(component: str, clock: CycleClock, strategy) -> None:
+    """Before training: a sample clock's cycle must hold at least one minibatch (``train_mb_size``),
+    else one minibatch would end several cycles at once."""
+    mb_size = getattr(strategy, "train_mb_size", None)
+    if clock.unit == "samples" and isinstance(mb_size, int) and clock.length < mb_size:
+        raise ValueError(f"{component}: cycle_length={clock.length} samples is shorter than one minibatch "
+                         f"(train_mb_size={mb_size}), so one minibatch would end several cycles: choose "
+                         f"cycle_length >= {mb_size}, or cycle_unit='iterations'")

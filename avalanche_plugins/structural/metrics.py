@@ -1,7 +1,8 @@
 """Metrics of the Grow / Prune study as Avalanche plugin metrics.
 
 * :class:`CycleAccuracyMetric` — at the end of every edit cycle (every ``epochs_per_cycle``
-  training epochs, counted like :class:`~avalanche_plugins.structural.plugins.CycleClock`), the
+  training epochs, or ``cycle_length`` iterations / samples with ``cycle_unit``, counted like
+  :class:`~avalanche_plugins.structural.cycles.CycleClock`), the
   *cumulative* test accuracy: accuracy over the test data of every experience seen so far
   (experiences ``0..i`` of the test stream while training experience ``i``; all of them with
   ``cumulative=False``). Emits ``CycleAccuracy/train_phase/train_stream/Task000/Exp001`` and the
@@ -16,8 +17,9 @@
 
 Before training ``CycleAccuracyMetric`` runs the pre-flight and one evaluation forward on the
 test stream (a strategy that cannot evaluate yet, ICaRL before its class means, is refused there,
-named). On an online stream a cycle's epoch is one pass over an original experience's sub-stream
-and the accuracy covers the original experiences seen. A newborn-gradient cycle that measured no
+named). On an online stream an epoch clock's epoch is one pass over an original experience's
+sub-stream, an iteration or sample clock counts as on any stream (its cycles may end inside an
+original experience), and the accuracy covers the original experiences seen so far. A newborn-gradient cycle that measured no
 iteration is kept in ``history`` (``iterations == 0``) and logs nothing.
 
 Names follow Avalanche's template (``metric_name``); values reach every logger through the
@@ -39,7 +41,12 @@ from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.core.calls import eval_mode, model_forward
 from avalanche_plugins.core.checks import check_int
 from avalanche_plugins.core.outputs import logits_of
-from avalanche_plugins.structural.cycles import CycleClock, trajectory_average
+from avalanche_plugins.structural.cycles import (
+    CycleClock,
+    check_sample_cycle,
+    minibatch_samples,
+    trajectory_average,
+)
 
 __all__ = ["CycleAccuracyMetric", "NewbornGradientMetric"]
 
@@ -48,21 +55,23 @@ class CycleAccuracyMetric(RecordingMetric[float]):
     """Cumulative test accuracy at the end of every edit cycle, and TAA (module docstring).
 
     :param test_stream: the benchmark's test stream (indexable experiences).
-    :param epochs_per_cycle, cycle_scope: the cycle definition; use the plugin's values.
+    :param epochs_per_cycle, cycle_scope, cycle_unit, cycle_length: the cycle definition
+        (:class:`~avalanche_plugins.structural.cycles.CycleClock`); use the plugin's values.
     :param cumulative: evaluate on the experiences seen so far (True) or on the whole stream.
     :param eval_mb_size: evaluation batch size.
 
     ``history`` holds ``(train iteration, accuracy)`` per cycle; ``taa`` its mean.
     """
 
-    def __init__(self, test_stream, epochs_per_cycle: int = 1, *, cycle_scope: str = "stream",
+    def __init__(self, test_stream, epochs_per_cycle: int | None = None, *, cycle_scope: str = "stream",
+                 cycle_unit: str = "epochs", cycle_length: int | None = None,
                  cumulative: bool = True, eval_mb_size: int = 256):
         super().__init__()
         check_int("eval_mb_size", eval_mb_size)
         self.test_experiences = list(test_stream)
         if not self.test_experiences:
             raise ValueError("test_stream is empty")
-        self.clock = CycleClock(epochs_per_cycle, cycle_scope)
+        self.clock = CycleClock(epochs_per_cycle, cycle_scope, unit=cycle_unit, length=cycle_length)
         self.cumulative = cumulative
         self.eval_mb_size = eval_mb_size
 
@@ -84,6 +93,7 @@ class CycleAccuracyMetric(RecordingMetric[float]):
         preflight(self, strategy, self._probe, layer_map=False, takes_output_transform=False)
         if boundary.first:
             self.clock.start_experience()
+        check_sample_cycle("CycleAccuracyMetric", self.clock, strategy)
 
     def _probe(self, model, loss_fn, x, y, task_labels):
         """The model's evaluation forward on two test samples of the first test experience."""
@@ -95,12 +105,22 @@ class CycleAccuracyMetric(RecordingMetric[float]):
         with eval_mode(model), torch.no_grad():
             logits_of(model_forward(model, inputs, tasks.to(x.device)))
 
+    def after_training_iteration(self, strategy):
+        if self.clock.counts_epochs or not self.clock.end_iteration(minibatch_samples(strategy)):
+            return None
+        return self._cycle_ended(strategy, current_boundary(self, strategy))
+
     def after_training_epoch(self, strategy):
+        if not self.clock.counts_epochs:
+            return None
         boundary = current_boundary(self, strategy)
         if boundary.online and not (boundary.last and strategy.clock.train_exp_epochs == strategy.train_epochs - 1):
             return None  # online: one pass over the original experience's sub-stream is one epoch
         if not self.clock.end_epoch():
             return None
+        return self._cycle_ended(strategy, boundary)
+
+    def _cycle_ended(self, strategy, boundary):
         current = boundary.origin_id if boundary.origin_id is not None else len(self.test_experiences) - 1
         seen = self.test_experiences[:current + 1] if self.cumulative else self.test_experiences
         accuracy = stream_accuracy(strategy, seen, batch_size=self.eval_mb_size)

@@ -13,8 +13,10 @@ operators on hidden units (neurons / conv channels; the head is never masked):
   are added, never swapped in. Insertion interventions (optimizer state, incoming / outgoing
   weights, newborn learning rate) are documented in :mod:`avalanche_plugins.structural.masks`.
 
-**Cycles.** A cycle is ``epochs_per_cycle`` training epochs. Edits happen at the start of every
-cycle but the first (Prune first trains the dense net, Grow first trains the seed), until every
+**Cycles.** A cycle is ``epochs_per_cycle`` training epochs, or with ``cycle_unit="iterations"`` /
+``"samples"`` ``cycle_length`` training iterations / samples (:mod:`avalanche_plugins.structural.cycles`;
+an iteration or sample cycle's edit comes at the start of the iteration after the cycle ended,
+within an epoch). Edits happen at the start of every cycle but the first (Prune first trains the dense net, Grow first trains the seed), until every
 masked layer has its target number of units ``max(1, round(c·units))``; later cycles only serve
 as evaluation checkpoints. With ``cycle_scope="stream"`` the epoch count runs across
 experiences, so a cycle may span an experience boundary and edits happen during the continual
@@ -32,9 +34,12 @@ Masks are applied from the first ``before_training_exp`` (after the strategy's m
 parameters stay exact through ``before_update`` / ``after_update``, so a strategy whose training
 loop never calls them (MER) is refused before training, and a strategy that replaces the model
 (GDumb) gets the masks re-bound to the new one (``_MaskedTraining``). On an online stream
-(``split_online_stream``) the cycle clock counts one pass over an original experience's
-sub-stream as one epoch, edits happen at the first sub-experience of an original experience, and
-the stream must grant ``access_task_boundaries=True`` (:mod:`avalanche_plugins._avalanche.boundaries`). Everything is plain Python and
+(``split_online_stream``) an epoch clock counts one pass over an original experience's
+sub-stream as one epoch (edits at the first sub-experience of an original experience), while an
+iteration or sample clock counts as on any stream (``cycle_unit="samples"`` is the natural choice
+there); either way the stream must grant ``access_task_boundaries=True``
+(:mod:`avalanche_plugins._avalanche.boundaries`: scores are computed on the original experience's
+data, and ``cycle_scope="experience"`` restarts at its first sub-experience). Everything is plain Python and
 tensors, so Avalanche checkpoints (dill) restore the run exactly; call
 :func:`avalanche_plugins.fix_checkpoint_pickling` once for torch 2.14 optimizers.
 
@@ -71,7 +76,12 @@ from avalanche_plugins.structural import (
     layer_counts,
     unit_scores,
 )
-from avalanche_plugins.structural.cycles import CYCLE_SCOPES, CycleClock
+from avalanche_plugins.structural.cycles import (
+    CYCLE_SCOPES,
+    CycleClock,
+    check_sample_cycle,
+    minibatch_samples,
+)
 from avalanche_plugins.structural.metrics import CycleAccuracyMetric
 
 __all__ = ["FixedMaskPlugin", "PrunePlugin", "GrowPlugin",
@@ -182,20 +192,20 @@ class _EditingPlugin(_MaskedTraining):
     """Shared cycle logic of Prune and Grow."""
 
     def __init__(self, target_compactness, epochs_per_cycle, score, threshold, cycle_scope,
-                 score_samples, seed, activation, scores):
+                 score_samples, seed, activation, scores, cycle_unit="epochs", cycle_length=None):
         super().__init__(activation=activation)
         check_compactness("target_compactness", target_compactness)
-        check_int("epochs_per_cycle", epochs_per_cycle)
+        check_choice("cycle_scope", cycle_scope, CYCLE_SCOPES)
+        clock = CycleClock(epochs_per_cycle, cycle_scope, unit=cycle_unit, length=cycle_length)
         check_choice("score", score, scores)
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
             raise ValueError(f"threshold must be a finite number, got {threshold!r}")
-        check_choice("cycle_scope", cycle_scope, CYCLE_SCOPES)
         check_int("score_samples", score_samples)
         check_int("seed", seed, minimum=0)
         self.target_compactness = target_compactness
         self.score, self.threshold = score, threshold
         self.score_samples, self.seed = score_samples, seed
-        self.clock = CycleClock(epochs_per_cycle, cycle_scope)
+        self.clock = clock
         self.targets: dict[str, int] = {}
         self.history: list[dict] = []  # one record per edit
         self._warned_scope = False
@@ -212,7 +222,9 @@ class _EditingPlugin(_MaskedTraining):
         boundary = current_boundary(self, strategy)
         if boundary.first:
             self.clock.start_experience()
-        if (self.clock.scope == "experience" and strategy.train_epochs <= self.clock.epochs_per_cycle
+        check_sample_cycle(type(self).__name__, self.clock, strategy)
+        if (self.clock.counts_epochs and self.clock.scope == "experience"
+                and strategy.train_epochs <= self.clock.epochs_per_cycle
                 and not boundary.online and not self._warned_scope):
             self._warned_scope = True
             warnings.warn(f"cycle_scope='experience' with train_epochs={strategy.train_epochs} <= "
@@ -221,15 +233,29 @@ class _EditingPlugin(_MaskedTraining):
 
     def before_training_epoch(self, strategy, **kwargs):
         super().before_training_epoch(strategy, **kwargs)
+        if not self.clock.counts_epochs:
+            return
         boundary = current_boundary(self, strategy)
         at_start = not boundary.online or (boundary.first and strategy.clock.train_exp_epochs == 0)
         if at_start and self.clock.edit_due() and not self.done:
             self._edit(strategy)
 
+    def before_training_iteration(self, strategy, **kwargs):
+        if not self.clock.counts_epochs and self.clock.edit_due() and not self.done:
+            self._edit(strategy)
+
+    def after_training_iteration(self, strategy, **kwargs):
+        if not self.clock.counts_epochs and self.clock.end_iteration(minibatch_samples(strategy)):
+            self._cycle_ended(strategy)
+
     def after_training_epoch(self, strategy, **kwargs):
         super().after_training_epoch(strategy, **kwargs)
-        if _clock_epoch_ends(current_boundary(self, strategy), strategy):
-            self.clock.end_epoch()
+        if (self.clock.counts_epochs and _clock_epoch_ends(current_boundary(self, strategy), strategy)
+                and self.clock.end_epoch()):
+            self._cycle_ended(strategy)
+
+    def _cycle_ended(self, strategy) -> None:  # Grow closes its newborn record
+        pass
 
     def _scores(self, strategy) -> dict[str, torch.Tensor]:
         if self.score == "weight_norm":
@@ -254,7 +280,7 @@ class PrunePlugin(_EditingPlugin):
     :param target_compactness: fraction of hidden units kept at the end, in (0, 1].
     :param prune_fraction_per_cycle: fraction of the *active* units of each layer removed per
         cycle, in (0, 1].
-    :param epochs_per_cycle: training epochs per cycle.
+    :param epochs_per_cycle: training epochs per cycle (default 1; epoch clock only).
     :param score: ``"weight_norm"`` (``‖W_in[u]‖``, magnitude pruning) or ``"activation"``.
     :param rewind_to: ``"init"`` (the weights when the masks are created), an int ``k`` (after
         ``k`` training iterations; ``0`` is ``"init"``) or None (no rewinding, plain iterative
@@ -262,6 +288,9 @@ class PrunePlugin(_EditingPlugin):
     :param threshold: activation threshold of the ``activation`` score.
     :param reset_optimizer: clear the optimizer state after each rewind (a restarted run).
     :param cycle_scope: ``"stream"`` or ``"experience"``.
+    :param cycle_unit, cycle_length: ``"epochs"`` (``epochs_per_cycle``), or ``"iterations"`` /
+        ``"samples"`` with ``cycle_length`` of them per cycle
+        (:mod:`avalanche_plugins.structural.cycles`; ``"samples"`` suits online streams).
 
     Example::
 
@@ -273,11 +302,12 @@ class PrunePlugin(_EditingPlugin):
     """
 
     def __init__(self, target_compactness: float, prune_fraction_per_cycle: float = 0.2,
-                 epochs_per_cycle: int = 1, score: str = "weight_norm", rewind_to="init", *,
+                 epochs_per_cycle: int | None = None, score: str = "weight_norm", rewind_to="init", *,
                  threshold: float = 0.0, reset_optimizer: bool = True, cycle_scope: str = "stream",
+                 cycle_unit: str = "epochs", cycle_length: int | None = None,
                  score_samples: int = 256, seed: int = 0, activation: Callable = torch.relu):
         super().__init__(target_compactness, epochs_per_cycle, score, threshold, cycle_scope,
-                         score_samples, seed, activation, ("weight_norm", "activation"))
+                         score_samples, seed, activation, ("weight_norm", "activation"), cycle_unit, cycle_length)
         check_compactness("prune_fraction_per_cycle", prune_fraction_per_cycle)
         if rewind_to is not None and rewind_to != "init":
             check_int("rewind_to", rewind_to, minimum=0)
@@ -297,17 +327,24 @@ class PrunePlugin(_EditingPlugin):
 
     def before_training_exp(self, strategy, **kwargs):
         super().before_training_exp(strategy, **kwargs)
-        if (self._iterations == 0 and self.rewind_to and self.clock.epochs_per_cycle <= strategy.train_epochs
-                and not current_boundary(self, strategy).online):
+        if self._iterations == 0 and self.rewind_to:
             # the first prune ends the first cycle: refuse a rewind point the run cannot reach first
-            per_epoch = math.ceil(len(strategy.adapted_dataset) / strategy.train_mb_size)
-            first_prune = self.clock.epochs_per_cycle * per_epoch
-            if self.rewind_to > first_prune:
+            clock, first_prune = self.clock, None
+            if clock.unit == "iterations":
+                first_prune, how = clock.length, "iterations"
+            elif clock.unit == "samples":
+                first_prune = math.ceil(clock.length / strategy.train_mb_size)
+                how = f"minibatches of train_mb_size={strategy.train_mb_size} to reach {clock.length} samples"
+            elif clock.epochs_per_cycle <= strategy.train_epochs and not current_boundary(self, strategy).online:
+                per_epoch = math.ceil(len(strategy.adapted_dataset) / strategy.train_mb_size)
+                first_prune = clock.epochs_per_cycle * per_epoch
+                how = f"{clock.epochs_per_cycle} epoch(s) of {per_epoch} minibatches"
+            if first_prune is not None and self.rewind_to > first_prune:
                 raise ValueError(f"PrunePlugin: rewind_to={self.rewind_to} iterations, but the first prune comes after "
-                                 f"{first_prune} ({self.clock.epochs_per_cycle} epoch(s) of {per_epoch} "
-                                 "minibatches): choose rewind_to <= that, or 'init'")
+                                 f"{first_prune} ({how}): choose rewind_to <= that, or 'init'")
 
     def after_training_iteration(self, strategy, **kwargs):
+        super().after_training_iteration(strategy, **kwargs)
         self._iterations += 1
         if self.rewind_to is not None and self.rewind_state is None and self._iterations >= self.rewind_to:
             self._snapshot(strategy)
@@ -334,13 +371,16 @@ class GrowPlugin(_EditingPlugin):
     :param seed_compactness: fraction active at the start (a random, seeded subset of each
         layer), in (0, target_compactness].
     :param grow_fraction_per_cycle: fraction of each layer's *full width* recruited per cycle.
-    :param epochs_per_cycle: training epochs per cycle.
+    :param epochs_per_cycle: training epochs per cycle (default 1; epoch clock only).
     :param score: ``"activation"`` (how often ``φ(z_u) > threshold``, as if unmasked) or
         ``"gradient"`` (``‖∂L/∂W_out[:, u]‖`` with zero outgoing weights).
     :param threshold: activation threshold.
     :param optimizer_state, incoming, outgoing, newborn_lr, newborn_lr_halflife: insertion
         interventions (:class:`~avalanche_plugins.structural.masks.Interventions`).
     :param cycle_scope: ``"stream"`` or ``"experience"``.
+    :param cycle_unit, cycle_length: ``"epochs"`` (``epochs_per_cycle``), or ``"iterations"`` /
+        ``"samples"`` with ``cycle_length`` of them per cycle
+        (:mod:`avalanche_plugins.structural.cycles`; ``"samples"`` suits online streams).
 
     :param track_newborn: also measure, during each cycle that began with growth, the mean per-unit
         gradient norm of newborn and incumbent units and their mean activation (``newborn_log``;
@@ -356,14 +396,15 @@ class GrowPlugin(_EditingPlugin):
     """
 
     def __init__(self, target_compactness: float, seed_compactness: float,
-                 grow_fraction_per_cycle: float = 0.1, epochs_per_cycle: int = 1,
+                 grow_fraction_per_cycle: float = 0.1, epochs_per_cycle: int | None = None,
                  score: str = "activation", threshold: float = 0.0, *, optimizer_state: str = "keep",
                  incoming: str = "as_is", outgoing: str = "as_is", newborn_lr: float = 1.0,
                  newborn_lr_halflife: float = 100.0, cycle_scope: str = "stream",
+                 cycle_unit: str = "epochs", cycle_length: int | None = None,
                  score_samples: int = 256, seed: int = 0, activation: Callable = torch.relu,
                  track_newborn: bool = False):
         super().__init__(target_compactness, epochs_per_cycle, score, threshold, cycle_scope,
-                         score_samples, seed, activation, ("activation", "gradient"))
+                         score_samples, seed, activation, ("activation", "gradient"), cycle_unit, cycle_length)
         if not isinstance(track_newborn, bool):
             raise TypeError(f"track_newborn must be a bool, got {type(track_newborn).__name__}")
         check_compactness("seed_compactness", seed_compactness)
@@ -442,10 +483,10 @@ class GrowPlugin(_EditingPlugin):
             self._acc["incumbent_grad"] += old
             self._acc["iterations"] += 1
 
-    def after_training_epoch(self, strategy, **kwargs):
+    def _cycle_ended(self, strategy) -> None:
+        """Close the newborn record of the cycle that just ended (it began with growth)."""
         acc = self._acc
-        super().after_training_epoch(strategy, **kwargs)
-        if acc is not None and self.clock.epoch % self.clock.epochs_per_cycle == 0:
+        if acc is not None:
             n = acc.pop("iterations")  # 0: no iteration measured, every value NaN (never logged)
             record = {k: (v / n if n else float("nan")) if k not in ("cycle", "n_newborn") else v
                       for k, v in acc.items()}
@@ -473,8 +514,9 @@ class TicketResult:
 def retrain_ticket(mask, model_factory: Callable[[], torch.nn.Module], stream, *,
                    optimizer_factory: Callable | None = None, train_epochs: int = 1,
                    train_mb_size: int = 32, eval_mb_size: int = 256,
-                   plugins_factory: Callable[[], list] | None = None, epochs_per_cycle: int = 1,
-                   cycle_scope: str = "stream", seed: int = 0, device="cpu",
+                   plugins_factory: Callable[[], list] | None = None, epochs_per_cycle: int | None = None,
+                   cycle_scope: str = "stream", cycle_unit: str = "epochs", cycle_length: int | None = None,
+                   seed: int = 0, device="cpu",
                    activation: Callable = torch.relu) -> TicketResult:
     """Winning-ticket evaluation: freeze ``mask``, re-initialise, retrain on ``stream`` from scratch.
 
@@ -483,7 +525,8 @@ def retrain_ticket(mask, model_factory: Callable[[], torch.nn.Module], stream, *
     trains on every experience of ``stream.train_stream``. ACC is the accuracy on the test data of
     all experiences after the last one; TAA the mean of the cycle accuracies
     (:class:`~avalanche_plugins.structural.metrics.CycleAccuracyMetric`: cumulative test accuracy
-    at the end of every ``epochs_per_cycle`` epochs).
+    at the end of every ``epochs_per_cycle`` epochs, or ``cycle_length`` iterations / samples with
+    ``cycle_unit``).
 
     :param mask: ``{layer name: bool tensor}`` or a :class:`UnitMasks` (its current masks).
     :param stream: an Avalanche benchmark (``train_stream``/``test_stream``) or an object with a
@@ -496,7 +539,7 @@ def retrain_ticket(mask, model_factory: Callable[[], torch.nn.Module], stream, *
     optimizer = (optimizer_factory or (lambda p: torch.optim.SGD(p, lr=0.01)))(model.parameters())
     fixed = FixedMaskPlugin(mask, activation=activation)
     cycles = CycleAccuracyMetric(benchmark.test_stream, epochs_per_cycle, cycle_scope=cycle_scope,
-                                 eval_mb_size=eval_mb_size)
+                                 cycle_unit=cycle_unit, cycle_length=cycle_length, eval_mb_size=eval_mb_size)
     strategy = Naive(model=model, optimizer=optimizer, criterion=torch.nn.CrossEntropyLoss(),
                      train_mb_size=train_mb_size, train_epochs=train_epochs, eval_mb_size=eval_mb_size,
                      device=device, plugins=[fixed, *(plugins_factory() if plugins_factory else [])],

@@ -59,9 +59,14 @@ def _cycle_accuracy(kwargs: dict, run: RunContext) -> dict:
     """The run's test stream, and the cycle of its Grow / Prune plugin."""
     kwargs["test_stream"] = run.stream.benchmark.test_stream
     editing = run.editing()
-    if editing:
-        kwargs.setdefault("epochs_per_cycle", editing[0].clock.epochs_per_cycle)
-        kwargs.setdefault("cycle_scope", editing[0].clock.scope)
+    if editing:  # the plugin's clock: its unit, length and scope (a config's own values win)
+        clock = editing[0].clock
+        kwargs.setdefault("cycle_unit", getattr(clock, "unit", "epochs"))
+        if kwargs["cycle_unit"] == "epochs":
+            kwargs.setdefault("epochs_per_cycle", clock.epochs_per_cycle)
+        elif kwargs["cycle_unit"] == getattr(clock, "unit", "epochs"):
+            kwargs.setdefault("cycle_length", clock.length)
+        kwargs.setdefault("cycle_scope", clock.scope)
     return kwargs
 
 
