@@ -35,7 +35,8 @@ import contextlib
 from dataclasses import dataclass
 
 __all__ = [
-    "Boundary", "at_experience_end", "at_origin", "current_boundary", "enter_boundary", "evaluated_experience_id"]
+    "Boundary", "at_experience_end", "at_origin", "current_boundary", "enter_boundary", "evaluated_experience_id",
+    "locate_boundary"]
 
 _TRACKER = "_boundary_tracker"
 
@@ -50,6 +51,9 @@ class Boundary:
     among those trained so far (``strategy.clock.train_exp_counter`` offline). ``first`` /
     ``last``: first / last sub-experience of the original experience (both True offline).
     ``origin_id``: the original experience's ``current_experience`` (None when it has none).
+    ``position`` / ``length``: the sub-experience's index (from 0) in its original experience and
+    the length of that sub-stream (0 / None offline); ``stream_index``: the sub-experience's own
+    ``current_experience`` in the online stream (None offline).
     """
 
     online: bool
@@ -59,6 +63,9 @@ class Boundary:
     first: bool
     last: bool
     origin_id: int | None = None
+    position: int = 0
+    length: int | None = None
+    stream_index: int | None = None
 
 
 class _Tracker:
@@ -105,6 +112,14 @@ def enter_boundary(owner, strategy, component: str | None = None, *, needs_acces
     if isinstance(strategy, JointTraining):
         raise ValueError(f"{component} works per experience; JointTraining trains on all experiences "
                          "at once, so its per-experience quantities would describe experience 0 only")
+    return locate_boundary(owner, strategy, component, needs_access=needs_access)
+
+
+def locate_boundary(owner, strategy, component: str | None = None, *, needs_access: bool = False) -> Boundary:
+    """:func:`enter_boundary` for an owner that only reports where training is (it accepts every
+    strategy, JointTraining included): the :class:`Boundary` of ``strategy.experience``, counted
+    on ``owner`` (call it once per experience, at ``before_training_exp``)."""
+    component = component or type(owner).__name__
     tracker = owner.__dict__.get(_TRACKER)
     if tracker is None:
         tracker = owner.__dict__[_TRACKER] = _Tracker()
@@ -128,7 +143,8 @@ def enter_boundary(owner, strategy, component: str | None = None, *, needs_acces
             tracker.position += 1
         last = last or (length is not None and tracker.position + 1 >= length)
         boundary = Boundary(True, access, _view(origin), tracker.started - 1, first, last,
-                            getattr(origin, "current_experience", None))
+                            getattr(origin, "current_experience", None), tracker.position, length,
+                            getattr(experience, "current_experience", None))
     tracker.boundary = boundary
     return boundary
 

@@ -4,7 +4,11 @@
   forward pass and backward pass, and every evaluation forward pass, it checks that the model
   outputs, the loss and the gradients are finite, and otherwise ends the run with
   :class:`Diverged` — ``diverged at experience k, epoch e, iteration i (loss = nan)`` — before any
-  plugin or metric sees the non-finite values. A diverged run is never scored.
+  plugin or metric sees the non-finite values. A diverged run is never scored. On an online stream
+  (``split_online_stream``) ``k`` is the *original* experience and the sub-experience follows:
+  ``diverged at experience 2 (sub-experience 5 of 0..22, stream sub-experience 51), epoch 0,
+  iteration 0 (loss = nan)`` — the sub-experience's index within the original experience, and
+  its index in the online stream (Avalanche's own numbering).
 * :func:`time_callbacks` wraps the strategy callbacks of each attached plugin and metric so that
   the time spent in them is added up per object (the "diagnostics time" column) and an exception
   raised in one of them becomes :class:`CallbackFailed`, naming the object's class, the callback
@@ -19,6 +23,8 @@ import time
 
 import torch
 from avalanche.core import SupervisedPlugin
+
+from avalanche_plugins._avalanche.boundaries import evaluated_experience_id, locate_boundary
 
 __all__ = ["CALLBACKS", "CallbackFailed", "DivergenceWatch", "Diverged", "time_callbacks"]
 
@@ -44,14 +50,25 @@ class CallbackFailed(RuntimeError):
 
 
 def _experience_index(strategy):
+    """The experience being trained or evaluated: the original experience of an online sub-experience."""
     experience = getattr(strategy, "experience", None)
-    return getattr(experience, "current_experience", None)
+    return None if experience is None else evaluated_experience_id(experience)
 
 
-def _position(strategy) -> str:
+def _where(boundary) -> str:
+    """``experience k``, and on an online stream the sub-experience within it (``boundary``: a
+    :class:`~avalanche_plugins._avalanche.boundaries.Boundary`, or None: the strategy's own index)."""
+    if not boundary.online:
+        return f"experience {boundary.origin_id}"
+    last = f" of 0..{boundary.length - 1}" if boundary.length else ""
+    stream = f", stream sub-experience {boundary.stream_index}" if boundary.stream_index is not None else ""
+    return f"experience {boundary.origin_id} (sub-experience {boundary.position}{last}{stream})"
+
+
+def _position(strategy, boundary=None) -> str:
     clock = strategy.clock
-    return (f"experience {_experience_index(strategy)}, epoch {clock.train_exp_epochs}, "
-            f"iteration {clock.train_epoch_iterations}")
+    where = _where(boundary) if boundary is not None else f"experience {_experience_index(strategy)}"
+    return f"{where}, epoch {clock.train_exp_epochs}, iteration {clock.train_epoch_iterations}"
 
 
 def _first_tensor(output):
@@ -72,16 +89,24 @@ def _nonfinite_value(tensor: torch.Tensor) -> float:
 class DivergenceWatch(SupervisedPlugin):
     """Ends a run at the first non-finite model output, loss or gradient (module docstring).
 
-    One device synchronisation per iteration: the checks are reduced to one flag.
+    One device synchronisation per iteration: the checks are reduced to one flag. ``boundary``: where
+    the current training (sub-)experience sits (:func:`~avalanche_plugins._avalanche.boundaries.locate_boundary`).
     """
 
     def __init__(self):
         super().__init__()
+        self.boundary = None
+
+    def before_training_exp(self, strategy, **kwargs):
+        self.boundary = locate_boundary(self, strategy)
+
+    def _position(self, strategy) -> str:
+        return _position(strategy, self.boundary)
 
     def after_forward(self, strategy, **kwargs):
         output = _first_tensor(strategy.mb_output)
         if output is not None and output.is_floating_point() and not bool(torch.isfinite(output).all()):
-            raise Diverged(_position(strategy), "model output", _nonfinite_value(output))
+            raise Diverged(self._position(strategy), "model output", _nonfinite_value(output))
 
     def after_backward(self, strategy, **kwargs):
         loss = strategy.loss.detach() if isinstance(strategy.loss, torch.Tensor) else torch.tensor(strategy.loss)
@@ -90,13 +115,14 @@ class DivergenceWatch(SupervisedPlugin):
         if bool(torch.isfinite(loss).all() & torch.isfinite(grad_norm).to(loss.device)):  # one sync
             return
         if not bool(torch.isfinite(loss).all()):
-            raise Diverged(_position(strategy), "loss", _nonfinite_value(loss.reshape(-1)))
-        raise Diverged(_position(strategy), "gradient norm", float(grad_norm))
+            raise Diverged(self._position(strategy), "loss", _nonfinite_value(loss.reshape(-1)))
+        raise Diverged(self._position(strategy), "gradient norm", float(grad_norm))
 
     def after_eval_forward(self, strategy, **kwargs):
         output = _first_tensor(strategy.mb_output)
         if output is not None and output.is_floating_point() and not bool(torch.isfinite(output).all()):
-            trained = strategy.clock.train_exp_counter - 1
+            online = self.boundary is not None and self.boundary.online
+            trained = _where(self.boundary).removeprefix("experience ") if online else strategy.clock.train_exp_counter - 1
             raise Diverged(f"evaluation of experience {_experience_index(strategy)} after training experience "
                            f"{trained}", "model output", _nonfinite_value(output))
 
