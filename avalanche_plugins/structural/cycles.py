@@ -101,6 +101,9 @@ class CycleClock:
         (44, 1)
     """
 
+    # class defaults: a clock pickled before the unit existed (an epoch clock) restores as one
+    unit, length, count, _due = "epochs", None, 0, False
+
     def __init__(self, epochs_per_cycle: int | None = None, scope: str = "stream", *, unit: str = "epochs",
                  length: int | None = None):
         unit, length = cycle_settings(epochs_per_cycle, unit, length)
