@@ -18,10 +18,6 @@ MNIST from ``--data-root`` (the subset here); scikit-learn digits when absent.
 
 from __future__ import annotations
 
-import time
-import types
-
-import numpy as np
 import torch
 
 from avalanche_plugins import quiet_evaluator
@@ -31,6 +27,7 @@ from avalanche_plugins.study.harness.jobs import Timer, seed_everything, torch_t
 from avalanche_plugins.study.harness.models import build_model
 from avalanche_plugins.study.harness.results import print_report, write_results
 from benchmarks._cli import benchmark_parser, parse_args
+from benchmarks.scale.measure import penalty_times
 
 MODELS = {"mlp": lambda mnist: {"hidden": (256, 256) if mnist else (128, 128)}, "cnn": lambda mnist: {"widths": (16, 32)}}
 SGD = {"lr": 0.01, "momentum": 0.9}
@@ -64,17 +61,7 @@ def penalty_cost(data_root, repetitions: int = 300) -> dict:
     strategy = _naive(model, [ewc, lae])
     for experience in stream.benchmark.train_stream:
         strategy.train(experience, num_workers=0)
-    times = {"ewc": [], "lae": []}
-    for _ in range(repetitions):
-        for name, plugin in (("ewc", ewc), ("lae", lae)):
-            fake = types.SimpleNamespace(clock=types.SimpleNamespace(train_exp_counter=3), model=model,
-                                         device="cpu", loss=torch.zeros(1, requires_grad=True) * 1.0)
-            start = time.perf_counter()
-            plugin.before_backward(fake)
-            fake.loss.sum().backward()
-            times[name].append(time.perf_counter() - start)
-            model.zero_grad(set_to_none=True)
-    ewc_s, lae_s = float(np.median(times["ewc"])), float(np.median(times["lae"]))
+    ewc_s, lae_s = penalty_times(model, ewc, lae, anchors=3, repetitions=repetitions)
     return {"penalty_ms_ewc": 1e3 * ewc_s, "penalty_ms_lae": 1e3 * lae_s, "penalty_time_ratio": lae_s / ewc_s,
             "n_params": sum(p.numel() for p in model.parameters()), "anchors": 3}
 
