@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     # ruff: noqa: F401 (re-exported through __all__ = sorted(_EXPORTS), which ruff cannot read)
     from avalanche_plugins._avalanche.compat import (
         fix_checkpoint_pickling,
+        fix_replaced_model_optimizer,
         fix_synaptic_intelligence_on_cpu,
         fix_text_loggers,
         fix_wandb_logger,
@@ -69,6 +70,7 @@ _EXPORTS = {
     "TransportKeyMetric": "avalanche_plugins.transport.metric",
     "retrain_ticket": "avalanche_plugins.structural.plugins",
     "fix_checkpoint_pickling": "avalanche_plugins._avalanche.compat",
+    "fix_replaced_model_optimizer": "avalanche_plugins._avalanche.compat",
     "fix_synaptic_intelligence_on_cpu": "avalanche_plugins._avalanche.compat",
     "fix_text_loggers": "avalanche_plugins._avalanche.compat",
     "fix_wandb_logger": "avalanche_plugins._avalanche.compat",

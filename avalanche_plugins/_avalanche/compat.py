@@ -35,6 +35,20 @@ therefore printed under the *next* experience's first epoch, or in the next eval
 last experience of a train-only loop they are never printed. ``InteractiveLogger`` overrides
 ``after_training_exp`` for online streams only. The fix prints the buffer at the end of each
 training experience (under "> Training on experience N ... ended.") and at the end of training.
+
+``fix_replaced_model_optimizer``: Avalanche 0.6's ``BatchObservation.check_model_and_optimizer``
+(``templates/observation_type/batch_observation.py``) points the optimizer at the strategy's
+current model (``make_optimizer``) only when ``_at_task_boundary(self.experience, before=True)``,
+which on an online stream with ``access_task_boundaries=True`` is the *first* sub-experience of an
+original experience only. A strategy that replaces ``strategy.model`` at every experience it is
+given (``GDumbPlugin.before_train_dataset_adaptation``: ``strategy.model =
+copy.deepcopy(self.init_model)``) therefore trains nothing on the other sub-experiences: the
+optimizer keeps stepping the discarded model and the evaluated model is an untrained copy (online
+GDumb scores chance). The fix wraps the method: after Avalanche's own checks, when the model's
+parameters are no longer the ones the optimizer was last pointed at (``optimized_param_id``: the
+model object or its parameters were replaced), it calls ``make_optimizer`` as a boundary would
+(same optimizer object, type, parameter groups and hyper-parameters; the replaced parameters start
+with fresh optimizer state). When the model was not replaced nothing is called: no-op.
 """
 
 from __future__ import annotations
@@ -48,8 +62,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["fix_synaptic_intelligence_on_cpu", "fix_checkpoint_pickling", "fix_text_loggers",
-           "fix_wandb_logger", "save_checkpoint"]
+__all__ = ["fix_synaptic_intelligence_on_cpu", "fix_checkpoint_pickling", "fix_replaced_model_optimizer",
+           "fix_text_loggers", "fix_wandb_logger", "save_checkpoint"]
 
 
 @torch.no_grad()
@@ -68,6 +82,46 @@ def fix_synaptic_intelligence_on_cpu() -> None:
     from avalanche.training.plugins import SynapticIntelligencePlugin
 
     SynapticIntelligencePlugin.extract_weights = staticmethod(_extract_weights_copy)
+
+
+def model_replaced(strategy) -> bool:
+    """Whether ``strategy.model``'s parameters are not (by identity and name) the ones its optimizer
+    was last pointed at (``strategy.optimized_param_id``); False before the first ``make_optimizer``."""
+    optimized = getattr(strategy, "optimized_param_id", None)
+    if optimized is None:
+        return False
+    current = dict(strategy.model.named_parameters())
+    return current.keys() != optimized.keys() or any(current[n] is not p for n, p in optimized.items())
+
+
+def _check_model_and_optimizer_following(self, reset_optimizer_state=False, **kwargs):
+    _check_model_and_optimizer_following.original(self, reset_optimizer_state=reset_optimizer_state, **kwargs)
+    if model_replaced(self):  # replaced off a boundary (online GDumb): what the boundary would have done
+        self.make_optimizer(reset_optimizer_state=reset_optimizer_state, **kwargs)
+
+
+def fix_replaced_model_optimizer() -> None:
+    """Make the optimizer follow a model the strategy replaced between two sub-experiences of an
+    online stream with ``access_task_boundaries=True`` (idempotent, process-wide; module docstring).
+
+    Needed by online GDumb (its fresh model of every sub-experience but an original experience's
+    first is otherwise never optimized); a no-op for strategies that keep their model and on
+    ordinary streams (every experience is a boundary there). Call before training.
+
+    Example::
+
+        from avalanche_plugins import fix_replaced_model_optimizer
+
+        fix_replaced_model_optimizer()
+        strategy = GDumb(model=model, optimizer=SGD(model.parameters(), lr=0.1), ...)
+        for sub in split_online_stream(benchmark.train_stream, 10, access_task_boundaries=True):
+            strategy.train(sub)
+    """
+    from avalanche.training.templates.observation_type.batch_observation import BatchObservation
+
+    if BatchObservation.check_model_and_optimizer is not _check_model_and_optimizer_following:
+        _check_model_and_optimizer_following.original = BatchObservation.check_model_and_optimizer
+        BatchObservation.check_model_and_optimizer = _check_model_and_optimizer_following
 
 
 def fix_checkpoint_pickling() -> None:

@@ -161,10 +161,12 @@ def resolve_device(name: str) -> str:
 
 def build_strategy(spec: RunSpec, model: nn.Module, training: TrainingSpec, plugins: list, evaluator):
     """The configured strategy class with the study's model, optimizer, loss, batch sizes and
-    evaluator (SynapticIntelligence with the package's CPU fix)."""
-    from avalanche_plugins import fix_synaptic_intelligence_on_cpu
+    evaluator (SynapticIntelligence with the package's CPU fix; the optimizer follows a model the
+    strategy replaces mid online experience, e.g. online GDumb)."""
+    from avalanche_plugins import fix_replaced_model_optimizer, fix_synaptic_intelligence_on_cpu
 
     fix_synaptic_intelligence_on_cpu()  # Avalanche 0.6's SI is a no-op on CPU without it
+    fix_replaced_model_optimizer()  # else online GDumb never optimizes its fresh models (no-op otherwise)
     cls = strategy_class(spec.cls, "class")
     kwargs = {k: _value(v) for k, v in spec.kwargs.items()}
     return cls(model=model, optimizer=build_optimizer(model, training), criterion=nn.CrossEntropyLoss(),
