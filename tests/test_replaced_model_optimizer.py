@@ -1,5 +1,6 @@
 """``fix_replaced_model_optimizer``: online GDumb trains with it and does not without it; strategies
-that keep their model are bit-identical with and without it (issue 31).
+that keep their model are bit-identical with and without it; GDumb's fresh model of a 1-sample
+sub-experience passes a diagnostic's pre-flight (checked on its buffer) (issue 31).
 
 Tiny runs on scikit-learn digits: 2 class-incremental experiences of 2 classes (24 training images
 per class), streamed as sub-experiences of 12 with ``access_task_boundaries=True``, a 64-16-16-10
@@ -157,3 +158,24 @@ def test_bit_identical_when_the_model_is_not_replaced_off_a_boundary(case, monke
     assert all(torch.equal(a, b) for a, b in zip(fixed.model.state_dict().values(),
                                                  plain.model.state_dict().values()))
     assert copy.deepcopy(fixed.optimizer.state_dict()["param_groups"]) == plain.optimizer.state_dict()["param_groups"]
+
+
+def test_online_gdumb_with_a_diagnostic_and_a_one_sample_sub_experience():
+    """A sub-experience of 1 sample (48 images streamed 47 + 1): GDumb's fresh model there is
+    pre-flight checked on GDumb's buffer (what it trains on), not refused for having 1 sample."""
+    from avalanche.benchmarks.scenarios.online import split_online_stream
+
+    import avalanche_plugins as ap
+
+    fix_replaced_model_optimizer()
+    subs = list(split_online_stream(tiny_benchmark().train_stream[:2], 47, access_task_boundaries=True, seed=0))
+    assert sorted(len(sub.dataset) for sub in subs) == [1, 1, 47, 47]
+    metric = ap.LayerSensitivityMetric(n_samples=16)
+    model = mlp()
+    strategy = gdumb(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                     criterion=nn.CrossEntropyLoss(), train_mb_size=12, train_epochs=1, eval_mb_size=64,
+                     evaluator=evaluator(metric))
+    for sub in subs:
+        strategy.train(sub, num_workers=0)
+    assert weights_changed(strategy)
+    assert len(metric.history) == 2  # measured once per original experience

@@ -23,7 +23,10 @@ evaluated in eval mode (train flags restored), torch's RNG (CPU and the strategy
 restored, the estimators read parameters through ``torch.func`` and write no ``.grad``.
 
 A component checks a given model once (it keeps the id of the model it checked), so the cost is
-paid at the first experience only; ``owner.preflight_seconds`` holds it.
+paid at the first experience only; ``owner.preflight_seconds`` holds it. A strategy that replaces
+its model (GDumb) has each new model checked, online at every sub-experience; a sub-experience
+with fewer samples than the check needs is checked on the strategy's adapted dataset (GDumb's
+buffer) when that has enough.
 """
 
 from __future__ import annotations
@@ -53,8 +56,14 @@ PreflightProbe = Callable[[torch.nn.Module, Callable, torch.Tensor, torch.Tensor
 
 def first_samples(strategy, n: int = PREFLIGHT_SAMPLES):
     """The first ``n`` samples ``(x, y, task_labels)`` of the current experience on the strategy's
-    device (the training dataset's order; torch's RNG left as it was)."""
-    batches = experience_batches(strategy, batch_size=n)
+    device (the training dataset's order; torch's RNG left as it was). When the experience has
+    fewer than ``n`` (an online sub-experience's remainder) and the strategy trains on a larger
+    adapted dataset (GDumb's buffer, whose fresh model is checked there), they come from that."""
+    data = None
+    adapted = getattr(strategy, "adapted_dataset", None)
+    if adapted is not None and len(strategy.experience.dataset) < n <= len(adapted):
+        data = adapted
+    batches = experience_batches(strategy, dataset=data, batch_size=n)
     try:
         x, y, t = next(batches)
     except StopIteration:
