@@ -95,7 +95,8 @@ def provenance_lines(saved: Mapping) -> list[str]:
     lines = ["## Provenance", ""]
     command = saved.get("command")
     lines.append(f"- Command: `{command}`" if command else "- Command: none (run from Python: `run_study`)")
-    lines.append(f"- Code: {saved.get('code_version')}")
+    source = f" (source hash {saved['source_version']})" if saved.get("source_version") else ""
+    lines.append(f"- Code: {saved.get('code_version')}{source}")
     found = saved.get("versions") or {}
     if found:
         lines.append("- Versions: " + ", ".join(f"{k} {v}" for k, v in found.items() if v is not None))

@@ -46,6 +46,7 @@ __all__ = [
     "add_source_root",
     "RayExecutor",
     "code_version",
+    "git_state",
     "source_version",
     "init_worker",
     "jsonable",
@@ -89,23 +90,43 @@ def torch_threads(threads: int | None):
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
-    """``git:<commit>`` of the checkout this package runs from (an editable install), else
-    ``avalanche_plugins <version>`` (an installed wheel)."""
+    """``git:<commit>`` of the checkout this package runs from (an editable install), with
+    ``+dirty`` when code a job runs differs from that commit (:func:`git_state`), else
+    ``avalanche_plugins <version>`` (an installed wheel). :func:`source_version` names the exact
+    code either way."""
     root = Path(__file__).resolve().parents[3]
-    if not (root / ".git").exists() or not (root / "setup.cfg").exists():
-        import avalanche_plugins
-
-        return f"avalanche_plugins {avalanche_plugins.__version__}"
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=10, check=True).stdout.strip()
-        if commit:
-            return f"git:{commit}"
-    except (OSError, subprocess.SubprocessError):
-        pass
+    state = git_state(root, [Path(__file__).resolve().parents[2], *_extra_roots]) \
+        if (root / ".git").exists() and (root / "setup.cfg").exists() else None
+    if state is not None:
+        return state
     import avalanche_plugins
 
     return f"avalanche_plugins {avalanche_plugins.__version__}"
+
+
+def git_state(root, code) -> str | None:
+    """``git:<commit>`` of the repository at ``root``, ``+dirty`` when a ``.py`` file under the
+    folders ``code`` is modified, staged or untracked there (the commit then does not name the code
+    that ran); None when git cannot tell.
+
+    Example:
+        >>> git_state("/nonexistent-folder", []) is None
+        True
+    """
+    def git(*args) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10,
+                              check=True).stdout
+
+    try:
+        commit = git("rev-parse", "HEAD").strip()
+        folders = [str(Path(folder).resolve()) for folder in code]
+        changed = git("status", "--porcelain", "--", *folders).splitlines() if folders else []
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not commit:
+        return None
+    dirty = any(line.rstrip().endswith(".py") for line in changed)
+    return f"git:{commit}" + ("+dirty" if dirty else "")
 
 
 _extra_roots: list[Path] = []  # folders of code outside the package that jobs run (add_source_root)
@@ -404,6 +425,7 @@ def run_jobs(fn: Callable, jobs: Iterable, *, cache: str | Path | None = None, w
     the order of ``jobs`` (a job listed twice runs once).
     """
     jobs = list(jobs)
+    code_version()  # the commit and whether it was dirty when the jobs started, not when results are written
     keys = [job_key(job) for job in jobs]
     done: dict = {}
     cache = Path(cache) if cache is not None else None

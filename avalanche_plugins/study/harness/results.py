@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from avalanche_plugins.study.harness.data import data_fingerprint
-from avalanche_plugins.study.harness.jobs import code_version, jsonable
+from avalanche_plugins.study.harness.jobs import code_version, jsonable, source_version
 
 __all__ = [
     "rounded_floats",
@@ -182,6 +182,7 @@ def write_results(out_dir, args=None, *, config: dict, rows: Sequence[dict], sum
     payload = {
         "command": command if command is not None else getattr(args, "command", None),
         "code_version": code_version(),
+        "source_version": source_version(),  # the exact code (the cache key's code part), dirty or not
         "versions": versions(),
         "data": data if data is not None else data_fingerprint(getattr(args, "data_root", None)),
         "config": config,
