@@ -242,6 +242,35 @@ def digits_stream(n_experiences: int = 5, *, task_incremental: bool = False, noi
     return Stream(benchmark, (1, 8, 8), 10 // n_experiences if task_incremental else 10)
 
 
+@functools.cache
+def few_digits_benchmark(n_classes: int, train_per_class: int, test_per_class: int, n_experiences: int,
+                         class_order: bool = True):
+    """Class-incremental digits of the first ``n_classes`` classes, ``train_per_class`` /
+    ``test_per_class`` images of each (the first ones), in ``n_experiences`` experiences (in class
+    order, or shuffled with seed 0 when ``class_order`` is False): a stream small enough to count
+    its iterations by hand."""
+    from avalanche.benchmarks import nc_benchmark
+
+    xtr, ytr, xte, yte = digits_arrays()
+
+    def pick(x, y, n):
+        idx = torch.cat([torch.nonzero(y == c).reshape(-1)[:n] for c in range(n_classes)])
+        return TensorDataset(x[idx], y[idx])
+
+    return nc_benchmark(pick(xtr, ytr, train_per_class), pick(xte, yte, test_per_class), n_experiences=n_experiences,
+                        task_labels=False, seed=0, fixed_class_order=list(range(n_classes)) if class_order else None,
+                        class_ids_from_zero_from_first_exp=True)
+
+
+def one_torch_thread():
+    """Generator body of a fixture running a test on one torch thread (restored after): tiny
+    models run fastest that way, and a test's numbers do not depend on the machine's cores."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 def evaluator(*metrics, loggers=()):
     """``EvaluationPlugin(accuracy_metrics(experience=True), *metrics)``, silent without loggers."""
     from avalanche.evaluation.metrics import accuracy_metrics

@@ -11,35 +11,23 @@ done) when they edit.
 from __future__ import annotations
 
 import copy
-import functools
 import types
 import warnings
 
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import TensorDataset
 
 import avalanche_plugins as ap
 from avalanche_plugins.structural.cycles import CycleClock, cycle_settings
-from tests.fixtures import digits_arrays, evaluator
+from tests.fixtures import evaluator, few_digits_benchmark
 from tests.test_strategies import assert_masks_bound_and_exact
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
-@functools.lru_cache(maxsize=1)
 def four_class_digits():
-    from avalanche.benchmarks import nc_benchmark
-
-    xtr, ytr, xte, yte = digits_arrays()
-
-    def pick(x, y, n):
-        idx = torch.cat([torch.nonzero(y == c).reshape(-1)[:n] for c in range(4)])
-        return TensorDataset(x[idx], y[idx])
-
-    return nc_benchmark(pick(xtr, ytr, 20), pick(xte, yte, 8), n_experiences=2, task_labels=False, seed=0,
-                        fixed_class_order=[0, 1, 2, 3], class_ids_from_zero_from_first_exp=True)
+    return few_digits_benchmark(4, 20, 8, 2)
 
 
 def online_stream(access: bool = True):

@@ -9,7 +9,8 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
+
+from tests.fixtures import one_torch_thread
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -23,13 +24,7 @@ def load(name: str):
     return module
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """What each example's ``__main__`` does: tiny models run fastest on one thread."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+one_thread = pytest.fixture(autouse=True)(one_torch_thread)  # what each example's ``__main__`` does
 
 
 def test_every_example_has_main_quick_and_a_docstring():

@@ -18,21 +18,15 @@ import pytest
 import torch
 from avalanche.training.templates.observation_type.batch_observation import BatchObservation
 from torch import nn
-from torch.utils.data import TensorDataset
 
 from avalanche_plugins import fix_replaced_model_optimizer
 from avalanche_plugins._avalanche import compat
-from tests.fixtures import digits_arrays, evaluator
+from tests.fixtures import evaluator, few_digits_benchmark, one_torch_thread
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+one_thread = pytest.fixture(autouse=True)(one_torch_thread)
 
 
 @pytest.fixture
@@ -43,18 +37,8 @@ def without_fix(monkeypatch):
                         compat._check_model_and_optimizer_following.original)
 
 
-@functools.lru_cache(maxsize=1)
 def tiny_benchmark():
-    from avalanche.benchmarks import nc_benchmark
-
-    xtr, ytr, xte, yte = digits_arrays()
-
-    def pick(x, y, n):
-        idx = torch.cat([torch.nonzero(y == c).reshape(-1)[:n] for c in range(10)])
-        return TensorDataset(x[idx], y[idx])
-
-    return nc_benchmark(pick(xtr, ytr, 24), pick(xte, yte, 20), n_experiences=5, task_labels=False, seed=0,
-                        class_ids_from_zero_from_first_exp=True)
+    return few_digits_benchmark(10, 24, 20, 5, class_order=False)
 
 
 def subexperiences(access: bool = True):
