@@ -56,8 +56,8 @@ def _experience_index(strategy):
 
 
 def _where(boundary) -> str:
-    """``experience k``, and on an online stream the sub-experience within it (``boundary``: a
-    :class:`~avalanche_plugins._avalanche.boundaries.Boundary`, or None: the strategy's own index)."""
+    """``experience k``, and on an online stream the sub-experience within it (``boundary``: the
+    :class:`~avalanche_plugins._avalanche.boundaries.Boundary` of the training experience)."""
     if not boundary.online:
         return f"experience {boundary.origin_id}"
     last = f" of 0..{boundary.length - 1}" if boundary.length else ""
