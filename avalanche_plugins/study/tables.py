@@ -73,11 +73,49 @@ def _columns(entries: Sequence[Mapping]) -> list[str]:
     return [m for m in _ORDER if m not in ("acc_til", "fwt") or any(math.isfinite(e[m]["mean"]) for e in entries)]
 
 
+def _finite_means(entries: Sequence[Mapping], metric: str) -> list[float]:
+    return [e[metric]["mean"] for e in entries if not e["all_failed"] and math.isfinite(e[metric]["mean"])]
+
+
+def _tied(entries: Sequence[Mapping], metric: str) -> bool:
+    """Every scored strategy (two or more) has the same mean: a column that ranks nothing."""
+    means = _finite_means(entries, metric)
+    return len(means) > 1 and max(means) - min(means) <= 1e-12 * max(1.0, abs(means[0]))
+
+
 def _best(entries: Sequence[Mapping], metric: str) -> float | None:
-    means = [e[metric]["mean"] for e in entries if not e["all_failed"] and math.isfinite(e[metric]["mean"])]
-    if not means:
+    """The best mean of a column, or None when there is none or every strategy ties (no winner)."""
+    means = _finite_means(entries, metric)
+    if not means or _tied(entries, metric):
         return None
     return max(means) if HIGHER_IS_BETTER[metric] else min(means)
+
+
+def _unseen_classes_never_predicted(entries: Sequence[Mapping]) -> bool:
+    """``R[j-1, j] = 0`` for every ``j >= 1`` in every run of every strategy: the model never predicts
+    an experience's classes before it trains on them (class-incremental, one head), so FWT is
+    ``-mean_j b_j`` whatever the strategy."""
+    scored = [e for e in entries if not e["all_failed"]]
+    if not scored or any(e.get("matrix") is None for e in scored):
+        return False
+    for e in scored:
+        mean = e["matrix"]["mean"]
+        if len(mean) < 2 or any(mean[j - 1][j] != 0 for j in range(1, len(mean))):
+            return False
+    return True
+
+
+def _fwt_note(entries: Sequence[Mapping], columns, latex: bool) -> str:
+    """Why the FWT column cannot rank the strategies, when it cannot (empty otherwise)."""
+    if "fwt" not in columns or not _tied(entries, "fwt"):
+        return ""
+    value = _finite_means(entries, "fwt")[0]
+    if _unseen_classes_never_predicted(entries):
+        return (f" FWT is {value:.3f} for every strategy and ranks none: before training on experience j the "
+                f"single-head class-incremental model never predicts j's classes ({'$R_{j-1,j} = 0$' if latex else 'R[j-1, j] = 0'} "
+                f"in every run), so FWT is minus the untrained model's mean accuracy whatever the strategy; "
+                f"compare strategies on FWT in a task-incremental scenario.")
+    return f" FWT is {value:.3f} for every strategy and ranks none."
 
 
 def _p(test: Mapping | None, latex: bool) -> str:
@@ -110,7 +148,7 @@ def _row(e: Mapping, columns, best, reference: str, tests: bool, latex: bool) ->
     return cells
 
 
-def _caption(entries: Sequence[Mapping], reference: str, tests: bool, latex: bool) -> str:
+def _caption(entries: Sequence[Mapping], columns, reference: str, tests: bool, latex: bool) -> str:
     n = max(e["acc"]["n"] for e in entries) if entries else 0
     pm, ci = (r"$\pm$", r"95\,\%") if latex else ("±", "95 %")
     text = (f"Mean {pm} std over {_plural(n, 'seed')}; [{ci} percentile-bootstrap interval of the mean, "
@@ -124,7 +162,8 @@ def _caption(entries: Sequence[Mapping], reference: str, tests: bool, latex: boo
     elif n < MIN_SEEDS_FOR_TESTS and len(entries) > 1:
         text += (f" No p-values: a paired test needs at least {MIN_SEEDS_FOR_TESTS} seeds "
                  f"(this table has {n}).")
-    text += " Best score in bold."
+    text += _fwt_note(entries, columns, latex)
+    text += " Best score in bold (none where every strategy ties)."
     failed = [e for e in entries if e["failed"]]
     for e in failed:
         seeds = ", ".join(str(f["seed"]) for f in e["failed"])
@@ -143,7 +182,7 @@ def _main_table(entries: Sequence[Mapping], reference: str, latex: bool) -> tupl
     if tests:
         header += [f"{'$p$' if latex else 'p'} {titles[m].rsplit(' ', 1)[0]}" for m in columns if m in TESTED]
     rows = [_row(e, columns, best, reference, tests, latex) for e in entries]
-    return header, rows, _caption(entries, reference, tests, latex)
+    return header, rows, _caption(entries, columns, reference, tests, latex)
 
 
 def markdown_tables(summary: Sequence[Mapping], reference: str) -> str:
