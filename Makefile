@@ -3,25 +3,28 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# The versions the suite last passed with (constraints.txt); `make CONSTRAINTS= test` installs without them.
+CONSTRAINTS ?= constraints.txt
+PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint install clean constraints
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
 # The library alone (what `pip install avalanche-plugins` gives a user).
-$(VENV)/.installed: $(VENV)/bin/python setup.cfg pyproject.toml
-	$(PY) -m pip install -q -e .
+$(VENV)/.installed: $(VENV)/bin/python setup.cfg pyproject.toml $(CONSTRAINTS)
+	$(PY) -m pip install -q $(PIP_CONSTRAINTS) -e .
 	touch $@
 
 # The study runner needs [study]; benchmarks/ (run from the checkout, not in the wheel) add GEM's QP solver.
 $(VENV)/.installed-bench: $(VENV)/.installed
-	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m pip install -q $(PIP_CONSTRAINTS) -e '.[bench]'
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed-bench
-	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q $(PIP_CONSTRAINTS) -e '.[test,bench]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -43,6 +46,12 @@ test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 	ATEN_CPU_CAPABILITY=$(SECOND_KERNELS) AVALANCHE_PLUGINS_TEST_THREADS=1 \
 		$(PY) -m pytest -q -m "numerical and not slow" $(PYTEST_ARGS)
+
+# Re-pin constraints.txt to what the venv holds now (after `make test` passed on an upgrade).
+constraints: $(VENV)/.installed-test
+	{ sed -n '1,/^#   make constraints/p' constraints.txt; \
+	  $(PY) -m pip freeze --exclude-editable | grep -v '^avalanche-plugins'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 clean:
 	rm -rf $(VENV) out *.egg-info build dist
