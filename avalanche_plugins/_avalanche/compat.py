@@ -47,8 +47,11 @@ optimizer keeps stepping the discarded model and the evaluated model is an untra
 GDumb scores chance). The fix wraps the method: after Avalanche's own checks, when the model's
 parameters are no longer the ones the optimizer was last pointed at (``optimized_param_id``: the
 model object or its parameters were replaced), it calls ``make_optimizer`` as a boundary would
-(same optimizer object, type, parameter groups and hyper-parameters; the replaced parameters start
-with fresh optimizer state). When the model was not replaced nothing is called: no-op.
+(same optimizer object, type, parameter groups and hyper-parameters: Avalanche's
+``update_optimizer`` matches parameters by name and puts each new parameter in its predecessor's
+place, so a user's groups — a head and a body at different rates, say — keep their settings and
+hold the new model's parameters; the replaced parameters start with fresh optimizer state). When
+the model was not replaced nothing is called: no-op.
 """
 
 from __future__ import annotations
