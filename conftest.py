@@ -36,7 +36,8 @@ NUMERICAL_MODULES = frozenset({
     "test_ads", "test_fisher", "test_fisher_blocks", "test_hessian", "test_layers", "test_outputs",
     "test_schedules", "test_transport", "test_unit_masks", "test_layer_adaptive_ewc", "test_plasticity",
     "test_properties", "test_structural_plasticity", "test_input_checks", "test_fallbacks",
-    "test_curvature_peers", "test_plasticity_diagnostics", "test_plasticity_variants",
+    "test_curvature_peers", "test_plasticity_diagnostics", "test_plasticity_variants", "test_lr_plugin_groups",
+    "test_mask_state", "test_efficientnet", "test_fashion_mnist", "test_loss_reductions", "test_stream_refusals",
 })
 
 

@@ -1,5 +1,8 @@
 """Grow / Prune cycle clocks in epochs, iterations and samples, on online and ordinary streams (issue 31).
 
+With replay (``ReplayPlugin(batch_size=1)``, 1 new + 10 replayed samples per minibatch) the
+``"samples"`` clock counts the stream samples only and ``"minibatch_samples"`` every sample (issue 38).
+
 The stream: scikit-learn digits, 20 training images of each of 4 classes, two experiences of 2
 classes (40 images each), streamed as sub-experiences of 10 images (``split_online_stream``, 4 per
 experience), minibatches of 4. Each sub-experience is then 3 iterations of 4, 4 and 2 samples, so
@@ -83,7 +86,7 @@ def test_iteration_clock_on_an_online_stream_edits_every_k_iterations_across_sub
     assert assert_masks_bound_and_exact(plugin, strategy) == 8
 
 
-def test_sample_clock_on_an_online_stream_counts_the_minibatch_samples():
+def test_sample_clock_on_an_online_stream_counts_the_stream_samples():
     plugin = grow(cycle_unit="samples", cycle_length=12)
     cycles = ap.CycleAccuracyMetric(four_class_digits().test_stream, cycle_unit="samples", cycle_length=12)
     strategy = run(online_stream(), [plugin], [cycles])
@@ -95,6 +98,89 @@ def test_sample_clock_on_an_online_stream_counts_the_minibatch_samples():
     assert len(cycles.history) == 6
     assert plugin.clock.count == 80 and plugin.clock.cycle == 6
     assert plugin.done and assert_masks_bound_and_exact(plugin, strategy) == 0
+
+
+class NewSampleSpy:
+    """Per training iteration: (samples of the current experience, minibatch samples), the first
+    found by matching the minibatch's inputs against the experience's own, row by row."""
+
+    def __init__(self):
+        self.rows, self._inputs = [], {}
+
+    def after_training_iteration(self, strategy, **kwargs):
+        data = strategy.experience.dataset
+        if id(data) not in self._inputs:
+            self._inputs = {id(data): torch.stack([data[i][0] for i in range(len(data))]).flatten(1)}
+        x = strategy.mb_x.flatten(1)
+        own = int((torch.cdist(x, self._inputs[id(data)]) == 0).any(1).sum())
+        self.rows.append((own, len(x)))
+
+
+def replay_online_run(unit: str, with_metric: bool = True):
+    """Avalanche's online_replay.py setting on the stream above: ReplayPlugin(batch_size=1) and
+    train_mb_size=10, so 1 new + 10 replayed samples per minibatch (the first sub-experience, with an
+    empty buffer: one minibatch of 10 new); 20 samples per cycle."""
+    from avalanche.training.plugins import ReplayPlugin
+
+    plugin, spy = grow(cycle_unit=unit, cycle_length=20), NewSampleSpy()
+    metrics = [ap.CycleAccuracyMetric(four_class_digits().test_stream, cycle_unit=unit, cycle_length=20)] \
+        if with_metric else []
+    run(online_stream(), [ReplayPlugin(mem_size=40, batch_size=1, batch_size_mem=10), spy, plugin], metrics,
+        mb_size=10)
+    return plugin, metrics, spy
+
+
+def _cycle_ends(per_iteration, length):
+    """The iterations (1-based) after which a running sum of ``per_iteration`` reaches a new multiple."""
+    ends, total = [], 0
+    for i, n in enumerate(per_iteration, start=1):
+        if (total + n) // length > total // length:
+            ends.append(i)
+        total += n
+    return ends
+
+
+def test_the_sample_clock_counts_stream_samples_under_replay_and_minibatch_samples_counts_all():
+    plugin, (cycles,), spy = replay_online_run("samples")
+    new = [r[0] for r in spy.rows]
+    assert spy.rows[:3] == [(10, 10), (1, 11), (1, 11)] and sum(new) == 80 and len(spy.rows) == 71
+    # every 20 stream samples: cycles end after iterations 11, 31, 51 and 71 (the last: no edit after it)
+    assert _cycle_ends(new, 20) == [11, 31, 51, 71]
+    assert [h["iteration"] for h in plugin.history] == [11, 31, 51]
+    assert [sum(new[:h["iteration"]]) for h in plugin.history] == [20, 40, 60]
+    assert plugin.clock.count == 80 and plugin.clock.cycle == 4
+    # the metric evaluates in after_training_iteration, before Avalanche's clock counts that iteration
+    assert [i + 1 for i, _ in cycles.history] == [11, 31, 51, 71]
+
+    plugin, _, spy = replay_online_run("minibatch_samples", with_metric=False)
+    total = [r[1] for r in spy.rows]
+    assert sum(total) == plugin.clock.count == 10 + 70 * 11  # 9.75 times the 80 stream samples
+    ends = _cycle_ends(total, 20)
+    assert [h["iteration"] for h in plugin.history] == ends[:6]  # 6 edits reach the full width
+    assert ends[:3] == [2, 4, 6]  # 21, 43, 65 minibatch samples: only 11, 13, 15 stream samples
+
+
+def test_the_stream_sample_count_follows_the_loader_of_the_experiences_own_data():
+    from avalanche_plugins.structural.cycles import own_batch_size
+
+    loader = types.SimpleNamespace(datasets=[range(10), range(40)], batch_sizes=[1, 10])  # ReplayDataLoader
+    strategy = types.SimpleNamespace(dataloader=loader, adapted_dataset=range(10))
+    assert own_batch_size(strategy) == 1
+    strategy.adapted_dataset = range(50)  # a task-balanced loader over the experience split by task
+    assert own_batch_size(strategy) == 11
+    strategy.dataloader = torch.utils.data.DataLoader(range(10), batch_size=4)
+    assert own_batch_size(strategy) == 4
+    # an epoch of 10 stream samples in minibatches of 1 + 10 replayed, then a new epoch
+    clock = CycleClock(unit="samples", length=3)
+    strategy = types.SimpleNamespace(dataloader=loader, adapted_dataset=range(10), experience=types.SimpleNamespace(
+        dataset=range(10)), clock=types.SimpleNamespace(train_exp_counter=0, train_exp_epochs=0), mb_y=range(11))
+    assert [clock.iteration_amount(strategy) for _ in range(11)] == [1] * 10 + [0]
+    strategy.clock.train_exp_epochs = 1
+    assert clock.iteration_amount(strategy) == 1
+    assert CycleClock(unit="minibatch_samples", length=3).iteration_amount(strategy) == 11
+    old = CycleClock(unit="samples", length=3)
+    del old.__dict__["_excludes_replay"]  # a "samples" clock pickled before replay was excluded
+    assert old.iteration_amount(strategy) == 11
 
 
 def test_epoch_clock_on_an_online_stream_counts_one_pass_over_an_original_experience_as_one_epoch():

@@ -86,17 +86,27 @@ def test_missing_mnist_names_data_root(tmp_path):
         check_mnist_root(None)
 
 
-def write_fake_mnist(root, n_train=200, n_test=50, seed=0):
+def write_idx(path, array, magic):
+    """One IDX file (big-endian header: magic, then each dimension) of a ``uint8`` array."""
+    array = np.ascontiguousarray(array, dtype=np.uint8)
+    with open(path, "wb") as f:
+        f.write(struct.pack(f">{1 + array.ndim}I", magic, *array.shape) + array.tobytes())
+
+
+def write_fake_idx(root, folder="MNIST/raw", n_train=200, n_test=50, seed=0, n_classes=10):
+    """Tiny MNIST-format files in torchvision's layout ``root/folder/{train,t10k}-{images,labels}-idx?-ubyte``:
+    random 28×28 ``uint8`` images, labels cycling through the classes. Returns the folder."""
     rng = np.random.default_rng(seed)
-    raw = root / "MNIST" / "raw"
-    raw.mkdir(parents=True)
+    raw = root / folder
+    raw.mkdir(parents=True, exist_ok=True)
     for prefix, n in (("train", n_train), ("t10k", n_test)):
-        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
-        labels = np.arange(n, dtype=np.uint8) % 10
-        with open(raw / f"{prefix}-images-idx3-ubyte", "wb") as f:
-            f.write(struct.pack(">IIII", 0x803, n, 28, 28) + images.tobytes())
-        with open(raw / f"{prefix}-labels-idx1-ubyte", "wb") as f:
-            f.write(struct.pack(">II", 0x801, n) + labels.tobytes())
+        write_idx(raw / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8), 0x803)
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte", np.arange(n) % n_classes, 0x801)
+    return raw
+
+
+def write_fake_mnist(root, n_train=200, n_test=50, seed=0):
+    return write_fake_idx(root, "MNIST/raw", n_train, n_test, seed)
 
 
 def test_mnist_from_root_classic_and_validation(tmp_path):

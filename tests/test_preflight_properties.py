@@ -170,6 +170,13 @@ def _mlp(bias=True, bn=False):
     return nn.Sequential(*layers)
 
 
+def _efficientnet_lite0():
+    """The zoo's EfficientNet-Lite0 (issue 39), random init, inputs resized to 32 px inside the model."""
+    from avalanche_plugins.study.harness.efficientnet import efficientnet_lite0
+
+    return efficientnet_lite0(N_CLASSES, pretrained=False, input_size=32, input_norm="unit")
+
+
 def _first(out):
     return out[0]
 
@@ -202,6 +209,7 @@ ARCHITECTURES = {
     "multi_head": (_multi_head, "task_image", None),
     "incremental_classifier": (_incremental, "image", None),
     "vit_multihead_attention": (_ViT, "image", None),
+    "efficientnet_lite0": (_efficientnet_lite0, "image", None),
 }
 
 

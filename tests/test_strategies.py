@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import avalanche_plugins as ap
+from avalanche_plugins._avalanche.data import experience_layer_map
 from avalanche_plugins.core.calls import model_forward
 from tests.fixtures import digits_arrays, evaluator
 
@@ -375,25 +376,75 @@ def test_online_naive_with_fixed_masks_and_geometric_rates_needs_no_boundaries()
 
 
 class CountingEWC(ap.LayerAdaptiveEWCPlugin):
-    """LayerAdaptiveEWC that counts the iterations it penalised."""
+    """LayerAdaptiveEWC that records, at every iteration it holds a curvature, the penalty it added to
+    the loss (the loss after its ``before_backward`` minus before)."""
 
     def before_backward(self, strategy, **kwargs):
-        self.penalised = getattr(self, "penalised", 0) + int(bool(self._curvature))
+        before = float(strategy.loss.detach().sum()) if self._curvature else None
         super().before_backward(strategy, **kwargs)
+        if before is not None:
+            self.__dict__.setdefault("added", []).append(float(strategy.loss.detach().sum()) - before)
+
+    @property
+    def penalised(self) -> int:
+        return len(self.__dict__.get("added", []))
 
 
 class MatrixProbe:
-    """Last user plugin: counts iterations, the iterations a penalty was due, the most optimizer groups."""
+    """Last user plugin: counts iterations and the iterations a penalty was due, and records the
+    optimizer settings in effect at every iteration (per parameter: lr, weight decay)."""
 
     def __init__(self):
         self.iterations, self.due, self.max_groups = 0, 0, 0
+        self.in_effect: list[dict[int, tuple[float, float]]] = []  # per iteration: id(param) -> (lr, wd)
+        self.experience_of: list[int] = []  # per iteration: the original experience trained
+        # with LayerAdaptiveLR, per iteration: ({layer: factors in effect}, the factors it claims)
+        self.layer_rates: list[tuple[dict[int, set[float]], list[float]]] = []
+        self._layer_of = None
+
+    def before_training_exp(self, strategy, **kwargs):
+        self._layer_of = None  # the model may have grown (PNN) or been replaced (GDumb)
+        # the user's rates, before LayerAdaptiveLR splits the groups at the first epoch
+        self._base = {id(q): float(g["lr"]) for g in strategy.optimizer.param_groups for q in g["params"]}
+
+    def _layers(self, strategy) -> dict[int, int]:
+        if self._layer_of is None:
+            index_of, _ = experience_layer_map(strategy).attach_parameters()
+            self._layer_of = {id(q): index_of[n] for n, q in strategy.model.named_parameters() if n in index_of}
+        return self._layer_of
 
     def before_training_iteration(self, strategy, **kwargs):  # MER's loop calls it, not before_update
-        self.max_groups = max(self.max_groups, len(strategy.optimizer.param_groups))
+        groups = strategy.optimizer.param_groups
+        self.max_groups = max(self.max_groups, len(groups))
         self.due += int(any(isinstance(p, CountingEWC) and p._curvature for p in strategy.plugins))
+        self.in_effect.append({id(q): (float(g["lr"]), float(g.get("weight_decay", 0.0))) for g in groups
+                               for q in g["params"]})
+        lr_plugin = next((q for q in strategy.plugins if isinstance(q, ap.LayerAdaptiveLRPlugin)), None)
+        if lr_plugin is not None:  # per layer, the factors in effect: rate / the user group's rate
+            per_layer: dict[int, set[float]] = {}
+            for key, layer in self._layers(strategy).items():
+                if key in self.in_effect[-1] and key in self._base:
+                    per_layer.setdefault(layer, set()).add(self.in_effect[-1][key][0] / self._base[key])
+            self.layer_rates.append((per_layer, list(lr_plugin.history[-1]["relative"])))
+        origin = getattr(strategy.experience, "origin_experience", None)
+        self.experience_of.append(getattr(origin if origin is not None else strategy.experience, "current_experience", 0))
 
     def after_training_iteration(self, strategy, **kwargs):
         self.iterations += 1
+
+
+def two_group_sgd(model: nn.Module) -> torch.optim.Optimizer:
+    """A user's optimizer of two groups: the head at lr 0.1 without weight decay, the body at 0.01 with
+    5e-4 (issue 38, case 2: LayerAdaptiveLR copied group 0's settings onto every layer, then merged)."""
+    head = list(list(model.children())[-1].parameters())
+    body = [q for q in model.parameters() if all(q is not h for h in head)]
+    return torch.optim.SGD([{"params": head, "lr": 0.1, "weight_decay": 0.0},
+                            {"params": body, "lr": 0.01, "weight_decay": 5e-4}], momentum=0.9)
+
+
+def user_groups(optimizer) -> list[tuple[float, float, list[int]]]:
+    return [(float(g["lr"]), float(g.get("weight_decay", 0.0)), [id(q) for q in g["params"]])
+            for g in optimizer.param_groups]
 
 
 def _feature_mlp():
@@ -446,9 +497,14 @@ def _strategy_builders():
         kw["optimizer"] = torch.optim.Adam(kw["model"].parameters(), lr=1e-3)
         return S.Naive(**kw)
 
+    def two_groups(**kw):
+        kw["optimizer"] = two_group_sgd(kw["model"])
+        return S.Naive(**kw)
+
     # name: (builder(**strategy kwargs), model kind, stream kind)
     return {
         "Naive": (S.Naive, "mlp", "class"), "Naive Adam": (adam, "mlp", "class"),
+        "Naive two-group SGD": (two_groups, "mlp", "class"),
         "Naive eval_every=1": (lambda **kw: S.Naive(eval_every=1, **kw), "mlp", "class"),
         "Naive multi-head (task-IL)": (S.Naive, "multihead", "task"),
         "Cumulative": (S.Cumulative, "mlp", "class"), "EWC": (lambda **kw: S.EWC(ewc_lambda=10.0, **kw), "mlp", "class"),
@@ -474,6 +530,29 @@ def _strategy_builders():
     }
 
 
+def assert_rates_in_effect(plugin, strategy, probe, schedule: str) -> None:
+    """At every iteration each layer trains at its user group's rate times the factor the plugin
+    records for that layer, and the factors differ across layers from the first experience on for
+    ``geometric``, from the second original experience on for ``smoothed`` (its first has no profile
+    yet). Cases 2 and 3 of issue 38: a second user group's rate lost, smoothed online rates left at
+    the base rate."""
+    assert len(probe.layer_rates) == probe.iterations > 0
+    for (per_layer, claimed), experience in zip(probe.layer_rates, probe.experience_of):
+        assert per_layer and all(abs(f - claimed[layer]) <= 1e-6 * claimed[layer]
+                                 for layer, factors in per_layer.items() for f in factors), (per_layer, claimed)
+        if schedule == "geometric" or experience > 0:
+            assert len(set(claimed)) > 1, (schedule, experience, claimed)
+
+
+def assert_user_groups_kept(given, optimizer, probe) -> None:
+    """Every parameter trained with its user group's weight decay at every iteration, and after
+    training the optimizer has the user's groups again (same rates, weight decay, parameters)."""
+    decay = {key: wd for _, wd, keys in given for key in keys}
+    for rates in probe.in_effect:
+        assert all(rates[key][1] == wd for key, wd in decay.items() if key in rates), "weight decay changed"
+    assert user_groups(optimizer) == given, (user_groups(optimizer), given)
+
+
 def _expect(condition: bool, what: str) -> None:
     assert condition, what
 
@@ -489,7 +568,10 @@ def _component_builders(test_stream, tmp, stage="2"):
             p = CountingEWC(ewc_lambda=10.0, schedule=schedule, spectrum_samples=16)
 
             def check(strategy, probe, n):
-                assert len(p.profiles) == n and getattr(p, "penalised", 0) == probe.due > 0
+                added = p.__dict__.get("added", [])
+                assert len(p.profiles) == n and p.penalised == probe.due > 0
+                # the penalty reached the loss: never negative, and positive once the weights moved
+                assert min(added) >= 0 and sum(a > 0 for a in added) >= len(added) - 1, added[:5]
             return [p], [], [], check
         return make
 
@@ -499,6 +581,7 @@ def _component_builders(test_stream, tmp, stage="2"):
 
             def check(strategy, probe, n):
                 assert probe.max_groups > 1 and len(p.history) >= n
+                assert_rates_in_effect(p, strategy, probe, schedule)
             return [p], [], [], check
         return make
 
@@ -570,12 +653,15 @@ def _run_cell(strategy_name, make_component, tmp):
     if loggers:
         kwargs["evaluator"] = evaluator(*metrics, loggers=loggers)
     kwargs["train_mb_size"] = 8
+    given = None
     torch.manual_seed(0)
     random.seed(0)
     np.random.seed(0)  # noqa: NPY002 - Avalanche's buffers draw from the legacy global RNG
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         strategy = builder(**kwargs)
+        if strategy_name == "Naive two-group SGD":
+            given = user_groups(strategy.optimizer)
         try:
             for experience in experiences:
                 strategy.train(experience, num_workers=0)
@@ -586,11 +672,13 @@ def _run_cell(strategy_name, make_component, tmp):
                 return f"refused: {type(error).__name__}", None
             return f"FAIL: {type(error).__name__} after {probe.iterations} iterations: {str(error)[:200]}", None
         n = 2
-        if check is not None:
-            try:
+        try:
+            if check is not None:
                 check(strategy, probe, n)
-            except AssertionError as error:
-                return f"FAIL: no verified effect ({str(error)[:200]})", None
+            if given is not None:
+                assert_user_groups_kept(given, strategy.optimizer, probe)
+        except AssertionError as error:
+            return f"FAIL: no verified effect ({str(error)[:200]})", None
     return "ok", {k: v.detach().clone() for k, v in strategy.model.state_dict().items()}
 
 

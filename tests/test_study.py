@@ -429,6 +429,7 @@ def test_adding_a_dataset_is_one_catalog_entry(tmp_path):
 
     namespace = {"CATALOG": data.CATALOG, "Dataset": data.Dataset, "MNIST_FILES": data.MNIST_FILES,
                  "load_fashion_arrays": load_fashion_arrays}
+    shipped = data.CATALOG.get("fashion_mnist")  # the documented example re-declares the built-in entry
     try:
         exec(block, namespace)
         study = load_study({"scenarios": [{"benchmark": "split_fashion_mnist", "data_root": str(tmp_path)},
@@ -443,3 +444,5 @@ def test_adding_a_dataset_is_one_catalog_entry(tmp_path):
         assert fingerprint["name"] == "Fashion-MNIST" and set(fingerprint["sha256"].values()) == {"missing"}
     finally:
         data.CATALOG.pop("fashion_mnist", None)
+        if shipped is not None:
+            data.CATALOG["fashion_mnist"] = shipped

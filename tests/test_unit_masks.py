@@ -125,8 +125,10 @@ def test_prune_removes_lowest_scoring_and_rewind_is_bit_exact():
     assert removed["2"].tolist() == [0, 1, 2]
     assert masks.active_counts() == {"0": 6, "2": 5}
     masks.rewind(saved)
+    assert masks.mask_keys() == ["0.unit_mask", "2.unit_mask"]
     for key, value in model.state_dict().items():
-        assert torch.equal(value, saved[key]), key
+        if key not in masks.mask_keys():  # rewinding restores the weights, not the masks
+            assert torch.equal(value, saved[key]), key
     assert masks.compactness() == pytest.approx(11 / 18)
 
 
@@ -231,6 +233,65 @@ def test_fresh_adam_gives_newborns_their_own_step_count():
         reference.step()
         masks.step(opt)
         assert torch.allclose(model[0].weight.detach()[newborn], row.detach(), atol=1e-6, rtol=1e-5)
+
+
+def _group_settings(optimizer):
+    """Every setting of every parameter group, the parameters by identity and order."""
+    return [{k: ([id(p) for p in v] if k == "params" else copy.deepcopy(v)) for k, v in g.items()}
+            for g in optimizer.param_groups]
+
+
+@pytest.mark.parametrize("policy", ["keep", "zero", "fresh"])
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_optimizer_state_policies_use_each_groups_settings_and_leave_the_groups_alone(kind, policy):
+    """Layer "0" (the newborns' incoming rows) sits in the optimizer's *second* group, with its own
+    lr / weight decay / momentum or betas; the newborns' outgoing columns (layer "2"'s weight) in
+    the first. A fresh optimizer for each, built with that group's settings and fed the same
+    gradients, is the reference for ``fresh`` (and for ``zero`` under SGD, where they agree)."""
+    model, x, y = mlp_and_data()
+    masks = UnitMasks(model, x[:2])
+    masks.set_masks({"0": torch.arange(10) < 5})
+    first = [model[2].weight, model[2].bias, model[4].weight, model[4].bias]
+    if kind == "sgd":
+        settings = ({"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-3}, {"lr": 0.03, "momentum": 0.5, "weight_decay": 0.1})
+        make = torch.optim.SGD
+    else:
+        settings = ({"lr": 1e-3, "betas": (0.9, 0.999), "weight_decay": 0.01},
+                    {"lr": 0.03, "betas": (0.8, 0.95), "weight_decay": 0.1})
+        make = torch.optim.AdamW
+    opt = make([{"params": first, **settings[0]}, {"params": [model[0].weight, model[0].bias], **settings[1]}])
+    for _ in range(20):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        masks.step(opt)
+    groups = _group_settings(opt)
+    kept = {id(p): {k: v.clone() for k, v in opt.state[p].items()} for p in model.parameters()}
+    masks.grow({"0": torch.arange(10.0)}, {"0": 7}, interventions=Interventions(optimizer_state=policy), optimizer=opt)
+    newborn = [8, 9]
+    assert masks.newborn()["0"].nonzero().reshape(-1).tolist() == newborn
+    assert _group_settings(opt) == groups
+    for name in ("momentum_buffer", "exp_avg", "exp_avg_sq"):
+        for tensor, index in ((model[0].weight, (newborn,)), (model[2].weight, (slice(None), newborn))):
+            if name not in opt.state[tensor]:
+                continue
+            if policy == "keep":
+                assert torch.equal(opt.state[tensor][name], kept[id(tensor)][name])
+            else:
+                assert bool((opt.state[tensor][name][index] == 0).all()), (name, policy)
+    rows = model[0].weight.detach()[newborn].clone().requires_grad_(True)
+    cols = model[2].weight.detach()[:, newborn].clone().requires_grad_(True)
+    references = [make([rows], **settings[1]), make([cols], **settings[0])]
+    for _ in range(3):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        rows.grad, cols.grad = model[0].weight.grad[newborn].clone(), model[2].weight.grad[:, newborn].clone()
+        for reference in references:
+            reference.step()
+        masks.step(opt)
+        if policy == "fresh" or (policy == "zero" and kind == "sgd"):
+            assert torch.allclose(model[0].weight.detach()[newborn], rows.detach(), atol=1e-6, rtol=1e-5)
+            assert torch.allclose(model[2].weight.detach()[:, newborn], cols.detach(), atol=1e-6, rtol=1e-5)
+    assert _group_settings(opt) == groups
 
 
 def test_newborn_lr_multiplier_scales_the_step_by_age():

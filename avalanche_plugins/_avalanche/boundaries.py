@@ -25,8 +25,19 @@ with ``needs_access=True``). The last sub-experience is recognised by ``is_last_
 counting ``sub_stream_length`` sub-experiences (Avalanche 0.6's splitter leaves
 ``is_last_subexp`` False when the experience size divides the experience exactly).
 
+A **task-agnostic** stream (``split_continuous_linear_decay_stream``, same module) has no original
+experiences at all: each sub-experience mixes samples of several experiences and carries
+``origin_experience=None`` (and no ``access_task_boundaries`` option).
+A component that acts or measures per original experience (``needs_origin=True``, or one that
+needs the boundaries during training, ``needs_access=True``) refuses it before training with a
+message that says so (no stream option can expose boundaries there) and what stream would do; a
+component that needs neither (a fixed mask, an iteration or sample clock) runs there, with the
+sub-experience being trained as "its" experience (:func:`at_origin` changes nothing).
+:func:`stream_kind` tells the four kinds of stream apart.
+
 ``JointTraining`` (one pass over every experience's data at once) is refused: a per-experience
-quantity would describe experience 0 only.
+quantity would describe experience 0 only; the message says how to get the same i.i.d. bound with
+the component attached (Naive on one experience made of the concatenated stream).
 """
 
 from __future__ import annotations
@@ -35,8 +46,12 @@ import contextlib
 from dataclasses import dataclass
 
 __all__ = [
-    "Boundary", "at_experience_end", "at_origin", "current_boundary", "enter_boundary", "evaluated_experience_id",
-    "locate_boundary"]
+    "STREAM_KINDS", "Boundary", "at_experience_end", "at_origin", "current_boundary", "enter_boundary",
+    "evaluated_experience_id", "locate_boundary", "stream_kind"]
+
+#: what :func:`stream_kind` returns: the benchmark's experiences, an online split that exposes its
+#: boundaries to training, one that hides them (Avalanche's default), a task-agnostic stream
+STREAM_KINDS = ("experiences", "online", "online_hidden", "continuous")
 
 _TRACKER = "_boundary_tracker"
 
@@ -47,13 +62,16 @@ class Boundary:
 
     ``online``: a sub-experience of an online stream. ``access``: training may use the boundaries
     (always True offline). ``origin``: the experience to measure on (the original experience
-    online, the strategy's experience otherwise). ``index``: the original experience's position
+    online, the strategy's experience otherwise; None on a task-agnostic stream, ``continuous``,
+    whose sub-experiences have no original experience). ``index``: the original experience's position
     among those trained so far (``strategy.clock.train_exp_counter`` offline). ``first`` /
     ``last``: first / last sub-experience of the original experience (both True offline).
     ``origin_id``: the original experience's ``current_experience`` (None when it has none).
     ``position`` / ``length``: the sub-experience's index (from 0) in its original experience and
     the length of that sub-stream (0 / None offline); ``stream_index``: the sub-experience's own
-    ``current_experience`` in the online stream (None offline).
+    ``current_experience`` in the online stream (None offline). On a task-agnostic stream the whole
+    stream counts as one original experience: ``first`` at its first sub-experience, ``last`` at
+    its last.
     """
 
     online: bool
@@ -66,6 +84,7 @@ class Boundary:
     position: int = 0
     length: int | None = None
     stream_index: int | None = None
+    continuous: bool = False
 
 
 class _Tracker:
@@ -97,29 +116,89 @@ def _online_attributes(experience):
             getattr(view, "sub_stream_length", None), bool(getattr(view, "access_task_boundaries", False)))
 
 
-def enter_boundary(owner, strategy, component: str | None = None, *, needs_access: bool = False) -> Boundary:
+def stream_kind(experience) -> str:
+    """Which of :data:`STREAM_KINDS` ``experience`` belongs to: ``"experiences"`` (a benchmark's
+    own experience), ``"online"`` / ``"online_hidden"`` (a ``split_online_stream`` sub-experience
+    whose boundaries training may / may not read: ``access_task_boundaries``) or ``"continuous"``
+    (a sub-experience without an original experience, as ``split_continuous_linear_decay_stream``
+    builds them)."""
+    online = _online_attributes(experience)
+    if online is None:
+        return "experiences"
+    if online[0] is None:
+        return "continuous"
+    return "online" if online[4] else "online_hidden"
+
+
+_NEEDS_ACCESS = "changes training with the stream's original experiences (at their boundaries, or with their data)"
+_NEEDS_ORIGIN = "measures once per original experience of the stream, on that experience's data"
+_CONTINUOUS = ("this stream is task-agnostic: its sub-experiences have no original experience (origin_experience is "
+               "None; split_continuous_linear_decay_stream draws each one from several experiences at once)")
+
+
+def _joint_training_refusal(component: str) -> str:
+    return (f"{component} works per experience; JointTraining trains on all experiences at once (one experience, "
+            "their concatenation), so its per-experience quantities would describe experience 0 only. For the same "
+            f"i.i.d. bound with {component} attached, train Naive (same model, optimizer and epochs) on one experience "
+            "made of the concatenated stream: strategy.train(benchmark_from_datasets(train=[concat_datasets("
+            "[e.dataset for e in benchmark.train_stream])]).train_stream[0]) (benchmark_from_datasets from "
+            "avalanche.benchmarks.scenarios, concat_datasets from avalanche.benchmarks.utils)")
+
+
+def _stream_refusal(component: str, kind: str, needs: str, *, changes_training: bool) -> str | None:
+    """The refusal of a ``kind`` stream for a component that ``needs`` the original experiences
+    (None: the stream gives it what it needs)."""
+    head = f"{component} refuses this stream before training: it {needs}, but "
+    if kind == "continuous":
+        if changes_training:
+            return (head + _CONTINUOUS + ", so there are no boundaries to give it, and no option of that stream "
+                    "changes it. Train on the original stream (benchmark.train_stream), or on an online split "
+                    "that keeps its experiences: split_online_stream(benchmark.train_stream, experience_size, "
+                    "access_task_boundaries=True)")
+        return (head + _CONTINUOUS + ", so there is no experience to measure. Attach it to a run on the original "
+                "stream (benchmark.train_stream), or on split_online_stream(benchmark.train_stream, "
+                "experience_size), whose sub-experiences keep their original experience (a metric needs no "
+                "access_task_boundaries)")
+    if kind == "online_hidden" and changes_training:
+        return (head + "this online stream hides its original experiences' boundaries from training "
+                "(split_online_stream(..., access_task_boundaries=False), the default): build it with "
+                "split_online_stream(..., access_task_boundaries=True), or train on the original stream")
+    return None
+
+
+def enter_boundary(owner, strategy, component: str | None = None, *, needs_access: bool = False,
+                   needs_origin: bool = False, needs: str | None = None) -> Boundary:
     """Call at ``before_training_exp``: the :class:`Boundary` of the experience about to be
     trained, kept on ``owner`` for its later callbacks (:func:`current_boundary`).
 
-    :param needs_access: the component changes training at the boundaries: on an online stream
-        that hides them (``access_task_boundaries=False``) it is refused.
-    :raises ValueError: ``JointTraining``, or a hidden-boundary online stream with
-        ``needs_access``, naming ``component`` (default: ``owner``'s class).
+    :param needs_access: the component changes training with the original experiences (at their
+        boundaries or with their data): refused on an online stream that hides them
+        (``access_task_boundaries=False``) and on a task-agnostic stream.
+    :param needs_origin: the component measures once per original experience, on its data (a
+        metric): refused on a task-agnostic stream (any ``split_online_stream`` serves it).
+    :param needs: what the component does with them, for the message (a phrase following its
+        name, e.g. ``"edits units at the start of every original experience"``).
+    :raises ValueError: ``JointTraining``, or a stream that lacks what the component needs,
+        naming ``component`` (default: ``owner``'s class), the stream and what to train on instead.
     """
     from avalanche.training.supervised import JointTraining
 
     component = component or type(owner).__name__
     if isinstance(strategy, JointTraining):
-        raise ValueError(f"{component} works per experience; JointTraining trains on all experiences "
-                         "at once, so its per-experience quantities would describe experience 0 only")
-    return locate_boundary(owner, strategy, component, needs_access=needs_access)
+        raise ValueError(_joint_training_refusal(component))
+    if needs_access or needs_origin:
+        default = _NEEDS_ACCESS if needs_access else _NEEDS_ORIGIN
+        refusal = _stream_refusal(component, stream_kind(strategy.experience), needs or default,
+                                  changes_training=needs_access)
+        if refusal is not None:
+            raise ValueError(refusal)
+    return locate_boundary(owner, strategy, component)
 
 
-def locate_boundary(owner, strategy, component: str | None = None, *, needs_access: bool = False) -> Boundary:
+def locate_boundary(owner, strategy, component: str | None = None) -> Boundary:
     """:func:`enter_boundary` for an owner that only reports where training is (it accepts every
-    strategy, JointTraining included): the :class:`Boundary` of ``strategy.experience``, counted
-    on ``owner`` (call it once per experience, at ``before_training_exp``)."""
-    component = component or type(owner).__name__
+    strategy and stream, JointTraining included): the :class:`Boundary` of ``strategy.experience``,
+    counted on ``owner`` (call it once per experience, at ``before_training_exp``)."""
     tracker = owner.__dict__.get(_TRACKER)
     if tracker is None:
         tracker = owner.__dict__[_TRACKER] = _Tracker()
@@ -130,21 +209,15 @@ def locate_boundary(owner, strategy, component: str | None = None, *, needs_acce
                             getattr(experience, "current_experience", None))
     else:
         origin, first, last, length, access = online
-        if needs_access and not access:
-            raise ValueError(
-                f"{component} acts once per original experience of an online stream, but this stream hides "
-                "its task boundaries from training (split_online_stream(..., access_task_boundaries=False)): "
-                "build it with split_online_stream(..., access_task_boundaries=True), or train on the "
-                "original stream")
         if first or tracker.position < 0:
             tracker.position, first = 0, True
             tracker.started += 1
         else:
             tracker.position += 1
         last = last or (length is not None and tracker.position + 1 >= length)
-        boundary = Boundary(True, access, _view(origin), tracker.started - 1, first, last,
-                            getattr(origin, "current_experience", None), tracker.position, length,
-                            getattr(experience, "current_experience", None))
+        boundary = Boundary(True, access, None if origin is None else _view(origin), tracker.started - 1, first,
+                            last, getattr(origin, "current_experience", None), tracker.position, length,
+                            getattr(experience, "current_experience", None), continuous=origin is None)
     tracker.boundary = boundary
     return boundary
 
@@ -163,8 +236,9 @@ def current_boundary(owner, strategy) -> Boundary:
 @contextlib.contextmanager
 def at_origin(strategy, boundary: Boundary):
     """While it runs, ``strategy.experience`` is the original experience of an online
-    sub-experience (its data, id and metric names); nothing changes offline."""
-    if not boundary.online:
+    sub-experience (its data, id and metric names); nothing changes offline, nor on a task-agnostic
+    stream (no original experience: the sub-experience being trained stays)."""
+    if not boundary.online or boundary.origin is None:
         yield
         return
     experience = strategy.experience

@@ -27,6 +27,14 @@ paid at the first experience only; ``owner.preflight_seconds`` holds it. A strat
 its model (GDumb) has each new model checked, online at every sub-experience; a sub-experience
 with fewer samples than the check needs is checked on the strategy's adapted dataset (GDumb's
 buffer) when that has enough.
+
+The component's own **settings** meet the data in :func:`check_experiences`: before the first
+iteration, on every experience the stream shows (the current one and those after it; on an online
+stream the original experiences), a component's check says whether a setting asks for more than an
+experience offers (anchors per class, a minibatch larger than the samples a measurement takes) and
+refuses naming the component, the setting, the experience and the fix. A measurement that takes
+fewer samples than asked because the experience is smaller is not refused: it says so once
+(:func:`warn_fewer_samples`) and records the count it used beside every value.
 """
 
 from __future__ import annotations
@@ -40,13 +48,14 @@ from collections.abc import Callable
 
 import torch
 
+from avalanche_plugins._avalanche.boundaries import Boundary
 from avalanche_plugins._avalanche.data import experience_batches, preserved_rng
 from avalanche_plugins.core.calls import eval_mode, model_forward
 from avalanche_plugins.core.layers import discover_layers, example_input
 from avalanche_plugins.core.outputs import describe_output, logits_of, transformed_output
 
-__all__ = ["PREFLIGHT_SAMPLES", "PreflightProbe", "describe_error", "first_samples", "preflight",
-           "with_output_transform"]
+__all__ = ["PREFLIGHT_SAMPLES", "PreflightProbe", "check_experiences", "describe_error", "first_samples", "preflight",
+           "stream_experiences", "warn_fewer_samples", "with_output_transform"]
 
 PREFLIGHT_SAMPLES = 2  # enough for every estimator (the Fisher blocks' debiasing needs 2)
 
@@ -148,3 +157,66 @@ def with_output_transform(callback):
             return callback(self, strategy, *args, **kwargs)
 
     return wrapper
+
+
+def _logging_view(experience):
+    return experience.logging() if hasattr(experience, "logging") else experience
+
+
+def stream_experiences(boundary: Boundary) -> list:
+    """The original experiences the run trains on from ``boundary``'s on, as far as the stream shows
+    them: the current (original) experience's ``origin_stream`` from that experience on, when it is a
+    finite stream holding it (a benchmark's stream, or its slice ``train_stream[:2]``), else the
+    current experience alone (a lazy stream, an experience without a stream). Logging views."""
+    current = _logging_view(boundary.origin)
+    try:
+        stream = current.origin_stream
+        experiences = [_logging_view(stream[i]) for i in range(len(stream))]
+    except (AttributeError, TypeError, ValueError, IndexError):  # no stream, a lazy one, masked
+        return [current]
+    ids = [getattr(e, "current_experience", None) for e in experiences]
+    here = getattr(current, "current_experience", None)
+    if here is None or here not in ids:
+        return [current]
+    return experiences[ids.index(here):]
+
+
+def check_experiences(owner, boundary: Boundary, check: Callable[[object], str | None],
+                      component: str | None = None) -> None:
+    """Check ``owner``'s settings against the data before training the current experience: at the
+    first (sub-)experience of every original experience, ``check(experience)`` runs on it and on
+    every later experience the stream shows (:func:`stream_experiences`), each experience once.
+
+    :param check: ``experience -> None`` or the problem: the setting, what the experience offers
+        and the fix (``"n_anchors=100 asks ..., choose n_anchors <= 60"``).
+    :raises ValueError: ``"{component} refuses its settings before training: experience {id} ..."``.
+    """
+    if not boundary.first or boundary.origin is None:
+        return
+    component = component or type(owner).__name__
+    checked = owner.__dict__.setdefault("_settings_checked", set())
+    for experience in stream_experiences(boundary):
+        index = getattr(experience, "current_experience", None)
+        key = None if index is None else (index, len(experience.dataset))
+        if key is not None and key in checked:
+            continue
+        problem = check(experience)
+        if problem is not None:
+            which = "the experience" if index is None else f"experience {index}"
+            raise ValueError(f"{component} refuses its settings before training: {which} {problem}")
+        if key is not None:
+            checked.add(key)
+
+
+def warn_fewer_samples(owner, component: str, setting: str, asked: int, used: int, where: str) -> None:
+    """Say once per ``owner`` and ``setting`` that a measurement took fewer samples than the
+    setting asks for (``where`` had only ``used``); the caller records ``used`` with the value."""
+    if used >= asked:
+        return
+    warned = owner.__dict__.setdefault("_fewer_samples_warned", set())
+    if setting in warned:
+        return
+    warned.add(setting)
+    warnings.warn(f"{component}: {setting}={asked} asks for more samples than {where} has, so it measured on the "
+                  f"{used} there are; every record says how many it used (n_samples_used). Said once per metric: "
+                  "a later measurement on fewer samples than asked is only recorded", stacklevel=3)

@@ -8,7 +8,9 @@ For every experience after the first:
   experience is the new task) it draws the *old set* — ``calibration_size`` samples of the buffer
   (seeded) — and ``calibration_size`` labelled samples of the incoming experience, and computes
   :func:`avalanche_plugins.ads.shift.architecture_driven_shift` with the strategy's loss
-  (``strategy._criterion``) and, unless given, its optimizer's step size, the number of steps
+  (``strategy._criterion``, as its per-sample mean; a ``reduction='sum'`` criterion's SGD step is
+  ``train_mb_size`` times larger, folded into the step size) and, unless given, its optimizer's
+  step size, the number of steps
   the experience will take (``train_epochs × ⌈|dataset| / train_mb_size⌉``) and the optimizer
   kind (``"adam"`` for ``Adam``/``AdamW``, else ``"sgd"``; SGD momentum ``μ`` is folded into the
   step size as ``lr / (1 − μ)``, its steady-state effective step). It also stores the old set's
@@ -27,12 +29,19 @@ realised values sit side by side under the same suffix):
 * ``ADSOldECEBefore/...`` and ``ADSOldECE/...`` — ECE (``n_bins`` bins) of the old set before and
   after training on the new experience.
 
-Every record (with the seconds spent) is appended to :attr:`ArchitectureDrivenShiftMetric.history`.
+* ``ADSSamplesUsed/...`` — how many samples the prediction rests on: the smaller of the old set
+  and the incoming experience's sample (each ``calibration_size`` when the data allow).
+
+Every record (with the seconds spent) is appended to :attr:`ArchitectureDrivenShiftMetric.history`,
+with ``n_old`` / ``n_new`` and ``n_samples_used`` (their minimum) beside ``calibration_size``: an
+experience (or a buffer) smaller than ``calibration_size`` is used whole, and a warning says so once.
 
 At the first experience, before any iteration, a pre-flight
 (:mod:`avalanche_plugins._avalanche.preflight`) runs ADS on two samples of it (the model's output
 type, its layer map, forward-mode AD through every layer): an unsupported model is refused before
-training, not at the second experience.
+training, not at the second experience; so are a task-agnostic stream
+(``split_continuous_linear_decay_stream``: no original experiences to predict between) and a
+stream with an empty experience.
 
 Side effects: none on the training run. ADS reads parameters through ``torch.func`` (no
 ``.grad`` written, nothing changed), the model runs in eval mode (restored), the optimizer is only
@@ -55,7 +64,12 @@ from avalanche_plugins._avalanche.boundaries import (
     enter_boundary,
 )
 from avalanche_plugins._avalanche.data import experience_tensors
-from avalanche_plugins._avalanche.preflight import preflight, with_output_transform
+from avalanche_plugins._avalanche.preflight import (
+    check_experiences,
+    preflight,
+    warn_fewer_samples,
+    with_output_transform,
+)
 from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.ads import (
     ADS_OPTIMIZERS,
@@ -81,7 +95,9 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
     :param calibration_size: samples kept per trained experience, samples of the old set and of
         the incoming experience used by ADS (default 64: cost is one JVP per layer per sample,
         0.085 of a 5,000-image epoch on a CIFAR ResNet-18 by ``benchmarks.scale``; the ADS zoo's
-        rankings hold from 16 to 128, docs/RESULTS.md).
+        rankings hold from 16 to 128, docs/RESULTS.md). A smaller experience or buffer is used
+        whole: a warning says so once, and each record holds ``n_old``, ``n_new`` and
+        ``n_samples_used``.
     :param lr, steps, optimizer: ADS's step size, step budget and ``"sgd"``/``"adam"``; None
         reads them from the strategy (module docstring).
     :param path: ``"logit"`` (default; ``P = min(lr·steps, L_new / mean_b ‖J(x_b) u‖)``, the
@@ -153,6 +169,8 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
             lr = float(group["lr"])
             if kind == "sgd" and isinstance(opt, torch.optim.SGD):
                 lr /= 1.0 - float(group.get("momentum", 0.0))
+            if kind == "sgd" and getattr(strategy._criterion, "reduction", None) == "sum":
+                lr *= strategy.train_mb_size  # ADS steps on the mean loss; training on the minibatch sum
         steps = self.steps
         if steps is None:  # online: the original experience's samples (the sub-experiences' sum)
             boundary = current_boundary(self, strategy)
@@ -179,7 +197,10 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
 
     @with_output_transform
     def before_training_exp(self, strategy) -> list[MetricValue] | None:
-        boundary = enter_boundary(self, strategy, "ArchitectureDrivenShiftMetric")
+        boundary = enter_boundary(self, strategy, "ArchitectureDrivenShiftMetric", needs_origin=True,
+                                  needs="predicts and measures the old-task shift of each original experience's "
+                                        "training, on the experiences' data")
+        check_experiences(self, boundary, _empty_experience, "ArchitectureDrivenShiftMetric")
         with self.measuring(strategy):
             preflight(self, strategy, self._probe, output_transform=self.output_transform)
         if not boundary.first:  # online: once per original experience, at its first sub-experience
@@ -204,10 +225,15 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
                                         optimizer=kind, path=self.path, probe_steps=self.probe_steps,
                                         old_task_labels=old_t, new_task_labels=new_t)
         logits = model_outputs(model, old_x, old_t, 1024)
+        n_old, n_new = int(old_x.shape[0]), int(new_x.shape[0])
+        experience = getattr(strategy.experience, "current_experience", exp_counter)
+        warn_fewer_samples(self, "ArchitectureDrivenShiftMetric", "calibration_size", self.calibration_size,
+                           min(n_old, n_new), f"experience {experience}" if n_new <= n_old else
+                           "the buffer of the experiences trained so far")
         record = {
-            "experience": getattr(strategy.experience, "current_experience", exp_counter),
-            "train_exp_counter": exp_counter, "seed": seed, "n_old": int(old_x.shape[0]),
-            "n_new": int(new_x.shape[0]), "lr": lr, "steps": steps, "optimizer": kind, "path": self.path,
+            "experience": experience, "train_exp_counter": exp_counter, "seed": seed,
+            "calibration_size": self.calibration_size, "n_old": n_old, "n_new": n_new,
+            "n_samples_used": min(n_old, n_new), "lr": lr, "steps": steps, "optimizer": kind, "path": self.path,
             "ads": res.ads, "first_step": lr * res.first_order_shift, "path_factor": res.path_factor,
             "layer_names": res.layer_names, "architecture_terms": res.architecture_terms,
             "data_terms": res.data_terms,
@@ -262,4 +288,11 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
         return self.emit(strategy, {"ADS": num(record["ads"]), "ADSFirstStep": num(record["first_step"]),
                                     "ADSPathFactor": num(record["path_factor"]),
                                     "ADSLayerShift": dict(record["layer_shifts"]),
-                                    "ADSOldECEBefore": num(record["ece_before"])})
+                                    "ADSOldECEBefore": num(record["ece_before"]),
+                                    "ADSSamplesUsed": int(record["n_samples_used"])})
+
+
+def _empty_experience(experience) -> str | None:
+    if len(experience.dataset) == 0:
+        return "has no samples to calibrate ADS on: give every experience samples"
+    return None

@@ -26,7 +26,9 @@ step), ``n_{ℓ−1}`` the fan-in (the architecture term) and the path factor ``
 Jacobian is formed. Parameters outside every layer form one extra group ``"(unassigned)"`` with
 architecture term 1. Conventions as in :mod:`avalanche_plugins.readiness`: eval mode (restored),
 parameters read through ``torch.func.functional_call`` (the model is never changed, the global RNG
-is never used), ``loss_fn`` mean-reduced, multi-task models receive ``task_labels``. The ground
+is never used), ``L_new`` the per-sample mean loss whatever ``loss_fn``'s reduction (a sum-reduced
+batch loss divided by its sample count, :func:`avalanche_plugins.core.reductions.mean_loss`, so the
+step does not grow with the new-task sample), multi-task models receive ``task_labels``. The ground
 truth is :func:`avalanche_plugins.ads.ground_truth.logit_shift`.
 """
 from __future__ import annotations
@@ -62,6 +64,7 @@ from avalanche_plugins.core.checks import (
 )
 from avalanche_plugins.core.layers import discover_layers, example_input
 from avalanche_plugins.core.optim import AdamState, functional_step
+from avalanche_plugins.core.reductions import mean_loss
 from avalanche_plugins.core.stats import mean_row_norm
 
 __all__ = [
@@ -161,7 +164,8 @@ def update_direction(model: nn.Module, loss_fn, new_inputs: torch.Tensor, new_ta
 
     Returns ``(direction, loss, grad_norm)``; ``direction`` maps every trainable parameter name
     to a detached tensor. The model is not changed. The gradient is taken over chunks of
-    ``chunk_size`` samples (memory knob; None: all at once).
+    ``chunk_size`` samples (memory knob; None: all at once); ``L_new`` is the per-sample mean loss,
+    also for a sum-reduced ``loss_fn`` (module docstring).
 
     Example:
         >>> net = nn.Linear(2, 1)
@@ -170,6 +174,9 @@ def update_direction(model: nn.Module, loss_fn, new_inputs: torch.Tensor, new_ta
         (['bias', 'weight'], True)
     """
     check_estimator_inputs(model, new_inputs, new_targets, loss_fn=loss_fn, task_labels=task_labels, name="new_inputs", targets_name="new_targets")
+    check_inputs(new_inputs, new_targets, name="new_inputs")
+    loss_fn = mean_loss(loss_fn, "update_direction", model=model, inputs=new_inputs, targets=new_targets,
+                        task_labels=task_labels)
     return _first_step(model, loss_fn, new_inputs, new_targets, optimizer=optimizer, eps=eps,
                        task_labels=task_labels, chunk_size=chunk_size)[:3]
 
@@ -279,7 +286,9 @@ def architecture_driven_shift(model: nn.Module, loss_fn, old_inputs: torch.Tenso
         model: the checkpoint, trained on the earlier tasks (not changed).
         old_inputs: earlier tasks' calibration inputs ``x_a``.
         new_inputs, new_targets: labelled sample of the new task.
-        loss_fn: mean-reduced loss ``loss_fn(outputs, targets)``.
+        loss_fn: the loss ``loss_fn(outputs, targets)``, mean- or sum-reduced (``L_new`` is the
+            per-sample mean either way; a plain callable is probed on two samples,
+            ``reduction="none"`` refused).
         lr: step size ``η``. steps: training steps ``T`` on the new task.
         optimizer: ``"sgd"`` (direction ``−g``) or ``"adam"`` (first Adam step ``−g/(|g|+ε)``).
         path: ``"budget"`` (``P = ηT``), ``"probe"`` (fit of the update-norm decay over
@@ -324,6 +333,8 @@ def architecture_driven_shift(model: nn.Module, loss_fn, old_inputs: torch.Tenso
     check_positive("eps", eps)
     if chunk_size is not None:
         check_int("chunk_size", chunk_size)
+    loss_fn = mean_loss(loss_fn, "architecture_driven_shift", model=model, inputs=new_inputs, targets=new_targets,
+                        task_labels=new_task_labels)
     layer_map = discover_layers(model, example_input(model, new_inputs, new_task_labels))
     groups = layer_groups(model, layer_map)
     direction, loss, grad_norm, rate = _first_step(model, loss_fn, new_inputs, new_targets, optimizer=optimizer,

@@ -11,8 +11,8 @@ from torch.func import functional_call, grad_and_value
 from avalanche_plugins.core.checks import check_output_targets
 
 __all__ = ["is_multitask", "model_forward", "stateless_forward", "iterate_batches", "eval_mode",
-           "split_params", "task_groups", "task_batches", "check_task_labels", "first_tensor", "batch_loss",
-           "sample_loss", "grouped_loss_and_grad", "math_attention"]
+           "split_params", "task_groups", "task_batches", "chunk_weight", "check_task_labels", "first_tensor",
+           "batch_loss", "sample_loss", "grouped_loss_and_grad", "math_attention"]
 
 
 def is_multitask(model: nn.Module) -> bool:
@@ -119,25 +119,42 @@ def task_groups(model: nn.Module, n: int, task_labels) -> list[tuple[int | None,
     return [(int(u), (labels == u).nonzero().squeeze(1)) for u in unique]
 
 
+def chunk_weight(reduction: str, n_chunk: int, n_total: int) -> float:
+    """The weight of a chunk's loss in the loss of all ``n_total`` samples
+    (:mod:`avalanche_plugins.core.reductions`): its share ``n_chunk / n_total`` for a
+    ``"mean"``-reduced loss, 1 for a ``"sum"``-reduced one.
+
+    >>> chunk_weight("mean", 2, 8), chunk_weight("sum", 2, 8)
+    (0.25, 1.0)
+    """
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    return n_chunk / n_total if reduction == "mean" else 1.0
+
+
 def task_batches(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | None = None, task_labels=None,
-                 chunk_size: int | None = None, *, groups=None):
+                 chunk_size: int | None = None, *, groups=None, reduction: str = "mean"):
     """``(label, xs, ys, weight)`` for every chunk of every task group: the samples grouped by
     :func:`task_groups` (or the precomputed ``groups``), each group cut into contiguous chunks of
-    ``chunk_size`` samples (one chunk per group when None); ``weight`` is the chunk's share of all
-    samples, ``len(xs) / len(inputs)``, so a weighted sum of chunk means is the mean over all
-    samples. ``ys`` is None when ``targets`` is.
+    ``chunk_size`` samples (one chunk per group when None); ``weight`` is the chunk's
+    :func:`chunk_weight` for a loss of that ``reduction``: with ``"mean"`` (the default) its share of
+    all samples, ``len(xs) / len(inputs)``, so a weighted sum of chunk means is the mean over all
+    samples; with ``"sum"`` 1, so the plain sum of chunk sums is the sum over all samples.
+    ``ys`` is None when ``targets`` is.
 
     Example:
         >>> net = nn.Linear(2, 1)
         >>> [(label, xs.shape[0], weight) for label, xs, _, weight in task_batches(net, torch.zeros(5, 2), chunk_size=2)]
         [(None, 2, 0.4), (None, 2, 0.4), (None, 1, 0.2)]
+        >>> [weight for *_, weight in task_batches(net, torch.zeros(5, 2), chunk_size=2, reduction="sum")]
+        [1.0, 1.0, 1.0]
     """
     n = inputs.shape[0]
     for label, index in task_groups(model, n, task_labels) if groups is None else groups:
         xs = inputs if index is None else inputs[index]
         ys = targets if targets is None or index is None else targets[index]
         for s in iterate_batches(xs.shape[0], chunk_size):
-            yield label, xs[s], None if ys is None else ys[s], (s.stop - s.start) / n
+            yield label, xs[s], None if ys is None else ys[s], chunk_weight(reduction, s.stop - s.start, n)
 
 
 def batch_loss(model: nn.Module, loss_fn, consts: dict, task_label=None):
@@ -148,7 +165,7 @@ def batch_loss(model: nn.Module, loss_fn, consts: dict, task_label=None):
 
     def f(params, x, y, t=task_label):
         out = stateless_forward(model, {**consts, **params}, x, t)
-        check_output_targets(out, y, loss_fn)
+        check_output_targets(out, y, getattr(loss_fn, "base_loss", loss_fn))  # through reductions.MeanOfSum
         return loss_fn(out, y)
 
     return f
@@ -162,7 +179,7 @@ def sample_loss(model: nn.Module, loss_fn, consts: dict, task_label=None):
         if isinstance(t, torch.Tensor):
             t = t.unsqueeze(0)
         out = stateless_forward(model, {**consts, **params}, x.unsqueeze(0), t)
-        check_output_targets(out, y.unsqueeze(0), loss_fn)
+        check_output_targets(out, y.unsqueeze(0), getattr(loss_fn, "base_loss", loss_fn))
         return loss_fn(out, y.unsqueeze(0))
 
     return f
@@ -173,7 +190,9 @@ def grouped_loss_and_grad(model: nn.Module, loss_fn, consts: dict, x: torch.Tens
     """``f(params) -> (∇L, L)``: the mean loss of all of ``(x, y)`` and its gradient, from the
     batch losses of the task groups (``groups`` from :func:`task_groups`) split into chunks of
     ``chunk_size`` samples, each weighted by its share of the samples (for mean-reduced losses the
-    value of one pass over everything; memory: one chunk's backward pass). Sums in float64
+    value of one pass over everything; memory: one chunk's backward pass). ``loss_fn`` must be
+    mean-reduced: callers with a sum-reduced loss pass
+    :func:`avalanche_plugins.core.reductions.mean_loss` of it. Sums in float64
     (``L`` a 0-d tensor, ``∇L`` a dict of float64 tensors).
 
     Example:

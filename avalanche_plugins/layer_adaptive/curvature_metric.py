@@ -24,7 +24,9 @@ def measure_profile(strategy, *, method: str, n_samples: int, chunk_size: int | 
                     seed: int) -> LayerSpectrum:
     """s_ℓ of ``strategy.model`` on up to ``n_samples`` samples of the current experience, by
     :func:`~avalanche_plugins.layer_adaptive.curvature.layer_curvature` (``max_iter``/``tol`` are
-    the ``hessian`` method's; ``chunk_size`` None keeps the method's default).
+    the ``hessian`` method's; ``chunk_size`` None keeps the method's default): the curvature of
+    ``strategy._criterion`` as it reduces over those samples, the mean loss's or, for a sum-reduced
+    criterion, the sum's (:mod:`avalanche_plugins.core.reductions`), whatever ``chunk_size``.
 
     The result is cached on the strategy for the current training experience: a second adapter
     asking with the same settings (``LayerAdaptiveEWCPlugin(log_profile=True)`` next to

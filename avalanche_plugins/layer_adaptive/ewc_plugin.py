@@ -53,8 +53,7 @@ from avalanche_plugins.layer_adaptive.curvature_metric import (
 )
 from avalanche_plugins.layer_adaptive.fisher import (
     batched_fisher,
-    empirical_fisher,
-    expected_fisher,
+    fisher_diagonal,
 )
 from avalanche_plugins.layer_adaptive.options import CurvatureOptions, FisherOptions, options_from
 from avalanche_plugins.layer_adaptive.profile import LayerProfile, layer_profile
@@ -104,6 +103,13 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         its output to the logits tensor (the Fisher and ``s_ℓ`` then use ``strategy._criterion`` on
         those logits); without it such a model is refused before training (``ValueError`` naming it).
 
+    Reductions: ``s_ℓ`` and the ``empirical``/``expected`` importances are the curvature of
+    ``strategy._criterion`` as it reduces over the samples measured (the mean loss's for a
+    mean-reduced criterion, the sum's, ``N`` times larger, for a sum-reduced one:
+    :mod:`avalanche_plugins.core.reductions`); ``s_ℓ`` enters only through the normalised weights
+    ``w_ℓ``, so its scale does not matter; ``batched`` squares each minibatch's criterion as it is
+    (Avalanche's). A criterion with ``reduction='none'`` is refused before training.
+
     At the first experience, before any iteration, a pre-flight
     (:mod:`avalanche_plugins._avalanche.preflight`) checks the output type, the layer map and, on
     two samples, the curvature estimator (``measured``/``smoothed``/``log_profile``) and the
@@ -113,8 +119,10 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
     The penalty is added in ``before_backward``: a strategy whose training loop never calls it
     (MER) is refused before training (:mod:`avalanche_plugins._avalanche.loop`). On an online
     stream (``split_online_stream(..., access_task_boundaries=True)``; refused before training when
-    the stream hides its boundaries) the Fisher and anchor are taken once per original experience,
-    at its last sub-experience, on its data (:mod:`avalanche_plugins._avalanche.boundaries`).
+    the stream hides its boundaries, and on a task-agnostic stream such as
+    ``split_continuous_linear_decay_stream``'s, which has no original experiences) the Fisher and
+    anchor are taken once per original experience, at its last sub-experience, on its data
+    (:mod:`avalanche_plugins._avalanche.boundaries`).
 
     Parameters outside every layer of the layer map get weight 1 and a one-time warning;
     normalisation parameters share the weight of the layer they follow, and heads not run by the
@@ -177,7 +185,8 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
 
     # ------------------------------------------------------------------ callbacks
     def before_training_exp(self, strategy, **kwargs):
-        enter_boundary(self, strategy, "LayerAdaptiveEWCPlugin", needs_access=True)
+        enter_boundary(self, strategy, "LayerAdaptiveEWCPlugin", needs_access=True,
+                       needs="takes the Fisher and the anchor of each original experience at its end, on its data")
         require_callbacks("LayerAdaptiveEWCPlugin", strategy, ["before_backward"],
                           "the EWC penalty is added to the loss")
         preflight(self, strategy, self._probe, output_transform=self.output_transform)
@@ -186,10 +195,10 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
         """The pre-flight's estimators on its few samples (the batched Fisher is a plain backward pass)."""
         if self.schedule in ("measured", "smoothed") or self.log_profile:
             curvature_probe(self.curvature, self.spectrum_chunk_size)(model, loss_fn, x, y, task_labels)
-        if self.fisher == "empirical":
-            empirical_fisher(model, loss_fn, x, y, task_labels=task_labels)
-        elif self.fisher == "expected":
-            expected_fisher(model, x, task_labels=task_labels)
+        if self.fisher == "batched":  # reduction='none' is refused before training
+            batched_fisher(model, loss_fn, [(x, y, task_labels)])
+        else:
+            fisher_diagonal(self.fisher, model, loss_fn, x, y, task_labels=task_labels)
 
     def before_training(self, strategy, **kwargs):
         if self.fisher in ("empirical", "expected"):  # per-sample gradients: refuse before training
@@ -258,9 +267,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
             return batched_fisher(model, criterion, batches)
         # Per-sample estimators read the same (train-transform) data as Avalanche's EWC.
         x, y, t = experience_tensors(strategy, n_samples=self.fisher_samples, seed=self.seed, eval_transforms=False)
-        if self.fisher == "empirical":
-            return empirical_fisher(model, criterion, x, y, task_labels=t, chunk_size=self.fisher_chunk_size)
-        return expected_fisher(model, x, task_labels=t, chunk_size=self.fisher_chunk_size)
+        return fisher_diagonal(self.fisher, model, criterion, x, y, task_labels=t, chunk_size=self.fisher_chunk_size)
 
     @torch.no_grad()
     def _fold(self, model, importances: dict, weight_of: dict) -> None:

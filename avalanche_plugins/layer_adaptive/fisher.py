@@ -13,6 +13,13 @@ Three conventions exist in the literature and libraries, and their scales differ
 
 Per-sample gradients use ``torch.func.vmap(grad(...))`` in chunks. The model is evaluated in
 eval mode and its mode restored; gradients are returned, never written to ``.grad``.
+
+Reductions (:mod:`avalanche_plugins.core.reductions`): ``empirical`` and ``expected`` (through
+:func:`fisher_diagonal`) are of the loss as ``loss_fn`` reduces it over the ``N`` samples,
+``L = c Σ_i ℓ_i`` with ``c = 1/N`` for a mean-reduced loss (the formulas above) and ``c = 1`` for a
+sum-reduced one (``N`` times larger), whatever the chunking; ``batched`` squares the gradient of
+each minibatch's loss as ``loss_fn`` gives it (Avalanche's convention: a sum-reduced loss's
+importances grow with the square of the batch size).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from avalanche_plugins.core.checks import (
     check_int,
     check_no_recurrent,
 )
+from avalanche_plugins.core.reductions import check_reduced, loss_reduction, sample_scale
 
 __all__ = ["FISHER_KINDS", "batched_fisher", "empirical_fisher", "expected_fisher", "fisher_diagonal"]
 
@@ -50,7 +58,8 @@ def batched_fisher(model: nn.Module, loss_fn, batches) -> dict[str, torch.Tensor
 
     Args:
         model: the model (evaluated in eval mode, as Avalanche does).
-        loss_fn: mean-reduced loss.
+        loss_fn: the minibatch loss, any scalar (a sum-reduced one gives its own, larger,
+            importances; ``reduction="none"`` is refused).
         batches: iterable of ``(x, y)`` or ``(x, y, ..., task_labels)`` minibatches; the last
             element is used as task labels for multi-task models, as in Avalanche.
 
@@ -71,6 +80,7 @@ def batched_fisher(model: nn.Module, loss_fn, batches) -> dict[str, torch.Tensor
     params = [p for _, p in model.named_parameters() if p.requires_grad]
     if not params:
         raise ValueError(f"model {type(model).__name__} has no trainable parameters (requires_grad=True)")
+    check_reduced(loss_fn, "batched_fisher")
     count = 0
     with eval_mode(model):
         for batch in batches:
@@ -82,6 +92,7 @@ def batched_fisher(model: nn.Module, loss_fn, batches) -> dict[str, torch.Tensor
             check_estimator_inputs(model, x, y, loss_fn=loss_fn, task_labels=batch[-1] if len(batch) > 2 else None,
                                    name="inputs", targets_name="targets")
             loss = loss_fn(model_forward(model, x, batch[-1] if len(batch) > 2 else None), y)
+            check_reduced(loss_fn, "batched_fisher", loss, x.shape[0])
             check_finite_loss(loss, "while estimating the Fisher")
             grads = torch.autograd.grad(loss, params, allow_unused=True)
             for n, g in zip(names, grads):
@@ -101,13 +112,17 @@ def _per_sample_setup(model):
 
 def empirical_fisher(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: torch.Tensor, *,
                      task_labels: torch.Tensor | None = None, chunk_size: int = 16) -> dict[str, torch.Tensor]:
-    """Empirical Fisher: mean of per-sample squared gradients with the true labels.
+    """Empirical Fisher: per-sample squared gradients with the true labels, of the loss as reduced.
 
-    .. math:: F = \\frac{1}{N} \\sum_{i=1}^{N} \\big(\\nabla_θ \\ell(f(x_i), y_i)\\big)^2
+    .. math:: F = c \\sum_{i=1}^{N} \\big(\\nabla_θ \\ell(f(x_i), y_i)\\big)^2, \\qquad
+              c = \\tfrac1N \\ (\\text{mean-reduced } \\texttt{loss\\_fn}), \\ 1 \\ (\\text{sum-reduced})
 
-    ``loss_fn`` is applied to one sample at a time (a batch of one), so any mean-reduced loss works.
-    ``chunk_size`` samples' gradients are held at once (memory ``chunk_size × P`` floats for ``P``
-    parameters, whatever the number of samples; the result does not depend on it).
+    ``ℓ(f(x_i), y_i)`` is ``loss_fn`` applied to sample ``i`` alone (a batch of one), and ``c`` makes
+    ``F`` the empirical Fisher of ``L = c Σ_i ℓ_i = loss_fn(f(X), Y)``, the loss of all samples as
+    ``loss_fn`` reduces them (:mod:`avalanche_plugins.core.reductions`; a plain callable is probed
+    on two samples, ``reduction="none"`` refused). ``chunk_size`` samples' gradients are held at
+    once (memory ``chunk_size × P`` floats for ``P`` parameters, whatever the number of samples;
+    the result does not depend on it).
 
     Example:
         >>> net = nn.Linear(3, 2)
@@ -120,10 +135,11 @@ def empirical_fisher(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: t
     check_no_recurrent(model, "empirical_fisher")
     check_inputs(inputs, targets)
     check_int("chunk_size", chunk_size)
+    c = sample_scale(loss_reduction(loss_fn, "empirical_fisher", model=model, inputs=inputs, targets=targets,
+                                    task_labels=task_labels), inputs.shape[0])
     params, buffers = _per_sample_setup(model)
 
     total = {k: torch.zeros_like(v) for k, v in params.items()}
-    n = inputs.shape[0]
     with eval_mode(model):
         # one int task label per vmapped call (multi-head models: Avalanche's single-task fast path)
         for label, xs, ys, _ in task_batches(model, inputs, targets, task_labels, chunk_size):
@@ -131,7 +147,7 @@ def empirical_fisher(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: t
             for k, g in grads.items():
                 check_finite_loss(g.sum(), "(gradient) while estimating the Fisher")
                 total[k] += g.pow(2).sum(0)
-    return {k: v / n for k, v in total.items()}
+    return {k: v * c for k, v in total.items()}
 
 
 def expected_fisher(model: nn.Module, inputs: torch.Tensor, *, task_labels: torch.Tensor | None = None,
@@ -139,6 +155,10 @@ def expected_fisher(model: nn.Module, inputs: torch.Tensor, *, task_labels: torc
     """Diagonal of the true Fisher of a classifier: expectation over the predicted labels.
 
     .. math:: F = \\frac{1}{N} \\sum_{i} \\sum_{c} p_θ(c \\mid x_i) \\big(\\nabla_θ \\log p_θ(c \\mid x_i)\\big)^2
+
+    The Fisher of the per-sample mean log-likelihood (no loss is involved);
+    :func:`fisher_diagonal` scales it to the reduction of a given ``loss_fn`` (times ``N`` for a
+    sum-reduced one: the Gauss–Newton diagonal of the summed cross-entropy).
 
     Computed exactly (no label sampling): per-sample, per-class gradients with a nested ``vmap``
     (the forward pass of a sample is shared by its classes). ``chunk_size`` bounds the
@@ -191,7 +211,12 @@ def fisher_diagonal(kind: str, model: nn.Module, loss_fn, inputs: torch.Tensor, 
                     chunk_size: int = 16) -> dict[str, torch.Tensor]:
     """Dispatch to one of :data:`FISHER_KINDS` on tensors (``batched`` uses contiguous minibatches;
     ``chunk_size`` is the per-sample estimators' memory knob, see :func:`empirical_fisher` and
-    :func:`expected_fisher`)."""
+    :func:`expected_fisher`).
+
+    ``empirical`` and ``expected`` are of the loss as ``loss_fn`` reduces it over the samples
+    (module docstring): ``expected`` is :func:`expected_fisher` (the mean) times ``N`` for a
+    sum-reduced ``loss_fn``, so for cross-entropy both are the diagonals of the curvature of the
+    same loss; ``batched`` is Avalanche's per-minibatch convention."""
     check_estimator_inputs(model, inputs, targets, loss_fn=loss_fn, task_labels=task_labels)
     check_choice("fisher", kind, FISHER_KINDS)
     check_inputs(inputs, targets)
@@ -204,4 +229,9 @@ def fisher_diagonal(kind: str, model: nn.Module, loss_fn, inputs: torch.Tensor, 
         return batched_fisher(model, loss_fn, batches)
     if kind == "empirical":
         return empirical_fisher(model, loss_fn, inputs, targets, task_labels=task_labels, chunk_size=chunk_size)
-    return expected_fisher(model, inputs, task_labels=task_labels, chunk_size=chunk_size)
+    # the model's likelihood: loss_fn sets only the scale (class weights do not enter)
+    n = inputs.shape[0]
+    scale = n * sample_scale(loss_reduction(loss_fn, "fisher_diagonal", model=model, inputs=inputs, targets=targets,
+                                            task_labels=task_labels, decomposable=False), n)
+    return {k: v * scale for k, v in expected_fisher(model, inputs, task_labels=task_labels,
+                                                      chunk_size=chunk_size).items()}

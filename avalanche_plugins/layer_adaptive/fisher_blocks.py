@@ -47,6 +47,12 @@ the expectation over ``ŷ`` exactly: with ``p_ic = p_θ(c | x_i)`` and ``g_ic`` 
 the generalised Gauss–Newton block of softmax cross-entropy, from the ``NC × NC`` Gram of the
 rows ``√p_ic g_ic`` (``C`` times the gradients of ``"sampled"``: for a few classes); ``debias``
 then drops the products of each sample's own ``C`` rows with each other.
+
+**Reductions.** The ``1/N`` above is that of a mean-reduced ``loss_fn``: the blocks are those of
+the loss as ``loss_fn`` reduces it over the samples, ``L = c Σ_i ℓ_i``, so a sum-reduced loss
+(``c = 1``) gives ``N`` times the values, whatever ``chunk_size``
+(:mod:`avalanche_plugins.core.reductions`). ``"sampled"`` and ``"expected"`` need ``(samples,
+classes)`` logits (one label per sample); ``"true"`` takes any output shape.
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ from avalanche_plugins.core.checks import (
     check_positive,
 )
 from avalanche_plugins.core.layers import LayerMap, discover_layers, example_input
+from avalanche_plugins.core.reductions import loss_reduction
 from avalanche_plugins.layer_adaptive.hessian import LayerSpectrum, block_lanczos
 
 __all__ = ["FISHER_LABELS", "layer_fisher_eigenvalues"]
@@ -89,15 +96,17 @@ def layer_fisher_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, ta
               K_ℓ = \\frac{1}{N} M_ℓ M_ℓ^\\top,\\quad (M_ℓ)_{i\\cdot} = g_i^{(ℓ)}
 
     (``debias=False``: ``s_ℓ = λ_max(K_ℓ) = λ_max(M_ℓᵀ M_ℓ / N)``, the top eigenvalue of the sample
-    Fisher block itself.)
+    Fisher block itself.) These are for a mean-reduced ``loss_fn``; for a sum-reduced one, the
+    blocks of the summed loss, ``N`` times larger (module docstring).
 
     Args:
         model: any model of the layer map (evaluated in eval mode; its mode is restored).
             Recurrent layers (``nn.LSTM``/``nn.GRU``) are supported: where ``vmap`` has no rule for
             their kernels, the per-sample gradients are taken one sample at a time (same values).
         loss_fn: the training loss. ``labels="sampled"`` needs ``nn.CrossEntropyLoss`` (the
-            model's likelihood is then the softmax); ``labels="true"`` applies ``loss_fn`` to one
-            sample at a time, so any mean-reduced loss works.
+            model's likelihood is then the softmax; ``loss_fn`` sets only the scale, through its
+            reduction); ``labels="true"`` applies ``loss_fn`` to one sample at a time, so any
+            mean- or sum-reduced loss works (a plain callable is probed on two samples).
         inputs, targets: the data; ``task_labels`` for multi-task models.
         labels: ``"sampled"`` (Monte-Carlo true Fisher = Gauss–Newton), ``"true"`` (empirical
             Fisher) or ``"expected"`` (the Gauss–Newton block exactly: every class, weighted by its
@@ -111,8 +120,9 @@ def layer_fisher_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, ta
 
     Raises:
         ValueError: bad ``labels``/``chunk_size``/``memory_mb``/``seed``, ``labels="sampled"``
-            with a loss other than cross-entropy, empty or non-finite data, or a non-finite
-            gradient.
+            with a loss other than cross-entropy or logits other than ``(samples, classes)``,
+            empty or non-finite data, a non-finite gradient, or a loss whose reduction over the
+            samples is ``"none"`` or cannot be read.
 
     Example:
         >>> _ = torch.manual_seed(0)
@@ -137,6 +147,9 @@ def layer_fisher_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, ta
         raise ValueError(f"labels={labels!r} takes labels from a softmax and needs nn.CrossEntropyLoss, got "
                          f"{type(loss_fn).__name__}; use labels='true' (empirical Fisher) or the exact "
                          "Hessian (method='hessian')")
+    # model labels use loss_fn for its scale only: class weights do not enter the likelihood's Fisher
+    reduction = loss_reduction(loss_fn, "layer_fisher_eigenvalues", model=model, inputs=inputs, targets=targets,
+                               task_labels=task_labels, decomposable=labels == "true")
     if layer_map is None:
         layer_map = discover_layers(model, example_input(model, inputs, task_labels))
 
@@ -162,6 +175,8 @@ def layer_fisher_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, ta
             for layer in layer_group:  # each layer's gradients freed once its Gram is formed
                 top[layer.index] = _top_gram_eigenvalue([rows.scale(gradients.pop(k)) for k in layer.params],
                                                         rows=rows, debias=debias)
+    if reduction == "sum":  # the blocks of Σ_i ℓ_i, not of their mean
+        top *= inputs.shape[0]
     n = len(layer_map)
     return LayerSpectrum(names=layer_map.names, top=top, dominant=top.copy(), iterations=[1] * n,
                          converged=[True] * n, last_relative_change=[0.0] * n, method="fisher")
@@ -228,10 +243,20 @@ class _Rows:
         return gram.masked_fill(own, 0.0) * (self.n / (self.n - 1))
 
 
+def _check_logits(logits: torch.Tensor, labels: str) -> None:
+    """Model labels need one class per sample: ``(samples, classes)`` logits."""
+    if logits.dim() != 2:
+        raise ValueError(f"layer_fisher_eigenvalues(labels={labels!r}) takes labels from a softmax over the last "
+                         f"dimension and needs (samples, classes) logits, but the model outputs "
+                         f"{tuple(logits.shape)}; use labels='true' (the empirical Fisher blocks, any output shape) "
+                         "or the exact Hessian (method='hessian')")
+
+
 def _probabilities(model, x, label) -> torch.Tensor:
     """``softmax(f(x))`` in float64, no gradient."""
     with torch.no_grad():
         logits = model_forward(model, x, label)
+        _check_logits(logits, "expected")
         check_finite_loss(logits.sum(), "(model outputs) while weighting classes for the Fisher")
         return torch.softmax(logits.double(), dim=-1)
 
@@ -245,6 +270,7 @@ def _sample_labels(model, inputs, groups, chunk_size, seed) -> torch.Tensor:
             rows = torch.arange(inputs.shape[0]) if index is None else index.cpu()
             for s in iterate_batches(len(rows), chunk_size):
                 logits = model_forward(model, inputs[rows[s].to(inputs.device)], label)
+                _check_logits(logits, "sampled")
                 check_finite_loss(logits.sum(), "(model outputs) while sampling labels for the Fisher")
                 probs = torch.softmax(logits.double(), dim=-1).cpu()
                 sampled[rows[s]] = torch.multinomial(probs, 1, generator=generator).squeeze(1)

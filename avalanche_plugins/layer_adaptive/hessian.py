@@ -2,15 +2,17 @@
 
 For layer ℓ with parameters θ^(ℓ) (its weight and bias, from :mod:`avalanche_plugins.core.layers`),
 ``s_ℓ = λ_max(H_ℓℓ)`` where ``H_ℓℓ = ∂²L / ∂θ^(ℓ)∂θ^(ℓ)`` is the diagonal block of the Hessian of
-the mean loss. "Layers Matter" (Moser et al., 2026) bounds forgetting by
-``½ Σ_ℓ s_ℓ ‖Δθ^(ℓ)‖²`` under a block-diagonal Hessian, so ``s_ℓ`` is the natural per-layer
-regularisation strength.
+the loss ``L = loss_fn(f(X), Y)`` of all the samples as ``loss_fn`` reduces them (the mean loss for
+``reduction="mean"``, the sum for ``"sum"``: :mod:`avalanche_plugins.core.reductions`). "Layers
+Matter" (Moser et al., 2026) bounds forgetting by ``½ Σ_ℓ s_ℓ ‖Δθ^(ℓ)‖²`` under a block-diagonal
+Hessian, so ``s_ℓ`` is the natural per-layer regularisation strength.
 
 Method (block Lanczos, all layers of a chunk at once): one random start vector per layer on its
 own parameters, then symmetric Lanczos with full re-orthogonalisation (:func:`block_lanczos`)
 for every layer of the chunk in lockstep. Layer ℓ's product ``H_ℓℓ v`` is the double backward of
 the gradient of its own parameters only (the rest of the model held constant), summed over
-minibatches with their sample weights, i.e. exactly the full-data block; the minibatches'
+minibatches with their weights in the full loss (their share of the samples for a mean-reduced
+loss, 1 for a sum-reduced one), i.e. exactly the full-data block; the minibatches'
 gradient graphs are kept across products while they fit in ``memory_mb``. (A ``vmap`` of the
 model-wide Hessian-vector product over the layers' tangents forms the cross-layer blocks only
 to throw them away: about 3× slower per product than kept per-layer graphs on the MLP and
@@ -50,6 +52,7 @@ from avalanche_plugins.core.checks import (
     check_positive,
 )
 from avalanche_plugins.core.layers import LayerMap, discover_layers, example_input
+from avalanche_plugins.core.reductions import loss_reduction
 
 __all__ = ["LayerSpectrum", "GeometricFit", "PowerIteration", "Lanczos", "layer_top_eigenvalues",
            "block_power_iteration", "block_lanczos", "geometric_fit", "condition_number"]
@@ -355,7 +358,7 @@ def _next_vector(packed: _Packed, active, w, beta, basis, vectors, rows, j, step
 class _BlockProduct:
     """``v ↦ H_ℓℓ v`` for one layer: the double backward of the gradient of the layer's own
     parameters (the rest of the model held constant, so no cross-layer block is formed), summed
-    over the minibatches with their sample weights. The gradient graph of every minibatch is kept
+    over the minibatches with their weights in the full loss. The gradient graph of every minibatch is kept
     across products when all of them fit in ``budget`` bytes (measured on the first minibatch:
     the bytes autograd saves), otherwise rebuilt for each product."""
 
@@ -402,21 +405,25 @@ class _BlockProduct:
 
 
 class _LayerBlocks:
-    """The diagonal Hessian blocks ``H_ℓℓ`` of the mean loss, one :class:`_BlockProduct` per layer.
+    """The diagonal Hessian blocks ``H_ℓℓ`` of the loss of all samples, one :class:`_BlockProduct`
+    per layer.
 
     The data are cut into minibatches of one task each (an int label: Avalanche's single-task
-    path), weighted by their share of the samples, so that the weighted sum of their products is
-    the full-data block product.
+    path), weighted by :func:`~avalanche_plugins.core.calls.chunk_weight` for the loss's
+    ``reduction`` (their share of the samples for ``"mean"``, 1 for ``"sum"``), so that the weighted
+    sum of their products is the full-data block product.
     """
 
-    def __init__(self, model, loss_fn, inputs, targets, task_labels, layer_map, chunk_size, memory_mb):
+    def __init__(self, model, loss_fn, inputs, targets, task_labels, layer_map, chunk_size, memory_mb,
+                 reduction="mean"):
         self.model, self.loss_fn, self.layer_map = model, loss_fn, layer_map
         self.budget = memory_mb * 2**20
         self.state = {k: v.detach() for k, v in model.named_parameters()}
         self.state.update({k: v.detach() for k, v in model.named_buffers()})
         self.device = next(iter(self.state.values())).device
         self.batches = [(xs, ys, label, weight)
-                        for label, xs, ys, weight in task_batches(model, inputs, targets, task_labels, chunk_size)]
+                        for label, xs, ys, weight in task_batches(model, inputs, targets, task_labels, chunk_size,
+                                                                  reduction=reduction)]
         with torch.no_grad():
             for x, y, t, _ in self.batches[:1]:
                 check_finite_loss(batch_loss(model, loss_fn, {})(self.state, x, y, t), "at the parameters being measured")
@@ -462,18 +469,27 @@ def layer_top_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targe
                           task_labels: torch.Tensor | None = None, layer_map: LayerMap | None = None) -> LayerSpectrum:
     """Top eigenvalue ``s_ℓ`` of every layer's Hessian block, by block Lanczos.
 
-    .. math:: s_ℓ = \\max_{\\|v\\|=1} v^\\top H_{ℓℓ} v, \\qquad H_{ℓℓ} = \\nabla^2_{θ^{(ℓ)}} \\frac{1}{N}\\sum_i \\mathcal{L}(f(x_i), y_i)
+    .. math:: s_ℓ = \\max_{\\|v\\|=1} v^\\top H_{ℓℓ} v, \\qquad H_{ℓℓ} = \\nabla^2_{θ^{(ℓ)}} L,
+              \\qquad L = c \\sum_{i=1}^N ℓ_i, \\quad c = \\tfrac1N \\ (\\text{mean}), \\ 1 \\ (\\text{sum})
+
+    ``L = loss_fn(f(X), Y)`` is the loss of all the samples as ``loss_fn`` reduces them
+    (``ℓ_i`` its loss of sample ``i`` alone): the Hessian blocks of the mean loss for a
+    mean-reduced ``loss_fn``, of the sum (``N`` times larger) for a sum-reduced one, whatever
+    ``chunk_size`` (:mod:`avalanche_plugins.core.reductions`).
 
     Args:
         model: any model of the layer map (evaluated in eval mode; its mode is restored).
-        loss_fn: mean-reduced loss ``loss_fn(outputs, targets)`` (e.g. ``nn.CrossEntropyLoss()``).
+        loss_fn: the loss ``loss_fn(outputs, targets)``, mean- or sum-reduced over the samples
+            (e.g. ``nn.CrossEntropyLoss()``); a plain callable is probed on two samples
+            (:func:`~avalanche_plugins.core.reductions.loss_reduction`).
         inputs, targets: the data defining the loss; ``task_labels`` for multi-task models.
         max_iter: Hessian-vector products per layer at most (a warning names the layers that did
             not converge).
         tol: relative accuracy: a layer stops when its top Ritz pair ``(θ, y)`` has
             ``‖H_ℓℓ y − θ y‖ ≤ tol · |θ|``, so an eigenvalue lies within ``tol · |θ|`` of ``s_ℓ``.
-        chunk_size: split the data into minibatches (products summed, weighted by batch size;
-            None: all samples at once).
+        chunk_size: split the data into minibatches (products summed, weighted by their share of
+            the samples for a mean-reduced loss, by 1 for a sum-reduced one; the result does not
+            depend on it; None: all samples at once).
         layer_chunk_size: layers iterated together (None: all at once); their Krylov bases (at
             most 40 vectors of the layer's size each) are held at a time. Memory grows with
             ``chunk_size`` (activations) and ``layer_chunk_size × parameters``, never with the
@@ -487,7 +503,8 @@ def layer_top_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targe
 
     Raises:
         ValueError: empty data, bad ``max_iter``/``tol``/``chunk_size``, a model without layers,
-            or a non-finite loss.
+            a non-finite loss, or a loss whose reduction over the samples is ``"none"`` or cannot
+            be read.
 
     Example:
         >>> _ = torch.manual_seed(0)
@@ -505,11 +522,14 @@ def layer_top_eigenvalues(model: nn.Module, loss_fn, inputs: torch.Tensor, targe
     for name, value in (("chunk_size", chunk_size), ("layer_chunk_size", layer_chunk_size)):
         if value is not None:
             check_int(name, value)
+    reduction = loss_reduction(loss_fn, "layer_top_eigenvalues", model=model, inputs=inputs, targets=targets,
+                               task_labels=task_labels)
     if layer_map is None:
         layer_map = discover_layers(model, example_input(model, inputs, task_labels))
 
     with eval_mode(model), math_attention():  # second derivatives through attention
-        blocks = _LayerBlocks(model, loss_fn, inputs, targets, task_labels, layer_map, chunk_size, memory_mb)
+        blocks = _LayerBlocks(model, loss_fn, inputs, targets, task_labels, layer_map, chunk_size, memory_mb,
+                              reduction)
         return _lanczos(blocks, layer_map, max_iter, tol, layer_chunk_size, seed)
 
 

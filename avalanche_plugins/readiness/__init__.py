@@ -38,9 +38,11 @@ Conventions shared by every function here:
   draws use a ``torch.Generator`` seeded with ``seed``).
 * "Parameters" are the model's trainable ones (``requires_grad=True``); frozen parameters and
   buffers are held fixed.
-* ``loss_fn(outputs, targets)`` must be mean-reduced over the samples of a batch, so that the loss
-  of a batch is the mean of its per-sample losses (true for ``nn.MSELoss()`` and
-  ``nn.CrossEntropyLoss()`` with default arguments). Per-sample quantities call it on a batch of
+* ``loss_fn(outputs, targets)`` is mean- or sum-reduced over the samples of a batch; every quantity
+  is of the per-sample mean loss (the paper's definitions; a sum-reduced batch loss is divided by
+  its sample count, :func:`avalanche_plugins.core.reductions.mean_loss`), so ``reduction="sum"``
+  gives the mean's numbers when the per-sample losses agree; ``"none"`` and callables whose
+  reduction cannot be read are refused. Per-sample quantities call it on a batch of
   one (``x.unsqueeze(0)``), as :func:`avalanche_plugins.layer_adaptive.fisher.empirical_fisher` does.
 * Avalanche multi-task models (``MultiTaskModule``) receive ``task_labels``; samples are grouped by
   task so that every forward pass uses a single ``int`` label (Avalanche's fast path, which is also

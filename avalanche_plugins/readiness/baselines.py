@@ -29,6 +29,7 @@ from avalanche_plugins.core.checks import (
     check_positive,
 )
 from avalanche_plugins.core.layers import discover_layers, example_input
+from avalanche_plugins.core.reductions import mean_loss
 
 __all__ = ["effective_rank", "energy_rank", "hidden_features", "representation_ranks",
            "active_unit_fraction", "entk_energy_rank", "hessian_energy_rank", "srank", "feature_rank",
@@ -470,6 +471,9 @@ def hessian_energy_rank(model: nn.Module, loss_fn, inputs: torch.Tensor, targets
     .. math:: \\min\\Big\\{k : \\sum_{i\\le k} λ_i^2 \\ge \\text{energy}\\cdot\\sum_i λ_i^2\\Big\\}
               \\quad (|λ_1| \\ge |λ_2| \\ge \\dots)
 
+    The energy rank is scale-free; the Hessian is that of the per-sample mean loss (a sum-reduced
+    ``loss_fn`` divided by the sample count, as every readiness function does).
+
     * ``P ≤ max_params``: exact. The full ``P × P`` Hessian of the mean loss is assembled from
       sample-count-weighted chunk Hessians (``jacrev`` of ``grad``, reverse-over-reverse, rows in
       blocks of 256), then ``eigvalsh``. Cost ``O(P)`` gradient passes over the data and ``O(P³)``.
@@ -494,6 +498,8 @@ def hessian_energy_rank(model: nn.Module, loss_fn, inputs: torch.Tensor, targets
     check_int("chunk_size", chunk_size)
     n = inputs.shape[0]
     check_task_labels(task_labels, n)
+    loss_fn = mean_loss(loss_fn, "hessian_energy_rank", model=model, inputs=inputs, targets=targets,
+                        task_labels=task_labels)
     params, consts = split_params(model)
     names = list(params)
     shapes = [params[k].shape for k in names]

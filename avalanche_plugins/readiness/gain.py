@@ -26,6 +26,7 @@ from avalanche_plugins.core.checks import (
     check_positive,
 )
 from avalanche_plugins.core.optim import OPTIMIZERS, AdamState, functional_step
+from avalanche_plugins.core.reductions import mean_loss
 from avalanche_plugins.readiness._common import (
     _draw_batches,
 )
@@ -75,7 +76,8 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
         \\mathrm{s.e.} = \\frac{\\operatorname{std}_r G_r}{\\sqrt{n_\\text{runs}}}
 
     ``L`` is the mean loss on ``(val_inputs, val_targets)``; ``θ_k`` results from ``k`` steps of
-    minibatch SGD (``θ ← θ − η ĝ``) or Adam (fresh state, bias-corrected, like ``torch.optim.Adam``
+    minibatch SGD (``θ ← θ − η ĝ``, ``ĝ`` the gradient of the minibatch's mean loss; with a
+    sum-reduced ``loss_fn`` both are of the per-sample mean, see :func:`optimization_readiness`) or Adam (fresh state, bias-corrected, like ``torch.optim.Adam``
     with ``betas``/``eps`` and no weight decay) on minibatches of ``batch_size`` distinct training
     samples drawn uniformly (seeded ``torch.Generator``; a fresh draw for every step and run). The
     ``n_runs`` runs are vectorised: the parameters are stacked ``n_runs`` times and one ``vmap``-ed
@@ -116,6 +118,8 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
                                        k=k, lr=lr, optimizer=optimizer, batch_size=batch_size,
                                        n_runs=n_runs, seed=seed, chunk_size=chunk_size,
                                        task_labels=task_labels, adam_state=adam_state)
+    loss_fn = mean_loss(loss_fn, "k_step_gain", model=model, inputs=train_inputs, targets=train_targets,
+                        task_labels=task_labels)
     n_train = train_inputs.shape[0]
     indices = _run_indices(indices, n_train, n_runs=n_runs, k=k, batch_size=batch_size, seed=seed)
     params, consts = split_params(model)

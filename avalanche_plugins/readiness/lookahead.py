@@ -39,6 +39,7 @@ from avalanche_plugins.core.checks import (
     check_int,
     check_positive,
 )
+from avalanche_plugins.core.reductions import mean_loss
 from avalanche_plugins.readiness.gain import k_step_gain
 
 __all__ = ["LookaheadResult", "CurvatureResult", "lookahead_readiness", "curvature_readiness"]
@@ -81,7 +82,8 @@ def lookahead_readiness(model: nn.Module, loss_fn, inputs: torch.Tensor, targets
     ``torch.Generator`` seeded with ``seed``; ``L`` on ``(eval_inputs, eval_targets)`` (default:
     the same samples). This is :func:`~avalanche_plugins.readiness.k_step_gain` with few runs and a
     short horizon, so it has the ground truth's conventions (eval mode, vectorised runs, the model
-    never changed, a diverging run giving a non-finite value). Cost: ``n_runs·k'`` minibatch
+    never changed, a diverging run giving a non-finite value, the per-sample mean loss whatever
+    ``loss_fn``'s reduction). Cost: ``n_runs·k'`` minibatch
     gradients and ``n_runs + 1`` evaluations, against ``128·100`` and 129 for the paper's
     ``G^(100)`` (0.6 % of its steps and 7 % of its evaluations at the defaults).
 
@@ -99,6 +101,8 @@ def lookahead_readiness(model: nn.Module, loss_fn, inputs: torch.Tensor, targets
         raise ValueError("give both eval_inputs and eval_targets, or neither")
     if eval_inputs is None:
         eval_inputs, eval_targets = inputs, targets
+    loss_fn = mean_loss(loss_fn, "lookahead_readiness", model=model, inputs=inputs, targets=targets,
+                        task_labels=task_labels)
     res = k_step_gain(model, loss_fn, inputs, targets, eval_inputs, eval_targets, k=k, lr=lr, optimizer=optimizer,
                       batch_size=batch_size, n_runs=n_runs, seed=seed, task_labels=task_labels,
                       chunk_size=chunk_size)
@@ -150,6 +154,10 @@ def curvature_readiness(model: nn.Module, loss_fn, inputs: torch.Tensor, targets
         Q(η) = \\frac{η\\lVert g\\rVert^2 - \\tfrac12 η^2\\, g^\\top H g}{L},
         \\qquad g = ∇L(θ),\\; H = ∇^2 L(θ)
 
+    ``L`` is the per-sample mean loss, also for a sum-reduced ``loss_fn`` (divided by the sample
+    count, as in :func:`~avalanche_plugins.readiness.optimization_readiness`), so ``Q(η)`` models the
+    same step whatever the reduction and the number of samples.
+
     For a quadratic loss ``Q(η)`` is the exact relative decrease of the step ``θ − ηg``; in
     general it is its second-order expansion. ``gᵀHg`` is one Hessian-vector product
     (reverse-over-reverse ``grad`` of ``gᵀ∇L``, chunked and weighted like the loss), so the cost is about three
@@ -170,6 +178,8 @@ def curvature_readiness(model: nn.Module, loss_fn, inputs: torch.Tensor, targets
     check_positive("lr", lr)
     check_int("chunk_size", chunk_size)
     check_task_labels(task_labels, inputs.shape[0])
+    loss_fn = mean_loss(loss_fn, "curvature_readiness", model=model, inputs=inputs, targets=targets,
+                        task_labels=task_labels)
     params, consts = split_params(model)
     groups = task_groups(model, inputs.shape[0], task_labels)
     with eval_mode(model):

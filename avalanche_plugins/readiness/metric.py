@@ -4,7 +4,8 @@
 checkpoint left by the previous experiences (after the strategy's model adaptation, so a
 multi-head model already has the incoming task's head, and after ``make_optimizer``) and
 ``strategy.experience`` is the incoming experience, i.e. the *target task*. On up to ``n_samples``
-random samples of that experience (evaluation transforms, loss ``strategy._criterion``) it
+random samples of that experience (evaluation transforms, loss ``strategy._criterion`` as its
+per-sample mean whatever its reduction, :mod:`avalanche_plugins.core.reductions`) it
 computes :func:`avalanche_plugins.readiness.optimization_readiness` and emits through the
 ``EvaluationPlugin`` (names follow Avalanche's template ``Name/phase/stream/TaskNNN/ExpNNN``, with
 the incoming experience's task label and index, e.g. ``.../train_phase/train_stream/Task000/Exp001``):
@@ -12,7 +13,9 @@ the incoming experience's task label and index, e.g. ``.../train_phase/train_str
 * ``OptimizationReadiness/...`` — ``OR = S·R``,
 * ``ORStrength/...`` — ``S = ‖g‖²/L``,
 * ``ORReliability/...`` — ``R = ‖g‖²/E_B‖ĝ_B‖²``,
-* ``ORLoss/...`` — ``L``, the mean loss of the sampled target data at the checkpoint;
+* ``ORLoss/...`` — ``L``, the mean loss of the sampled target data at the checkpoint,
+* ``ORSamplesUsed/...`` — how many samples of the experience these values rest on
+  (``min(n_samples, |experience|)``);
 
 with ``baselines=True`` the label-agnostic baselines of :mod:`avalanche_plugins.readiness` on
 ``n_probe`` of those samples (the Hessian one also uses their targets):
@@ -61,11 +64,17 @@ and with ``ground_truth_k=k`` the measured plasticity at the same checkpoint,
 
 All values, with the seeds, sizes and the seconds spent, are also appended to
 :attr:`OptimizationReadinessMetric.history` (one dict per training experience); ``result()``
-returns the last OR.
+returns the last OR. An experience with fewer samples than ``n_samples`` is measured on all of
+them: a warning says so once, and every record holds ``n_samples_used`` (with ``n_samples_asked``;
+``n_probe_used`` for the probes), also logged as ``ORSamplesUsed/...``.
 
 Its first measurement runs before the first iteration; a pre-flight
 (:mod:`avalanche_plugins._avalanche.preflight`: the model's output type, the layer map when
-``baselines=True``, OR on two samples) names the metric when a model is unsupported.
+``baselines=True``, OR on two samples) names the metric when a model is unsupported, and one
+of its settings (:meth:`OptimizationReadinessMetric.check_experience`: ``batch_size`` against the
+samples each experience of the stream offers, the ground truth's halves) when an experience of the
+stream cannot meet them. A task-agnostic stream (``split_continuous_linear_decay_stream``: no
+original experience to be ready for) is refused before training.
 
 Side effects: none on the training run. Every estimator reads the parameters through
 ``torch.func`` (nothing is written to ``.grad``, parameters and buffers are not changed), the
@@ -98,7 +107,12 @@ from avalanche.evaluation.metric_results import MetricValue
 
 from avalanche_plugins._avalanche.boundaries import at_origin, enter_boundary
 from avalanche_plugins._avalanche.data import experience_tensors
-from avalanche_plugins._avalanche.preflight import preflight, with_output_transform
+from avalanche_plugins._avalanche.preflight import (
+    check_experiences,
+    preflight,
+    warn_fewer_samples,
+    with_output_transform,
+)
 from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.core.calls import eval_mode, is_multitask
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
@@ -152,7 +166,7 @@ class OptimizationReadinessMetric(RecordingMetric[float]):
     """Logs Optimization Readiness of the checkpoint for each incoming experience (module docstring).
 
     :param n_samples: samples of the incoming experience used (random, seeded; all of them when the
-        experience is smaller).
+        experience is smaller: a warning says so once, and each record holds ``n_samples_used``).
     :param batch_size: minibatch size ``B`` of OR's second moment ``E_B‖ĝ_B‖²`` (and of the
         ground-truth optimizer steps). At most ``n_samples`` (``n_samples // 2`` with
         ``ground_truth_k``).
@@ -175,9 +189,11 @@ class OptimizationReadinessMetric(RecordingMetric[float]):
         its output to the logits tensor (``strategy._criterion`` is applied to them); without it
         such a model is refused before training with a ``ValueError`` naming it.
 
-    Raises ``ValueError`` naming the argument for bad arguments. At run time the estimators' own
-    errors propagate (e.g. a zero loss makes OR undefined; an experience with fewer samples than
-    ``batch_size``; ground truth on a multi-task model with an experience of several task labels).
+    Raises ``ValueError`` naming the argument for bad arguments, and before training for a stream
+    whose experiences cannot meet them (:meth:`check_experience`) or that has no original
+    experiences (a task-agnostic stream). At run time the estimators' own errors propagate (e.g. a
+    zero loss makes OR undefined; ground truth on a multi-task model with an experience of several
+    task labels).
 
     Example::
 
@@ -241,9 +257,29 @@ class OptimizationReadinessMetric(RecordingMetric[float]):
             optimization_readiness(model, loss_fn, x, y, batch_size=1, n_batches=1, estimator=self.estimator,
                                    seed=self.seed, task_labels=t)
 
+    def check_experience(self, experience) -> str | None:
+        """What of this metric's settings an experience of the stream cannot meet (None: nothing):
+        OR's minibatches (``batch_size``) and the ground truth's halves must fit in the samples it
+        takes from the experience (``min(n_samples, len(experience.dataset))``)."""
+        n = len(experience.dataset)
+        used = min(self.n_samples, n)
+        if used == 0:
+            return "has no samples to measure OR on: give every experience samples"
+        if self.batch_size > used:
+            return (f"offers {used} samples to OR (n_samples={self.n_samples}), fewer than its minibatch "
+                    f"batch_size={self.batch_size}: choose batch_size <= {used}")
+        if self.ground_truth_k is not None and used // 2 < self.batch_size:
+            return (f"offers {used} samples: half of them ({used // 2}) train the ground truth G^(k) "
+                    f"(ground_truth_k={self.ground_truth_k}), fewer than batch_size={self.batch_size}: choose "
+                    f"batch_size <= {used // 2}, or ground_truth_k=None")
+        return None
+
     @with_output_transform
     def before_training_exp(self, strategy) -> list[MetricValue]:
-        boundary = enter_boundary(self, strategy, "OptimizationReadinessMetric")
+        boundary = enter_boundary(
+            self, strategy, "OptimizationReadinessMetric", needs_origin=True,
+            needs="measures the checkpoint's readiness for each incoming original experience, on its data")
+        check_experiences(self, boundary, self.check_experience, "OptimizationReadinessMetric")
         with self.measuring(strategy):
             preflight(self, strategy, self._probe, output_transform=self.output_transform,
                       layer_map=self.baselines)
@@ -262,7 +298,13 @@ class OptimizationReadinessMetric(RecordingMetric[float]):
         x, y, t = experience_tensors(strategy, n_samples=self.n_samples, seed=seed)
         n = x.shape[0]
         record = {"experience": getattr(strategy.experience, "current_experience", exp_counter),
-                  "train_exp_counter": exp_counter, "seed": seed, "n_samples": n, "seconds": {}}
+                  "train_exp_counter": exp_counter, "seed": seed, "n_samples": n, "n_samples_asked": self.n_samples,
+                  "n_samples_used": n, "seconds": {}}
+        where = f"experience {record['experience']}"
+        warn_fewer_samples(self, "OptimizationReadinessMetric", "n_samples", self.n_samples, n, where)
+        if self.baselines or self.diagnostics:
+            record["n_probe_used"] = min(self.n_probe, n)
+            warn_fewer_samples(self, "OptimizationReadinessMetric", "n_probe", self.n_probe, min(self.n_probe, n), where)
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(x.device)
 
         with eval_mode(model):
@@ -360,7 +402,8 @@ class OptimizationReadinessMetric(RecordingMetric[float]):
 
     def _values(self, strategy, record: dict) -> list[MetricValue]:
         values = {"OptimizationReadiness": float(record["readiness"]), "ORStrength": float(record["strength"]),
-                  "ORReliability": float(record["reliability"]), "ORLoss": float(record["loss"])}
+                  "ORReliability": float(record["reliability"]), "ORLoss": float(record["loss"]),
+                  "ORSamplesUsed": int(record["n_samples_used"])}
         base = record.get("baselines")
         if base is not None:
             if base["effective_rank"]:

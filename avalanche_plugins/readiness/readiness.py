@@ -28,6 +28,7 @@ from avalanche_plugins.core.checks import (
     check_int,
     check_no_recurrent,
 )
+from avalanche_plugins.core.reductions import mean_loss
 from avalanche_plugins.readiness._common import (
     _draw_batches,
     _sq_norms,
@@ -188,7 +189,10 @@ def optimization_readiness(model: nn.Module, loss_fn, inputs: torch.Tensor, targ
 
     Args:
         model: the checkpoint (plain module or Avalanche ``MultiTaskModule``).
-        loss_fn: mean-reduced loss, applied as ``loss_fn(outputs, targets)``.
+        loss_fn: the loss ``loss_fn(outputs, targets)``, mean- or sum-reduced over the samples:
+            every quantity is of the per-sample mean loss (the paper's), a sum-reduced batch loss
+            divided by its sample count (:func:`~avalanche_plugins.core.reductions.mean_loss`; a
+            plain callable is probed on two samples, ``reduction="none"`` refused).
         inputs, targets: the target task's samples (first dimension ``N``).
         batch_size: ``B``, between 1 and ``N``.
         n_batches: number of sampled minibatches (``"sampled"`` only).
@@ -224,6 +228,8 @@ def optimization_readiness(model: nn.Module, loss_fn, inputs: torch.Tensor, targ
     check_int("seed", seed, minimum=0)
     check_int("chunk_size", chunk_size)
     check_task_labels(task_labels, n)
+    loss_fn = mean_loss(loss_fn, "optimization_readiness", model=model, inputs=inputs, targets=targets,
+                        task_labels=task_labels)
     params, consts = split_params(model)
     groups = task_groups(model, n, task_labels)
 

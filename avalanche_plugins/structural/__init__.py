@@ -3,6 +3,8 @@ edited during training.
 
 * :mod:`~avalanche_plugins.structural.masks` — :class:`UnitMasks` (masked units output exactly 0 and
   keep their parameters);
+* :mod:`~avalanche_plugins.structural.hooks` — the masks as ``unit_mask`` buffers of the model's
+  state (``state_dict`` / ``load_state_dict`` keep them; :meth:`UnitMasks.export` for plain models);
 * :mod:`~avalanche_plugins.structural.scores` — unit scores and picking units by score;
 * :mod:`~avalanche_plugins.structural.interventions` — what happens to a recruited unit;
 * :mod:`~avalanche_plugins.structural.plugins` / :mod:`~avalanche_plugins.structural.metrics` —

@@ -38,8 +38,8 @@ from avalanche_plugins.core.checks import check_choice, check_positive
 from avalanche_plugins.core.optim import adam_update
 from avalanche_plugins.structural.slots import MaskedLayer, Slot
 
-__all__ = ["INCOMING", "OPTIMIZER_STATES", "OUTGOING", "Interventions", "fresh_adam_update", "reinit_rows",
-           "zero_optimizer_entries"]
+__all__ = ["INCOMING", "OPTIMIZER_STATES", "OUTGOING", "Interventions", "check_fresh_optimizer", "fresh_adam_update",
+           "reinit_rows", "zero_optimizer_entries"]
 
 
 OPTIMIZER_STATES = ("keep", "zero", "fresh")
@@ -100,6 +100,8 @@ def reinit_rows(layer: MaskedLayer, units: torch.Tensor) -> None:
 
 
 def zero_optimizer_entries(optimizer, slots: list[Slot], units: torch.Tensor) -> None:
+    """Zero the entries of ``units`` in every per-parameter state tensor shaped like its parameter
+    (momentum buffers, Adam moments); step counts and the parameter groups are left alone."""
     for slot in slots:
         param = slot.tensor
         state = optimizer.state.get(param, {})
@@ -109,9 +111,37 @@ def zero_optimizer_entries(optimizer, slots: list[Slot], units: torch.Tensor) ->
 
 
 
+def check_fresh_optimizer(optimizer) -> None:
+    """Refuse an optimizer ``optimizer_state="fresh"`` cannot make fresh for newborn entries: one
+    other than SGD / Adam / AdamW, or an SGD parameter group with momentum and ``dampening > 0`` (a
+    fresh momentum buffer starts at the gradient, a zeroed one at ``(1 - dampening)·gradient``).
+
+    Example:
+        >>> w = torch.nn.Parameter(torch.zeros(2))
+        >>> check_fresh_optimizer(torch.optim.SGD([w], lr=0.1, momentum=0.9))
+        >>> check_fresh_optimizer(torch.optim.SGD([w], lr=0.1, momentum=0.9, dampening=0.1))
+        Traceback (most recent call last):
+        ...
+        ValueError: optimizer_state='fresh' with SGD momentum=0.9 and dampening=0.1 (parameter group 0): a fresh momentum buffer starts at the gradient, a zeroed one at (1 - dampening)·gradient, so the newborn entries would not see a fresh optimizer; use dampening=0, or optimizer_state='zero'
+    """
+    if not isinstance(optimizer, (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)):
+        raise ValueError("optimizer_state='fresh' supports SGD, Adam and AdamW, got "
+                         f"{type(optimizer).__name__}: use optimizer_state='zero' or 'keep'")
+    if isinstance(optimizer, torch.optim.SGD):
+        for i, group in enumerate(optimizer.param_groups):
+            if group.get("momentum", 0) and group.get("dampening", 0):
+                raise ValueError(
+                    f"optimizer_state='fresh' with SGD momentum={group['momentum']} and dampening="
+                    f"{group['dampening']} (parameter group {i}): a fresh momentum buffer starts at the "
+                    "gradient, a zeroed one at (1 - dampening)·gradient, so the newborn entries would not "
+                    "see a fresh optimizer; use dampening=0, or optimizer_state='zero'")
+
+
 def fresh_adam_update(optimizer, param, dim, idx, before, age):
     """Adam/AdamW update of the entries ``idx`` with per-entry step counts ``age`` (None for
-    SGD, which needs no correction)."""
+    SGD, which needs no correction), with the settings (``lr``, ``betas``, ``eps``,
+    ``weight_decay``, ``amsgrad``, ``maximize``) of the parameter group holding ``param``; the
+    groups are only read."""
     if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         return None
     state = optimizer.state.get(param)

@@ -9,6 +9,11 @@ optimizer bookkeeping, EWC/SI/Replay and checkpoints keep working.
 
 How a mask is applied (all exact, all cheap):
 
+* **State.** Each layer's mask is a bool buffer ``unit_mask`` on the layer module, so it is part of
+  the model's ``state_dict``: ``load_state_dict`` (Avalanche's ``EarlyStoppingPlugin``, a best-model
+  reload, a checkpoint) restores the mask a state was saved with, and the masked entries are
+  re-snapshotted from the loaded values (:mod:`~avalanche_plugins.structural.hooks`).
+  :meth:`UnitMasks.export` gives the plain ``state_dict`` of the compact model.
 * **Output.** A forward hook multiplies the unit's output by its 0/1 mask, so a masked unit
   outputs exactly 0 (its post-activation is ``φ(0)``, i.e. 0 for ReLU, leaky ReLU, tanh, GELU,
   CReLU; a sigmoid unit would still emit the constant ``σ(0)``).
@@ -53,8 +58,16 @@ from avalanche_plugins.core.calls import model_forward
 from avalanche_plugins.core.checks import check_model_inputs
 from avalanche_plugins.core.consumers import find_consumer
 from avalanche_plugins.core.layers import LayerMap, discover_layers
+from avalanche_plugins.structural.hooks import (  # _MaskHook here too: masks pickled before it moved load
+    MASK_BUFFER,
+    _MaskHook,
+    install_load_hooks,
+    remove_load_hooks,
+    remove_mask_hooks,
+)
 from avalanche_plugins.structural.interventions import (
     Interventions,
+    check_fresh_optimizer,
     fresh_adam_update,
     reinit_rows,
     zero_optimizer_entries,
@@ -63,58 +76,6 @@ from avalanche_plugins.structural.selection import highest_masked, lowest_active
 from avalanche_plugins.structural.slots import MaskedLayer, Slot
 
 __all__ = ["UnitMasks", "remove_mask_hooks"]
-
-
-class _MaskHook:
-    """Forward hook ``out * multiplier`` along the unit dimension; optionally records the
-    pre-mask output (for scores) and per-unit activation sums (for diagnostics).
-
-    A plain object (not a closure) so models carrying it pickle with dill/pickle, and the
-    multiplier is edited in place so every copy of the model made together with it stays in
-    sync."""
-
-    def __init__(self, multiplier: torch.Tensor, unit_dim: int):
-        self.multiplier = multiplier
-        self.unit_dim = unit_dim
-        self.capture: list | None = None
-
-    def shape_for(self, out: torch.Tensor) -> list[int]:
-        shape = [1] * out.dim()
-        shape[self.unit_dim if self.unit_dim >= 0 else out.dim() + self.unit_dim] = -1
-        return shape
-
-    def __call__(self, module, inputs, out):
-        if self.capture is not None:
-            self.capture.append(out.detach())
-        if self.multiplier.device != out.device or self.multiplier.dtype != out.dtype:
-            self.multiplier = self.multiplier.to(device=out.device, dtype=out.dtype)
-        return out * self.multiplier.view(self.shape_for(out))
-
-    def __getstate__(self):
-        return {"multiplier": self.multiplier, "unit_dim": self.unit_dim}
-
-    def __setstate__(self, state):
-        self.__init__(state["multiplier"], state["unit_dim"])
-
-
-def remove_mask_hooks(model: nn.Module) -> int:
-    """Remove every unit-mask hook from ``model`` (e.g. from a ``deepcopy`` meant to be dense).
-
-    Returns the number removed.
-
-    Example:
-        >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
-        >>> masks = UnitMasks(net, torch.randn(2, 3))
-        >>> remove_mask_hooks(net)
-        1
-    """
-    removed = 0
-    for module in model.modules():
-        for key, hook in list(module._forward_hooks.items()):
-            if isinstance(hook, _MaskHook):
-                del module._forward_hooks[key]
-                removed += 1
-    return removed
 
 
 # the slot types under their former names, so that UnitMasks pickled before they became public load
@@ -146,6 +107,12 @@ class UnitMasks:
     A layer is maskable if it is a ``Linear`` (units = output features) or ``Conv`` (units =
     output channels) of the layer map, is not the last layer (the head), and is followed by no
     norm or by a BatchNorm. All masks start full (every unit active); hooks are attached at once.
+
+    The masks are the layers' ``unit_mask`` buffers (``model.state_dict()["<layer>.unit_mask"]``):
+    a state dict saved from the masked model restores its masks on ``load_state_dict``, with the
+    masked units frozen at the loaded values; one without the entries (a plain model's) keeps the
+    current masks and warns. :meth:`export` gives the state dict of the compact model for a plain
+    copy of the architecture.
 
     Keep parameters exact by calling :meth:`step` instead of ``optimizer.step()`` (or
     :meth:`before_step` / ``optimizer.step()`` / :meth:`after_step`, which the plugins do from
@@ -211,7 +178,7 @@ class UnitMasks:
         self.interventions = Interventions()  # the default of grow(); never changed by grow()
         self._grown_with: Interventions | None = None  # those of the last grow(), for its newborns
         self.born: dict[str, torch.Tensor] = {
-            name: torch.full((layer.size,), -1, dtype=torch.long, device=layer.hook.multiplier.device)
+            name: torch.full((layer.size,), -1, dtype=torch.long, device=layer.hook.mask.device)
             for name, layer in self.layers.items()}  # step at recruitment, -1: never recruited
         self.last_grow_step: int | None = None
         self._frozen: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -224,8 +191,17 @@ class UnitMasks:
     def _build_layer(self, info, norm) -> MaskedLayer:
         module = info.module
         device = next(module.parameters()).device
-        multiplier = torch.ones(info.out_units, device=device)
-        hook = _MaskHook(multiplier, unit_dim=-1 if info.kind == "linear" else 1)
+        point = norm if norm is not None else module
+        for key, hook in list(point._forward_hooks.items()):
+            if isinstance(hook, _MaskHook):  # a copied masked model's hook: this object's replaces it
+                del point._forward_hooks[key]
+        if hasattr(module, MASK_BUFFER) and MASK_BUFFER not in module._buffers:
+            raise ValueError(f"layer {info.name!r} ({type(module).__name__}) has an attribute {MASK_BUFFER!r} "
+                             "that is not a unit-mask buffer, and UnitMasks keeps each layer's mask in a buffer "
+                             "of that name: rename the attribute")
+        # the mask waits in the hook's stash; attach() registers it as the buffer once construction succeeded
+        stash = torch.ones(info.out_units, dtype=torch.bool, device=device)
+        hook = _MaskHook(module, unit_dim=-1 if info.kind == "linear" else 1, stash=stash)
         incoming = [Slot(module, n, 0) for n in ("weight", "bias") if getattr(module, n, None) is not None]
         buffers = []
         if norm is not None:
@@ -257,19 +233,46 @@ class UnitMasks:
     # ------------------------------------------------------------------------------- hooks
 
     def attach(self) -> None:
-        """(Re-)register the forward hooks; idempotent."""
+        """(Re-)register each layer's ``unit_mask`` buffer, forward hook and load hooks
+        (:mod:`~avalanche_plugins.structural.hooks`); idempotent."""
         for layer in self.layers.values():
+            layer.hook.register()
             point = layer.norm if layer.norm is not None else layer.module
             if not any(h is layer.hook for h in point._forward_hooks.values()):
                 point.register_forward_hook(layer.hook)
+            install_load_hooks(layer.module, self._tensor_modules(layer), self)
 
     def detach(self) -> None:
-        """Remove this object's hooks (the model becomes dense again; parameters untouched)."""
+        """Remove this object's hooks and mask buffers: the model becomes a plain model again (dense,
+        its ``state_dict`` without ``unit_mask`` entries; parameters untouched). :meth:`attach` puts
+        them back with the masks they had."""
         for layer in self.layers.values():
             point = layer.norm if layer.norm is not None else layer.module
             for key, hook in list(point._forward_hooks.items()):
                 if hook is layer.hook:
                     del point._forward_hooks[key]
+            layer.hook.unregister()
+            for module in self._tensor_modules(layer):
+                remove_load_hooks(module, self)
+
+    @staticmethod
+    def _tensor_modules(layer: MaskedLayer) -> list[nn.Module]:
+        """The distinct modules holding the layer's unit-indexed tensors (layer, norm, consumers)."""
+        found: dict[int, nn.Module] = {}
+        for slot in layer.param_slots + layer.norm_buffers:
+            module = slot.module
+            found.setdefault(id(module), module)
+        found.setdefault(id(layer.module), layer.module)
+        return list(found.values())
+
+    def _keys(self) -> dict[int, str]:
+        """``{id(tensor): state_dict key}`` of the model's parameters and buffers."""
+        return {id(t): k for k, t in self.model.state_dict(keep_vars=True).items()}
+
+    def mask_keys(self) -> list[str]:
+        """The ``state_dict`` keys of the masks (``"<layer>.unit_mask"``), in layer order."""
+        keys = self._keys()
+        return [keys[id(layer.hook.mask)] for layer in self.layers.values() if id(layer.hook.mask) in keys]
 
     # ------------------------------------------------------------------------------ queries
 
@@ -281,23 +284,24 @@ class UnitMasks:
     @property
     def masks(self) -> dict[str, torch.Tensor]:
         """``{layer name: bool tensor (units,)}`` (copies)."""
-        return {name: layer.hook.multiplier > 0 for name, layer in self.layers.items()}
+        return {name: layer.hook.mask.clone() for name, layer in self.layers.items()}
 
     def sizes(self) -> dict[str, int]:
         return {name: layer.size for name, layer in self.layers.items()}
 
     def active_counts(self) -> dict[str, int]:
-        return {name: int((layer.hook.multiplier > 0).sum()) for name, layer in self.layers.items()}
+        return {name: int(layer.hook.mask.sum()) for name, layer in self.layers.items()}
 
     def compactness(self) -> float:
         """Fraction of hidden units active, ``Σ_ℓ active_ℓ / Σ_ℓ units_ℓ``."""
         return sum(self.active_counts().values()) / sum(self.sizes().values())
 
     def newborn(self) -> dict[str, torch.Tensor]:
-        """Units recruited by the last :meth:`grow` (all False before any growth)."""
+        """Units recruited by the last :meth:`grow` and active (all False before any growth; a unit
+        masked again since, by a ``load_state_dict`` of an earlier state, is not newborn)."""
         step = self.last_grow_step
-        return {name: (born == step) if step is not None else torch.zeros_like(born, dtype=torch.bool)
-                for name, born in self.born.items()}
+        return {name: (born == step) & self.layers[name].hook.mask if step is not None
+                else torch.zeros_like(born, dtype=torch.bool) for name, born in self.born.items()}
 
     # ----------------------------------------------------------------------- freezing / steps
 
@@ -306,7 +310,7 @@ class UnitMasks:
         """Snapshot the masked entries (call after every mask or parameter edit)."""
         self._frozen = {}
         for name, layer in self.layers.items():
-            off = (layer.hook.multiplier == 0).nonzero().reshape(-1)
+            off = (~layer.hook.mask).nonzero().reshape(-1)
             if off.numel() == 0:
                 continue
             for i, slot in enumerate(layer.param_slots + layer.norm_buffers):
@@ -323,6 +327,7 @@ class UnitMasks:
         the head the gradient score reads. Call it after model adaptation, before the first
         optimizer step (the plugins do, in ``before_training_exp``)."""
         self._follow_grown_tensors()
+        self.attach()  # load hooks on a consumer the model adaptation replaced
         if example_input is None:
             return
         changed = False
@@ -338,6 +343,7 @@ class UnitMasks:
             # masked entries of known heads equal their frozen values here (restored after every
             # step); a new head's columns are frozen at their initial values
             self._refreeze()
+            self.attach()
 
     def _follow_grown_tensors(self) -> None:
         """Extend frozen snapshots whose tensor grew (checked on shapes alone: this runs every step)."""
@@ -379,7 +385,7 @@ class UnitMasks:
         out = []
         for name, layer in self.layers.items():
             born = self.born[name]
-            units = ((born >= 0) & (self.steps - born < window) & (layer.hook.multiplier > 0))
+            units = ((born >= 0) & (self.steps - born < window) & layer.hook.mask)
             units = units.nonzero().reshape(-1)
             if units.numel() == 0:
                 continue
@@ -449,7 +455,7 @@ class UnitMasks:
             layer = self.layers[name]
             if mask.shape != (layer.size,):
                 raise ValueError(f"masks[{name!r}] must have shape ({layer.size},), got {tuple(mask.shape)}")
-            layer.hook.multiplier.copy_(mask.to(layer.hook.multiplier))
+            layer.hook.mask.copy_(mask.to(layer.hook.mask.device))
         self._refreeze()
 
     @torch.no_grad()
@@ -458,24 +464,28 @@ class UnitMasks:
         rest (:func:`lowest_active`). Returns ``{name: removed unit indices}``."""
         removed = {}
         for name, keep in counts.items():
-            mask = self.layers[name].hook.multiplier > 0
+            mask = self.layers[name].hook.mask.clone()
             n_remove = int(mask.sum()) - int(keep)
             if n_remove < 0:
                 raise ValueError(f"counts[{name!r}]={keep} exceeds the {int(mask.sum())} active units")
             removed[name] = lowest_active(scores[name], mask, n_remove)
-            self.layers[name].hook.multiplier[removed[name]] = 0
+            self.layers[name].hook.mask[removed[name]] = False
         self._refreeze()
         return removed
 
     @torch.no_grad()
     def rewind(self, state_dict: Mapping[str, torch.Tensor], *, buffers: bool = True) -> None:
-        """Load ``state_dict`` into the model bit for bit (LTH rewinding) and refreeze.
+        """Load ``state_dict`` into the model bit for bit (LTH rewinding) and refreeze; the masks are
+        kept (a ``unit_mask`` entry of ``state_dict`` is ignored: use ``model.load_state_dict`` to
+        return to a saved mask too).
 
         Parameters that grew since the snapshot (an ``IncrementalClassifier`` head) get the
         saved values in their leading slice; the new entries keep their values."""
         current = dict(self.model.named_parameters())
         if buffers:
             current.update(dict(self.model.named_buffers()))
+        for key in self.mask_keys():  # rewinding restores weights, never the masks
+            current.pop(key, None)
         for key, saved in state_dict.items():
             tensor = current.get(key)
             if tensor is None:
@@ -501,14 +511,12 @@ class UnitMasks:
         self._grown_with = iv  # the newborns' treatment in after_step; the default stays as it is
         if iv.optimizer_state != "keep" and optimizer is None:
             raise ValueError(f"optimizer_state={iv.optimizer_state!r} needs the optimizer")
-        if iv.optimizer_state == "fresh" and optimizer is not None and not isinstance(
-                optimizer, (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)):
-            raise ValueError("optimizer_state='fresh' supports SGD, Adam and AdamW, got "
-                             f"{type(optimizer).__name__}")
+        if iv.optimizer_state == "fresh":
+            check_fresh_optimizer(optimizer)
         recruited = {}
         for name, target in counts.items():
             layer = self.layers[name]
-            mask = layer.hook.multiplier > 0
+            mask = layer.hook.mask.clone()
             n_add = int(target) - int(mask.sum())
             if n_add < 0:
                 raise ValueError(f"counts[{name!r}]={target} is below the {int(mask.sum())} active units")
@@ -521,7 +529,7 @@ class UnitMasks:
                 continue
             if iv.incoming == "reinit":
                 reinit_rows(layer, units)
-            layer.hook.multiplier[units] = 1
+            layer.hook.mask[units] = True
             if iv.outgoing == "zero":
                 for slot in layer.outgoing_slots:  # every task head reading this layer
                     slot.tensor.data.index_fill_(1, slot.indices(units), 0.0)
@@ -532,6 +540,57 @@ class UnitMasks:
         self._refreeze()
         return recruited
 
+    # ------------------------------------------------------------------------------ export
+
+    @torch.no_grad()
+    def export(self, *, zero_outgoing: bool = False) -> dict[str, torch.Tensor]:
+        """The compact model as a plain ``state_dict``: a copy of the architecture without masks (no
+        hooks, no ``unit_mask`` buffers) loads it with ``strict=True`` and computes the masked model's
+        function, in training and evaluation mode.
+
+        The ``unit_mask`` entries are left out and, for every masked unit, the entries that make its
+        output are zeroed: its incoming weight row and bias and, when a BatchNorm follows, the norm's
+        ``weight``, ``bias`` and ``running_mean``. The unit's pre-activation is then exactly 0 in a
+        plain model, as under the mask (the activation's ``φ(0)`` follows in both). Its outgoing
+        weights are kept (they multiply ``φ(0)``, which is 0 for ReLU, tanh, GELU and σ(0) for a
+        sigmoid); with ``zero_outgoing=True`` they are zeroed too (the consumer's columns of every
+        known head), which needs ``activation(0) == 0``. The model itself is not changed.
+
+        Raises ``ValueError`` for ``zero_outgoing=True`` with ``activation(0) != 0`` or a layer with
+        masked units whose consumer was not found.
+
+        Example:
+            >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+            >>> masks = UnitMasks(net, torch.randn(2, 3))
+            >>> masks.set_masks({"0": torch.tensor([True, False, True, False])})
+            >>> plain = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+            >>> plain.load_state_dict(masks.export())
+            <All keys matched successfully>
+            >>> x = torch.randn(5, 3)
+            >>> torch.equal(plain(x), net(x)), plain[0].weight[1].abs().sum().item()
+            (True, 0.0)
+        """
+        if zero_outgoing and float(self.activation(torch.zeros(1))) != 0.0:
+            raise ValueError("export(zero_outgoing=True) needs activation(0) == 0 (the masked units then send "
+                             f"nothing), but activation(0) = {float(self.activation(torch.zeros(1)))}: "
+                             "export without zero_outgoing")
+        keys = self._keys()
+        skip = set(self.mask_keys())
+        state = {k: v.detach().clone() for k, v in self.model.state_dict().items() if k not in skip}
+        for name, layer in self.layers.items():
+            off = (~layer.hook.mask).nonzero().reshape(-1)
+            if off.numel() == 0:
+                continue
+            slots = layer.incoming + [s for s in layer.norm_buffers if s.attr == "running_mean"]
+            if zero_outgoing:
+                if not layer.outgoing_slots:
+                    raise ValueError(f"export(zero_outgoing=True): the consumer of layer {name!r} was not found "
+                                     "(non-sequential model), so its outgoing weights are unknown")
+                slots = slots + layer.outgoing_slots
+            for slot in slots:
+                state[keys[id(slot.tensor)]].index_fill_(slot.dim, slot.indices(off).to(slot.tensor.device), 0)
+        return state
+
     # -------------------------------------------------------------------------- diagnostics
 
     @torch.no_grad()
@@ -539,7 +598,7 @@ class UnitMasks:
         """Per-unit ``‖∂L/∂(incoming row, bias, BN affine)‖`` from the parameters' ``.grad``."""
         out = {}
         for name, layer in self.layers.items():
-            total = torch.zeros(layer.size, device=layer.hook.multiplier.device)
+            total = torch.zeros(layer.size, device=layer.hook.mask.device)
             for slot in layer.incoming:
                 grad = slot.tensor.grad
                 if grad is not None:
@@ -574,7 +633,7 @@ class UnitMasks:
             values = []
             for z in tensors:
                 if masked:
-                    z = z * layer.hook.multiplier.view(layer.hook.shape_for(z))
+                    z = z * layer.hook.mask.view(layer.hook.shape_for(z))
                 a = self.activation(z).movedim(dim, 0).reshape(layer.size, -1)
                 values.append(a)
             out[name] = torch.cat(values, 1).mean(1)
@@ -596,7 +655,11 @@ class UnitMasks:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self.attach()  # no-op when the model was pickled with its hooks (the usual case)
+        for layer in self.layers.values():
+            if layer.hook.owner is None:  # pickled while the mask was a float multiplier, not a buffer
+                layer.hook.owner = layer.module
+        # the forward hooks came with the model; the load post-hooks are bound to this object again
+        self.attach()
 
 
 # ---------------------------------------------------------------------------------- helpers

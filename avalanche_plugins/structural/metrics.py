@@ -44,7 +44,6 @@ from avalanche_plugins.core.outputs import logits_of
 from avalanche_plugins.structural.cycles import (
     CycleClock,
     check_sample_cycle,
-    minibatch_samples,
     trajectory_average,
 )
 
@@ -106,7 +105,7 @@ class CycleAccuracyMetric(RecordingMetric[float]):
             logits_of(model_forward(model, inputs, tasks.to(x.device)))
 
     def after_training_iteration(self, strategy):
-        if self.clock.counts_epochs or not self.clock.end_iteration(minibatch_samples(strategy)):
+        if self.clock.counts_epochs or not self.clock.count_iteration(strategy):
             return None
         return self._cycle_ended(strategy, current_boundary(self, strategy))
 

@@ -14,9 +14,10 @@ operators on hidden units (neurons / conv channels; the head is never masked):
   weights, newborn learning rate) are documented in :mod:`avalanche_plugins.structural.masks`.
 
 **Cycles.** A cycle is ``epochs_per_cycle`` training epochs, or with ``cycle_unit="iterations"`` /
-``"samples"`` ``cycle_length`` training iterations / samples (:mod:`avalanche_plugins.structural.cycles`;
-an iteration or sample cycle's edit comes at the start of the iteration after the cycle ended,
-within an epoch). Edits happen at the start of every cycle but the first (Prune first trains the dense net, Grow first trains the seed), until every
+``"samples"`` / ``"minibatch_samples"`` ``cycle_length`` training iterations / stream samples (the
+experience's own samples, replayed ones not counted) / minibatch samples (everything trained on,
+replay included) (:mod:`avalanche_plugins.structural.cycles`; an iteration or sample cycle's edit
+comes at the start of the iteration after the cycle ended, within an epoch). Edits happen at the start of every cycle but the first (Prune first trains the dense net, Grow first trains the seed), until every
 masked layer has its target number of units ``max(1, round(c·units))``; later cycles only serve
 as evaluation checkpoints. With ``cycle_scope="stream"`` the epoch count runs across
 experiences, so a cycle may span an experience boundary and edits happen during the continual
@@ -42,6 +43,16 @@ there); either way the stream must grant ``access_task_boundaries=True``
 data, and ``cycle_scope="experience"`` restarts at its first sub-experience). Everything is plain Python and
 tensors, so Avalanche checkpoints (dill) restore the run exactly; call
 :func:`avalanche_plugins.fix_checkpoint_pickling` once for torch 2.14 optimizers.
+
+**Masks in the model's state.** The masks are ``unit_mask`` buffers of the masked layers
+(:mod:`avalanche_plugins.structural.hooks`), so ``strategy.model.state_dict()`` holds them and
+``load_state_dict`` restores the mask a state was saved with, the masked units frozen at the loaded
+values. Avalanche's ``EarlyStoppingPlugin`` therefore returns to its best epoch's model *and* mask;
+put it before the editing plugin in ``plugins`` (its snapshot, at the start of an epoch, is then
+the model it evaluated, before that epoch's edit), and an edit due at the epoch where it stops
+training waits for the next epoch that runs. ``plugin.masks.export()`` gives the compact model's
+state dict for a plain copy of the architecture (:meth:`UnitMasks.export`). Prune's rewinding
+restores weights, never masks.
 
 :func:`retrain_ticket` evaluates the final mask as a winning ticket; the metrics
 (:class:`~avalanche_plugins.structural.metrics.CycleAccuracyMetric`,
@@ -80,8 +91,8 @@ from avalanche_plugins.structural.cycles import (
     CYCLE_SCOPES,
     CycleClock,
     check_sample_cycle,
-    minibatch_samples,
 )
+from avalanche_plugins.structural.interventions import check_fresh_optimizer
 from avalanche_plugins.structural.metrics import CycleAccuracyMetric
 
 __all__ = ["FixedMaskPlugin", "PrunePlugin", "GrowPlugin",
@@ -119,6 +130,7 @@ class _MaskedTraining(SupervisedPlugin):
         boundary = enter_boundary(self, strategy, name, needs_access=self._edits)
         require_callbacks(name, strategy, self._required_callbacks(),
                           "the masked units' parameters are re-imposed around every optimizer step")
+        self._refuse(strategy, boundary)  # before the masks exist: a refused run leaves the model as it was
         if self.masks is None:
             try:
                 self.masks = UnitMasks(strategy.model, experience_example(strategy), activation=self.activation)
@@ -132,6 +144,9 @@ class _MaskedTraining(SupervisedPlugin):
         else:
             # after Avalanche's model adaptation (a grown or added head), before any step
             self.masks.sync(experience_example(strategy) if is_multitask(strategy.model) else None)
+
+    def _refuse(self, strategy, boundary) -> None:
+        """Checks of the settings against the strategy, before any mask or training (subclasses)."""
 
     def _rebind(self, strategy, boundary) -> None:
         """Bind the masks to the strategy's new model: same layers and widths, the current masks
@@ -222,7 +237,6 @@ class _EditingPlugin(_MaskedTraining):
         boundary = current_boundary(self, strategy)
         if boundary.first:
             self.clock.start_experience()
-        check_sample_cycle(type(self).__name__, self.clock, strategy)
         if (self.clock.counts_epochs and self.clock.scope == "experience"
                 and strategy.train_epochs <= self.clock.epochs_per_cycle
                 and not boundary.online and not self._warned_scope):
@@ -231,9 +245,14 @@ class _EditingPlugin(_MaskedTraining):
                           f"epochs_per_cycle={self.clock.epochs_per_cycle}: no edit can happen",
                           stacklevel=2)
 
+    def _refuse(self, strategy, boundary) -> None:
+        check_sample_cycle(type(self).__name__, self.clock, strategy)
+
     def before_training_epoch(self, strategy, **kwargs):
         super().before_training_epoch(strategy, **kwargs)
-        if not self.clock.counts_epochs:
+        if not self.clock.counts_epochs or getattr(strategy, "_stop_training", False):
+            # a plugin before this one stopped training (EarlyStoppingPlugin, having reloaded its best
+            # state): the epoch will not run, so the edit waits for the next epoch that does
             return
         boundary = current_boundary(self, strategy)
         at_start = not boundary.online or (boundary.first and strategy.clock.train_exp_epochs == 0)
@@ -245,7 +264,7 @@ class _EditingPlugin(_MaskedTraining):
             self._edit(strategy)
 
     def after_training_iteration(self, strategy, **kwargs):
-        if not self.clock.counts_epochs and self.clock.end_iteration(minibatch_samples(strategy)):
+        if not self.clock.counts_epochs and self.clock.count_iteration(strategy):
             self._cycle_ended(strategy)
 
     def after_training_epoch(self, strategy, **kwargs):
@@ -289,7 +308,8 @@ class PrunePlugin(_EditingPlugin):
     :param reset_optimizer: clear the optimizer state after each rewind (a restarted run).
     :param cycle_scope: ``"stream"`` or ``"experience"``.
     :param cycle_unit, cycle_length: ``"epochs"`` (``epochs_per_cycle``), or ``"iterations"`` /
-        ``"samples"`` with ``cycle_length`` of them per cycle
+        ``"samples"`` (stream samples: replayed ones not counted) / ``"minibatch_samples"`` (every
+        sample trained on) with ``cycle_length`` of them per cycle
         (:mod:`avalanche_plugins.structural.cycles`; ``"samples"`` suits online streams).
 
     Example::
@@ -325,17 +345,17 @@ class PrunePlugin(_EditingPlugin):
         if self.rewind_to == 0:
             self._snapshot(strategy)
 
-    def before_training_exp(self, strategy, **kwargs):
-        super().before_training_exp(strategy, **kwargs)
+    def _refuse(self, strategy, boundary) -> None:
+        super()._refuse(strategy, boundary)
         if self._iterations == 0 and self.rewind_to:
             # the first prune ends the first cycle: refuse a rewind point the run cannot reach first
             clock, first_prune = self.clock, None
             if clock.unit == "iterations":
                 first_prune, how = clock.length, "iterations"
-            elif clock.unit == "samples":
+            elif clock.unit in ("samples", "minibatch_samples"):
                 first_prune = math.ceil(clock.length / strategy.train_mb_size)
                 how = f"minibatches of train_mb_size={strategy.train_mb_size} to reach {clock.length} samples"
-            elif clock.epochs_per_cycle <= strategy.train_epochs and not current_boundary(self, strategy).online:
+            elif clock.epochs_per_cycle <= strategy.train_epochs and not boundary.online:
                 per_epoch = math.ceil(len(strategy.adapted_dataset) / strategy.train_mb_size)
                 first_prune = clock.epochs_per_cycle * per_epoch
                 how = f"{clock.epochs_per_cycle} epoch(s) of {per_epoch} minibatches"
@@ -379,7 +399,8 @@ class GrowPlugin(_EditingPlugin):
         interventions (:class:`~avalanche_plugins.structural.masks.Interventions`).
     :param cycle_scope: ``"stream"`` or ``"experience"``.
     :param cycle_unit, cycle_length: ``"epochs"`` (``epochs_per_cycle``), or ``"iterations"`` /
-        ``"samples"`` with ``cycle_length`` of them per cycle
+        ``"samples"`` (stream samples: replayed ones not counted) / ``"minibatch_samples"`` (every
+        sample trained on) with ``cycle_length`` of them per cycle
         (:mod:`avalanche_plugins.structural.cycles`; ``"samples"`` suits online streams).
 
     :param track_newborn: also measure, during each cycle that began with growth, the mean per-unit
@@ -419,6 +440,14 @@ class GrowPlugin(_EditingPlugin):
         self.track_newborn = track_newborn
         self.newborn_log: list[dict] = []  # one record per cycle that began with growth
         self._acc = None
+
+    def _refuse(self, strategy, boundary) -> None:
+        super()._refuse(strategy, boundary)
+        if self.interventions.optimizer_state == "fresh":
+            try:
+                check_fresh_optimizer(strategy.optimizer)
+            except ValueError as error:
+                raise ValueError(f"GrowPlugin refuses the optimizer before training: {error}") from None
 
     def _required_callbacks(self) -> list[str]:
         tracked = ["before_forward", "after_forward", "after_backward"] if self.track_newborn else []

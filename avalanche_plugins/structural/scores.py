@@ -94,17 +94,17 @@ def _gradient_scores(masks, x, y, loss_fn, task_labels):
                 raise ValueError(f"score='gradient' needs the consumer of layer {name!r}, which "
                                  "was not found (non-sequential model)")
             weight = layer.outgoing.tensor
-            off = (layer.hook.multiplier == 0).nonzero().reshape(-1)
+            off = (~layer.hook.mask).nonzero().reshape(-1)
             probe = weight.detach().clone()
             probe.index_fill_(1, layer.outgoing.indices(off), 0.0)  # function-preserving
             probe.requires_grad_(True)
-            saved = layer.hook.multiplier.clone()
-            layer.hook.multiplier.fill_(1.0)  # every unit of this layer on, outgoing zero if masked
+            saved = layer.hook.mask.clone()
+            layer.hook.mask.fill_(True)  # every unit of this layer on, outgoing zero if masked
             try:
                 output = stateless_forward(masks.model, {names[id(weight)]: probe}, x, task_labels)
                 (grad,) = torch.autograd.grad(loss_fn(output, y), probe)
             finally:
-                layer.hook.multiplier.copy_(saved)
+                layer.hook.mask.copy_(saved)
             cols = layer.outgoing.columns  # (units, k)
             per_column = grad.detach().pow(2).movedim(1, 0).reshape(grad.shape[1], -1).sum(1)
             out[name] = per_column[cols].sum(1).sqrt()

@@ -27,9 +27,13 @@ class Slot:
     path: str | None = None
 
     @property
+    def module(self) -> nn.Module:
+        """The module holding the tensor now."""
+        return self.owner if self.root is None else self.root.get_submodule(self.path)
+
+    @property
     def tensor(self) -> torch.Tensor:
-        owner = self.owner if self.root is None else self.root.get_submodule(self.path)
-        return getattr(owner, self.attr)
+        return getattr(self.module, self.attr)
 
     def indices(self, units: torch.Tensor) -> torch.Tensor:
         if self.columns is None:
@@ -45,7 +49,7 @@ class MaskedLayer:
     module: nn.Module
     kind: str  # "linear" or "conv"
     norm: nn.Module | None
-    hook: Any  # masks._MaskHook: the unit mask (``hook.multiplier``)
+    hook: Any  # hooks._MaskHook: the unit mask (``hook.mask``, the layer's ``unit_mask`` buffer)
     incoming: list[Slot]  # weight rows, bias, BN affine (parameters)
     norm_buffers: list[Slot]  # BN running statistics
     outgoing: Slot | None  # consumer weight columns (the consumer of the latest probed task)
@@ -58,7 +62,7 @@ class MaskedLayer:
 
     @property
     def size(self) -> int:
-        return self.hook.multiplier.numel()
+        return self.hook.mask.numel()
 
     @property
     def param_slots(self) -> list[Slot]:

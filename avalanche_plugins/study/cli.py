@@ -8,6 +8,7 @@
     avalanche-study report RESULTS_JSON                        # re-print a saved study's tables
     avalanche-study recipes                                    # the shipped tuned recipes
     avalanche-study reproduce [SCENARIO ...] [--quick]         # rerun recipes, fail on any drift
+    avalanche-study data fashion_mnist --data-root DIR [--source FOLDER]  # prepare + verify a dataset
 
 ``run`` writes to ``./out/study/<name>`` under the working directory unless ``--out`` says
 otherwise. Dotted ``module:function`` names in the config resolve against the config file's
@@ -72,7 +73,7 @@ def _add_run_flags(run: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of every subcommand (``run``, ``check``, ``report``, ``recipes``, ``reproduce``)."""
+    """The parser of every subcommand (``run``, ``check``, ``report``, ``recipes``, ``reproduce``, ``data``)."""
     parser = argparse.ArgumentParser(prog=PROG, description="Comparative continual-learning studies: "
                                      "one config → every strategy × scenario × seed, tables, figures, a report.")
     commands = parser.add_subparsers(dest="command_name", required=True, metavar="COMMAND")
@@ -95,7 +96,20 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--workers", type=int, default=1, help="processes running jobs in parallel")
     reproduce.add_argument("--seeds", type=int, default=None, help="only the first N of each recipe's seeds")
     reproduce.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_data_flags(commands.add_parser("data", help="prepare and verify a dataset from its system package "
+                                        "(Fashion-MNIST from dataset-fashion-mnist)"))
     return parser
+
+
+def _add_data_flags(data: argparse.ArgumentParser) -> None:
+    from avalanche_plugins.study.harness.prepare import DATASETS
+
+    data.add_argument("dataset", choices=sorted(DATASETS), help="the dataset to prepare")
+    data.add_argument("--data-root", required=True, metavar="DIR",
+                      help="where to write it in torchvision's layout (DIR/FashionMNIST/raw/*-ubyte); the "
+                           "study's --data-root")
+    data.add_argument("--source", default=None, metavar="FOLDER",
+                      help="a folder holding the four .gz files (default: the Debian package's, from dpkg -L)")
 
 
 def _run(args, argv: list[str]) -> object:
@@ -173,6 +187,18 @@ def _reproduce(args) -> list[dict]:
     return rows
 
 
+def _data(args) -> object:
+    from avalanche_plugins.study.harness.prepare import DataUnavailable, prepare
+
+    try:
+        done = prepare(args.dataset, args.data_root, source=args.source)
+    except (DataUnavailable, ValueError) as error:
+        print(f"{PROG} data {args.dataset}: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
+    print("\n".join(done.lines), flush=True)
+    return done
+
+
 def main(argv=None) -> int:
     """Entry point of ``avalanche-study`` (and ``python -m avalanche_plugins.study``); exit status 0
     (a bad config exits with 2 and its errors on stderr)."""
@@ -182,14 +208,15 @@ def main(argv=None) -> int:
 
 def run_command(argv=None):
     """:func:`main` returning what the command made: the ``StudyResult`` of ``run``, the ``Study``
-    of ``check``, ``{"report": text}`` of ``report``, the rows of ``recipes`` / ``reproduce``."""
+    of ``check``, ``{"report": text}`` of ``report``, the rows of ``recipes`` / ``reproduce``, the
+    ``Prepared`` record of ``data``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "address", None) is not None and args.executor != "ray":
         parser.error("run: --address needs --executor ray")
     commands = {"run": lambda: _run(args, argv), "check": lambda: _check(args), "report": lambda: _report(args),
-                "recipes": lambda: _recipes(args), "reproduce": lambda: _reproduce(args)}
+                "recipes": lambda: _recipes(args), "reproduce": lambda: _reproduce(args), "data": lambda: _data(args)}
     return commands[args.command_name]()
 
 if __name__ == "__main__":

@@ -46,7 +46,9 @@ class Diagnostic:
     ``summary``: ``(emitted scalar, column title)`` pairs the report's Diagnostics table gives,
     per strategy, as the mean over seeds of each run's mean of the logged values (whichever
     component logged them: ``LayerAdaptiveEWCPlugin(log_profile=True)`` logs the same κ and α̂ as
-    ``LayerSensitivityMetric``)."""
+    ``LayerSensitivityMetric``). A metric that measures on a sample of each experience also gives
+    the samples its values rest on (``...SamplesUsed``: fewer than asked where an experience is
+    smaller), so the table shows when an estimate rests on a few samples."""
 
     injected: tuple[str, ...] = ()
     optional: tuple[str, ...] = ()
@@ -87,12 +89,15 @@ def _transport(kwargs: dict, run: RunContext) -> dict:
 
 
 CATALOG: dict[str, Diagnostic] = {  # config name -> entry, in figure order
-    "OptimizationReadinessMetric": Diagnostic(figure="readiness", summary=(("OptimizationReadiness", "OR"),)),
+    "OptimizationReadinessMetric": Diagnostic(figure="readiness", summary=(("OptimizationReadiness", "OR"),
+                                                                            ("ORSamplesUsed", "OR samples"))),
     "ArchitectureDrivenShiftMetric": Diagnostic(figure="ads", summary=(("ADS", "ADS predicted"),
-                                                                        ("ADSRealisedShift", "ADS realised"))),
+                                                                        ("ADSRealisedShift", "ADS realised"),
+                                                                        ("ADSSamplesUsed", "ADS samples"))),
     "TransportKeyMetric": Diagnostic(optional=("stages",), prepare=_transport, figure="transport"),
     "LayerSensitivityMetric": Diagnostic(figure="curvature", summary=(("LayerSensitivityKappa", "κ"),
-                                                                      ("LayerSensitivityAlphaHat", "α̂"))),
+                                                                      ("LayerSensitivityAlphaHat", "α̂"),
+                                                                      ("LayerSensitivitySamplesUsed", "κ samples"))),
     "CycleAccuracyMetric": Diagnostic(injected=("test_stream",), prepare=_cycle_accuracy, figure="structural"),
     "NewbornGradientMetric": Diagnostic(injected=("grow_plugin",), prepare=_newborn, figure="structural"),
 }

@@ -24,6 +24,19 @@ models with one shared head use the snapshot's head as it was after that experie
 cut points), probing a detached copy: the run's model, its BatchNorm statistics and the RNG are
 untouched, so every other metric of the run is what it is with the same stages given explicitly.
 
+A stage whose module returns a tuple or a dict (an LSTM's ``(output, (h, c))``) takes
+``stage_transforms={stage: 0}`` (the element's index or key, or a function from the stage's output
+to it, as ``split_model``'s ``output_transform`` is for a model's output): keys are fitted on that
+element and the stitched model puts the keyed activations back in its place.
+
+Before the first iteration (the first ``before_training_exp``) the metric refuses, naming itself,
+the setting and the fix: a task-agnostic stream (``split_continuous_linear_decay_stream``: no
+original experience to snapshot); ``n_anchors`` that an experience of the stream cannot fill
+(fewer than one anchor per class, or a class with fewer samples than ``n_anchors // K``;
+:meth:`TransportKeyMetric.check_experience`); and a stage it cannot stitch at (a non-tensor output
+without ``stage_transforms``, a layout it cannot tell): the whole evaluation path (stage
+activations, layout, a stitched forward) runs once on two samples.
+
 Memory: one deep copy of the model plus ``n_anchors`` inputs per snapshotted experience. Pass
 ``experiences=[0]`` to keep only the first one (the usual "task A" question).
 BatchNorm: keys are fitted and stitched models evaluated in eval mode (running statistics),
@@ -46,10 +59,11 @@ from avalanche_plugins._avalanche.boundaries import (
 )
 from avalanche_plugins._avalanche.data import metric_name
 from avalanche_plugins._avalanche.figures import figure_image
-from avalanche_plugins._avalanche.preflight import preflight
+from avalanche_plugins._avalanche.preflight import check_experiences, preflight
 from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.core.calls import eval_mode, model_forward
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
+from avalanche_plugins.core.outputs import describe_output
 from avalanche_plugins.transport import (
     FAMILIES,
     LAYOUTS,
@@ -63,9 +77,23 @@ from avalanche_plugins.transport import (
     stitch,
 )
 from avalanche_plugins.transport.stages import AUTO, auto_stages, example_inputs
+from avalanche_plugins.transport.stitch import select_activations, stage_output
 
 __all__ = ["TransportKeyMetric"]
 
+
+
+def _check_stage_transforms(stage_transforms) -> dict:
+    if stage_transforms is None:
+        return {}
+    if not isinstance(stage_transforms, Mapping):
+        raise TypeError(f"stage_transforms must be None or a {{stage: index, key or function}} mapping, got "
+                        f"{type(stage_transforms).__name__}")
+    for stage, select in stage_transforms.items():
+        if isinstance(select, bool) or not (isinstance(select, (int, str)) or callable(select)):
+            raise TypeError(f"stage_transforms[{stage!r}] must be an index, a key or a function from the stage's "
+                            f"output to its activations, got {type(select).__name__}")
+    return dict(stage_transforms)
 
 
 class TransportKeyMetric(RecordingMetric[dict]):
@@ -90,6 +118,10 @@ class TransportKeyMetric(RecordingMetric[dict]):
         Levenberg–Marquardt steps on the checkpoint's own anchor logits
         (:func:`~avalanche_plugins.transport.keys.gauss_newton_key`). It recovers much more at deep
         stages (docs/RESULTS.md) for about ``K + 1`` backward passes of the late layers per step.
+    :param stage_transforms: ``{stage: select}`` for stages whose module returns a tuple or a dict:
+        the index / key of the element holding the activations (``{"rnn": 0}`` for an LSTM's
+        ``(output, (h, c))``), or a function from the stage's output to that element (module
+        docstring). Without it such a stage is refused before training, naming it.
 
     Example::
 
@@ -102,7 +134,7 @@ class TransportKeyMetric(RecordingMetric[dict]):
 
     def __init__(self, stages, families=("identity", "channel", "cross_channel"), n_anchors: int = 100,
                  controls: bool = True, experiences=None, ridge: float = 1e-4, seed: int = 0,
-                 gauss_newton_iterations: int = 0, layouts=None):
+                 gauss_newton_iterations: int = 0, layouts=None, stage_transforms=None):
         super().__init__()
         self._auto = isinstance(stages, str) and stages == AUTO
         if not self._auto and (isinstance(stages, str) or not stages):
@@ -136,6 +168,7 @@ class TransportKeyMetric(RecordingMetric[dict]):
             for stage, layout in layouts.items():
                 check_choice(f"layouts[{stage!r}]", layout, LAYOUTS)
         self.layouts = dict(layouts or {})
+        self.stage_transforms = _check_stage_transforms(stage_transforms)
         self.stages, self.families, self.n_anchors = [] if self._auto else list(stages), families, n_anchors
         self.controls, self.experiences, self.ridge, self.seed = controls, experiences, ridge, seed
         self.snapshots: dict[int, dict] = {}
@@ -162,13 +195,68 @@ class TransportKeyMetric(RecordingMetric[dict]):
         return None
 
     def before_training_exp(self, strategy):
-        enter_boundary(self, strategy, "TransportKeyMetric")
+        boundary = enter_boundary(self, strategy, "TransportKeyMetric", needs_origin=True,
+                                  needs="keeps a snapshot and anchors of each original experience, to stitch "
+                                        "with when that experience is evaluated later")
+        check_experiences(self, boundary, self.check_experience, "TransportKeyMetric")
         if self._auto and not self.stages:
             self._choose_stages(strategy)
-        # before any training: a model whose forward returns a tuple or dict is refused now, not at
-        # the first evaluation after the second experience
-        preflight(self, strategy, layer_map=False, takes_output_transform=False)
+        # before any training: a model whose forward returns a tuple or dict, or a stage the keys
+        # cannot be fitted at, is refused now, not at the first evaluation after the second experience
+        preflight(self, strategy, self._probe, layer_map=False, takes_output_transform=False)
         return None
+
+    def check_experience(self, experience) -> str | None:
+        """What an experience of the stream cannot give this metric (None: nothing): ``n_anchors``
+        class-balanced anchors (``n_anchors // K`` of each of its ``K`` classes). Experiences
+        outside ``experiences`` are not snapshotted, so not checked."""
+        exp_id = getattr(experience, "current_experience", None)
+        if self.experiences is not None and exp_id not in self.experiences:
+            return None
+        data = experience.dataset
+        targets = torch.as_tensor([int(t) for t in data.targets]) if hasattr(data, "targets") else \
+            torch.as_tensor([int(data[i][1]) for i in range(len(data))], dtype=torch.long)
+        if targets.numel() == 0:
+            return "has no samples to take anchors from: give every snapshotted experience samples"
+        classes, counts = targets.unique(return_counts=True)
+        k, per_class = len(classes), self.n_anchors // len(classes)
+        if per_class == 0:
+            return (f"has {k} classes, more than n_anchors={self.n_anchors}: the anchors are class-balanced "
+                    f"(n_anchors // {k} of each class), so choose n_anchors >= {k}")
+        fewest = int(counts.argmin())
+        if int(counts[fewest]) < per_class:
+            fits = k * int(counts[fewest])
+            return (f"has {len(targets)} samples of {k} classes, so n_anchors={self.n_anchors} asks {per_class} anchors of each, but class "
+                    f"{int(classes[fewest])} has {int(counts[fewest])} samples: choose n_anchors <= {fits}"
+                    + ("" if self.experiences is not None else " (or leave this experience out with experiences=[...])"))
+        return None
+
+    def _select(self, stage: str):
+        return self.__dict__.get("stage_transforms", {}).get(stage)
+
+    def _probe(self, model, loss_fn, x, y, t) -> None:
+        """The evaluation path on the pre-flight's samples, per stage: its activations (a tensor,
+        samples first), their layout and a stitched forward through an identity key (eval mode, no
+        graph: nothing of the model changes)."""
+        with eval_mode(model), torch.no_grad():
+            for stage in self.stages:
+                self._probe_stage(model, stage, x, t)
+
+    def _probe_stage(self, model, stage: str, x, t) -> None:
+        output, select = stage_output(model, stage, x, t), self._select(stage)
+        if select is None and not isinstance(output, torch.Tensor):
+            raise ValueError(
+                f"stage={stage!r} outputs {describe_output(output)}, not a tensor: pass stage_transforms="
+                f"{{{stage!r}: 0}}, the index (or key) of the element holding the activations, or a function "
+                f"from the stage's output to it (e.g. stage_transforms={{{stage!r}: lambda out: out[0]}}), or "
+                "choose a stage whose output is a tensor")
+        u = select_activations(output, select, stage)
+        if u.dim() == 0 or u.shape[0] != x.shape[0]:
+            raise ValueError(f"stage={stage!r}'s activations have shape {tuple(u.shape)} for {x.shape[0]} "
+                             "samples: keys need the samples in the first dimension")
+        layout = self.layouts.get(stage) or stage_layout(model, stage, x, t, select)
+        key = fit_transport_key(u, u, "identity", layout=layout)
+        stitch(model, model, stage, key, select).forward_from_stage(key(u), x, t)
 
     def _choose_stages(self, strategy):
         """``stages="auto"``: the stages of the run's model, probed on a detached copy with the
@@ -205,9 +293,9 @@ class TransportKeyMetric(RecordingMetric[dict]):
     # --- evaluation side -----------------------------------------------------------------------
 
     def before_eval_exp(self, strategy):
-        exp_id = int(evaluated_experience_id(strategy.experience))
+        exp_id = evaluated_experience_id(strategy.experience)
         self._active = None
-        snap = self.snapshots.get(exp_id)
+        snap = None if exp_id is None else self.snapshots.get(int(exp_id))
         if snap is None or self._last_trained <= exp_id:
             return None
         model = strategy.model
@@ -215,9 +303,10 @@ class TransportKeyMetric(RecordingMetric[dict]):
         residuals: dict[str, float] = {}
         with torch.no_grad(), eval_mode(model):
             for stage in self.stages:
-                u = stage_activations(model, stage, snap["x"], snap["task"])
-                v = stage_activations(snap["model"], stage, snap["x"], snap["task"])
-                layout = self.layouts.get(stage) or stage_layout(model, stage, snap["x"], snap["task"])
+                select = self._select(stage)
+                u = stage_activations(model, stage, snap["x"], snap["task"], select)
+                v = stage_activations(snap["model"], stage, snap["x"], snap["task"], select)
+                layout = self.layouts.get(stage) or stage_layout(model, stage, snap["x"], snap["task"], select)
                 keys = {}
                 for family in self.families:
                     key = fit_transport_key(u, v, family, ridge=self.ridge, layout=layout)
@@ -226,7 +315,7 @@ class TransportKeyMetric(RecordingMetric[dict]):
                     if self.gauss_newton_iterations and family != "identity":
                         refined = copy.deepcopy(key)
                         with torch.enable_grad():
-                            gauss_newton_key(refined, stitch(model, snap["model"], stage, refined), snap["x"],
+                            gauss_newton_key(refined, stitch(model, snap["model"], stage, refined, select), snap["x"],
                                              snap["task"], iterations=self.gauss_newton_iterations)
                         keys[f"family={family}+gauss_newton"] = refined
                     if self.controls and family != "identity":
@@ -234,8 +323,9 @@ class TransportKeyMetric(RecordingMetric[dict]):
                                                           seed=self.seed, ridge=self.ridge,
                                                           layout=layout).items():
                             keys[f"family={family}/control={name}"] = control
-                variants[stage] = {name: stitch(model, snap["model"], stage, key) for name, key in keys.items()}
-        self._active = {"experience": exp_id, "variants": variants, "residuals": residuals,
+                variants[stage] = {name: stitch(model, snap["model"], stage, key, select)
+                                   for name, key in keys.items()}
+        self._active = {"experience": int(exp_id), "variants": variants, "residuals": residuals,
                         "correct": {}, "n": 0, "correct_checkpoint": 0, "correct_updated": 0}
         return None
 
@@ -253,7 +343,7 @@ class TransportKeyMetric(RecordingMetric[dict]):
         active["correct_checkpoint"] += int((model_forward(snapshot, x, t).argmax(-1) == y).sum())
         with eval_mode(strategy.model):
             for stage, variants in active["variants"].items():
-                u = stage_activations(strategy.model, stage, x, t)  # shared by every key of the stage
+                u = stage_activations(strategy.model, stage, x, t, self._select(stage))  # shared by the stage's keys
                 for name, stitched in variants.items():
                     out = stitched.forward_from_stage(stitched.key(u), x, t)
                     full = f"stage={stage}/{name}"

@@ -29,7 +29,8 @@ def _logit_targets(stitched: StitchedModel, anchors: torch.Tensor, task_labels):
     updated model's stage activations the key maps (both in eval mode, no graph)."""
     with torch.no_grad(), eval_mode(stitched.late_model), eval_mode(stitched.early_model):
         return (model_forward(stitched.late_model, anchors, task_labels),
-                stage_activations(stitched.early_model, stitched.stage, anchors, task_labels))
+                stage_activations(stitched.early_model, stitched.stage, anchors, task_labels,
+                                  getattr(stitched, "select", None)))
 
 
 

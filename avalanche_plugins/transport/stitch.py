@@ -4,6 +4,11 @@
 
 :func:`stage_activations` reads the activations a key is fitted on; :func:`stitch` builds the
 stitched model; :func:`stitched_accuracy` scores it.
+
+A stage whose module returns more than a tensor (an LSTM's ``(output, (h, c))``) takes ``select``:
+the index (tuple) or key (dict) of the element holding the activations, or a function from the
+stage's output to that element (e.g. ``lambda out: out[0]``); the stitched model puts the keyed
+activations back in that element's place, the rest of the output unchanged.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from torch import nn
 from avalanche_plugins.core.calls import eval_mode, is_multitask, model_forward
 from avalanche_plugins.core.split import split_model
 
-__all__ = ["StitchedModel", "stage_activations", "stage_layout", "stitch", "stitched_accuracy"]
+__all__ = ["StitchedModel", "replace_selected", "select_activations", "stage_activations", "stage_layout", "stage_output",
+           "stitch", "stitched_accuracy"]
 
 # Modules whose output fixes how a 3-D activation (N, ·, ·) is laid out.
 _CHANNELS_FIRST_1D = (nn.Conv1d, nn.ConvTranspose1d, nn.BatchNorm1d, nn.InstanceNorm1d, nn.MaxPool1d,
@@ -38,15 +44,63 @@ def _module(model: nn.Module, stage: str) -> nn.Module:
 
 
 
-def stage_activations(model: nn.Module, stage: str, x: torch.Tensor, task_labels=None) -> torch.Tensor:
-    """``f_{≤stage}(x)``: the output of submodule ``stage`` when ``model`` runs on ``x`` (the rest of
-    the forward pass is skipped). Runs in the model's current train/eval mode.
+def select_activations(output, select=None, stage: str = "stage"):
+    """The activations tensor in a stage's ``output``: ``output`` itself (``select`` None),
+    ``output[select]`` (an int or str: a tuple's index, a dict's key) or ``select(output)``.
 
     Example:
-        >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
-        >>> stage_activations(net, "1", torch.randn(5, 4)).shape
-        torch.Size([5, 8])
+        >>> lstm = nn.LSTM(3, 4, batch_first=True)
+        >>> select_activations(lstm(torch.randn(2, 5, 3)), 0).shape
+        torch.Size([2, 5, 4])
     """
+    value = output
+    if select is not None:
+        value = select(output) if callable(select) else output[select]
+    if not isinstance(value, torch.Tensor):
+        if select is None:
+            raise ValueError(f"stage={stage!r} outputs {type(output).__name__}, not a tensor: select the element "
+                             "holding its activations (its index or key, e.g. 0 for an LSTM's (output, (h, c)))")
+        raise ValueError(f"select={select!r} takes {type(value).__name__} from stage={stage!r}'s output "
+                         f"({type(output).__name__}), not a tensor")
+    return value
+
+
+def replace_selected(output, select, h: torch.Tensor):
+    """``output`` with its selected element (:func:`select_activations`) replaced by ``h``: ``h``
+    itself when ``select`` is None; a function ``select`` must return one element of a tuple, list
+    or dict ``output`` (found by identity), so that its place is known.
+
+    Example:
+        >>> out = (torch.zeros(2), (torch.ones(1), torch.ones(1)))
+        >>> replace_selected(out, lambda o: o[0], torch.full((2,), 5.0))[0].tolist()
+        [5.0, 5.0]
+    """
+    if select is None:
+        return h
+    place = select
+    if callable(select):
+        chosen = select(output)
+        if isinstance(output, dict):
+            items = output.items()
+        else:
+            items = enumerate(output) if isinstance(output, (tuple, list)) else ()
+        place = next((k for k, v in items if v is chosen), None)
+        if place is None:
+            raise ValueError("the stage's select function must return one element of its tuple / dict output, so the "
+                             "stitched model can put the keyed activations in its place; give that element's index "
+                             "or key instead")
+    if isinstance(output, dict):
+        return {**output, place: h}
+    items = list(output)
+    items[place] = h
+    if hasattr(output, "_fields"):  # a named tuple
+        return type(output)(*items)
+    return items if isinstance(output, list) else tuple(items)
+
+
+def stage_output(model: nn.Module, stage: str, x: torch.Tensor, task_labels=None):
+    """What submodule ``stage`` returns when ``model`` runs on ``x`` (a tensor, or a tuple / dict
+    for a module such as an LSTM); the rest of the forward pass is skipped."""
     captured = []
 
     def hook(module, inputs, output):
@@ -62,17 +116,29 @@ def stage_activations(model: nn.Module, stage: str, x: torch.Tensor, task_labels
         handle.remove()
     if not captured:
         raise ValueError(f"stage={stage!r} was not run by the forward pass")
-    if not isinstance(captured[0], torch.Tensor):
-        raise ValueError(f"stage={stage!r} outputs {type(captured[0]).__name__}, not a tensor")
     return captured[0]
 
 
+def stage_activations(model: nn.Module, stage: str, x: torch.Tensor, task_labels=None, select=None) -> torch.Tensor:
+    """``f_{≤stage}(x)``: the output of submodule ``stage`` when ``model`` runs on ``x`` (the rest of
+    the forward pass is skipped), through ``select`` (:func:`select_activations`) for a stage that
+    returns a tuple or dict. Runs in the model's current train/eval mode.
 
-def stage_layout(model: nn.Module, stage: str, x: torch.Tensor, task_labels=None) -> str:
-    """How ``stage``'s activations are laid out: ``"flat"`` (N, C), ``"channels_first"`` (N, C, H, W)
-    or, for 3-D activations, ``"channels_first"`` (N, C, L) after a 1-d convolution / pooling /
-    BatchNorm1d and ``"tokens"`` (N, T, C) after a Linear / attention / LayerNorm / embedding: the last
-    such module the forward pass runs up to ``stage`` decides. ``ValueError`` when none does.
+    Example:
+        >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+        >>> stage_activations(net, "1", torch.randn(5, 4)).shape
+        torch.Size([5, 8])
+    """
+    return select_activations(stage_output(model, stage, x, task_labels), select, stage)
+
+
+
+def stage_layout(model: nn.Module, stage: str, x: torch.Tensor, task_labels=None, select=None) -> str:
+    """How ``stage``'s activations (through ``select``) are laid out: ``"flat"`` (N, C),
+    ``"channels_first"`` (N, C, H, W) or, for 3-D activations, ``"channels_first"`` (N, C, L) after a
+    1-d convolution / pooling / BatchNorm1d and ``"tokens"`` (N, T, C) after a Linear / attention /
+    LayerNorm / embedding / batch-first recurrent layer: the last such module the forward pass runs
+    up to ``stage`` decides. ``ValueError`` when none does, or a recurrent layer is not batch-first.
 
     Example:
         >>> net = nn.Sequential(nn.Conv1d(2, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6, 3))
@@ -100,12 +166,16 @@ def stage_layout(model: nn.Module, stage: str, x: torch.Tensor, task_labels=None
             h.remove()
     if not captured:
         raise ValueError(f"stage={stage!r} was not run by the forward pass")
-    out = captured[0]
-    if not isinstance(out, torch.Tensor):
-        raise ValueError(f"stage={stage!r} outputs {type(out).__name__}, not a tensor")
+    out = select_activations(captured[0], select, stage)
     if out.dim() != 3:
         return {2: "flat", 4: "channels_first"}.get(out.dim(), "flat")
     for module in reversed(executed):
+        if isinstance(module, nn.RNNBase):
+            if not module.batch_first:
+                raise ValueError(f"stage {stage!r}'s activations {tuple(out.shape)} come from a recurrent layer "
+                                 "with batch_first=False (time first): keys need the samples first; build it "
+                                 "with batch_first=True")
+            return "tokens"
         if isinstance(module, _CHANNELS_FIRST_1D):
             return "channels_first"
         if isinstance(module, _TOKENS):
@@ -132,20 +202,21 @@ class StitchedModel(nn.Module):
     ``nn.Sequential`` to get the fast path.
     """
 
-    def __init__(self, early_model: nn.Module, late_model: nn.Module, stage: str, key: nn.Module):
+    def __init__(self, early_model: nn.Module, late_model: nn.Module, stage: str, key: nn.Module, select=None):
         super().__init__()
         _module(early_model, stage)
         _module(late_model, stage)
         self.early_model, self.late_model, self.stage, self.key = early_model, late_model, stage, key
+        self.select = select  # the element of a tuple / dict stage output the key reads and replaces
         self._late_part: nn.Module | None = None  # the late model after `stage`, when it is a chain
-        self._chain_checked = False
+        self._chain_checked = select is not None  # a tuple / dict stage: always through the hook
 
     def forward(self, x: torch.Tensor, task_labels=None) -> torch.Tensor:
-        u = stage_activations(self.early_model, self.stage, x, task_labels)
+        u = stage_activations(self.early_model, self.stage, x, task_labels, self.select)
         return self.forward_from_stage(self.key(u), x, task_labels)
 
     def forward_from_stage(self, h: torch.Tensor, x: torch.Tensor, task_labels=None) -> torch.Tensor:
-        """The late model's output with its ``stage`` output replaced by ``h``."""
+        """The late model's output with its ``stage`` output (its selected element) replaced by ``h``."""
         if not self._chain_checked and not is_multitask(self.late_model):
             self._chain_checked = True
             try:
@@ -156,10 +227,11 @@ class StitchedModel(nn.Module):
             return self._late_part(h)
 
         def replace(module, inputs, output):
-            if output.shape != h.shape:
+            selected = select_activations(output, self.select, self.stage)
+            if selected.shape != h.shape:
                 raise ValueError(f"the key outputs shape {tuple(h.shape)} but the late model's "
-                                 f"stage {self.stage!r} outputs {tuple(output.shape)}")
-            return h
+                                 f"stage {self.stage!r} outputs {tuple(selected.shape)}")
+            return replace_selected(output, self.select, h)
 
         handle = _module(self.late_model, self.stage).register_forward_hook(replace)
         try:
@@ -169,8 +241,9 @@ class StitchedModel(nn.Module):
 
 
 
-def stitch(early_model: nn.Module, late_model: nn.Module, stage: str, key: nn.Module) -> StitchedModel:
-    """``late_model``'s layers after ``stage`` (and its head) fed by ``key(early_model_{≤stage}(x))``.
+def stitch(early_model: nn.Module, late_model: nn.Module, stage: str, key: nn.Module, select=None) -> StitchedModel:
+    """``late_model``'s layers after ``stage`` (and its head) fed by ``key(early_model_{≤stage}(x))``
+    (``select``: the element of a tuple / dict stage output, :func:`select_activations`).
 
     Example:
         >>> torch.manual_seed(0) is not None
@@ -183,7 +256,7 @@ def stitch(early_model: nn.Module, late_model: nn.Module, stage: str, key: nn.Mo
         >>> torch.allclose(stitch(b, a, "1", key)(x), a[2](b[1](b[0](x))))
         True
     """
-    return StitchedModel(early_model, late_model, stage, key)
+    return StitchedModel(early_model, late_model, stage, key, select)
 
 
 

