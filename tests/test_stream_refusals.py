@@ -96,3 +96,62 @@ def test_fewer_samples_than_asked_are_said_once_and_recorded():
     said = [w for w in caught if "OptimizationReadinessMetric" in str(w.message) and "1024" in str(w.message)]
     assert len(said) == 1
     assert metric.history and all(r["n_samples_used"] == 40 for r in metric.history)
+
+
+def _sequence_benchmark():
+    """Digits as sequences of 8 rows of 8 pixels, for Avalanche's LSTM classifier (case 8)."""
+    from avalanche.benchmarks.scenarios import benchmark_from_datasets
+    from avalanche.benchmarks.utils import as_classification_dataset
+    from torch.utils.data import TensorDataset
+
+    from tests.fixtures import digits_arrays
+
+    x_train, y_train, x_test, y_test = digits_arrays()
+    keep = y_train < 4
+    x, y = x_train[keep][:80].reshape(-1, 8, 8), y_train[keep][:80]
+    parts = [(x[(y // 2) == e], y[(y // 2) == e]) for e in range(2)]
+    datasets = []
+    for xs, ys in parts:
+        ds = TensorDataset(xs, ys)
+        ds.targets = ys.tolist()
+        datasets.append(as_classification_dataset(ds))
+    return benchmark_from_datasets(train=datasets, test=datasets)
+
+
+def _lstm():
+    from avalanche.models import SimpleSequenceClassifier
+
+    torch.manual_seed(0)
+    return SimpleSequenceClassifier(input_size=8, hidden_size=8, n_classes=4)
+
+
+def test_a_stage_with_a_tuple_output_is_refused_before_training_with_the_way_out():
+    from avalanche.training import Naive
+
+    bench = _sequence_benchmark()
+    counter, model = IterationCounter(), _lstm()
+    strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                     criterion=nn.CrossEntropyLoss(), train_mb_size=8, plugins=[counter],
+                     evaluator=evaluator(ap.TransportKeyMetric(stages=["rnn"], n_anchors=4)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with pytest.raises(Exception) as caught:
+            strategy.train(bench.train_stream[0], num_workers=0)
+    assert counter.iterations == 0
+    assert "TransportKeyMetric" in str(caught.value) and "stage_transforms" in str(caught.value)
+
+
+def test_joint_training_refusal_says_what_to_use_instead():
+    from avalanche.training import JointTraining
+
+    bench = few_digits_benchmark(4, 20, 5, 2)
+    model = _mlp()
+    strategy = JointTraining(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                             criterion=nn.CrossEntropyLoss(), train_mb_size=8,
+                             plugins=[ap.LayerAdaptiveEWCPlugin(ewc_lambda=1.0)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with pytest.raises(ValueError) as caught:
+            strategy.train(bench.train_stream, num_workers=0)
+    message = str(caught.value)
+    assert "LayerAdaptiveEWCPlugin" in message and "JointTraining" in message and "Naive" in message
