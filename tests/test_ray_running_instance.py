@@ -3,14 +3,13 @@ without an address the executor starts a private local instance with its own CPU
 ``address="auto"`` joins the running one. Plain ``ray.init(num_cpus=...)`` would fail there with
 "When connecting to an existing cluster, num_cpus and num_gpus must not be provided".
 
-The head this test starts is stopped by stopping its own process tree (``ray start --block`` in a
-session of its own), never with ``ray stop``, which stops every Ray instance of the machine's user."""
+The head this test starts is stopped by stopping its own processes (found by its port and its
+session folder), never with ``ray stop``, which stops every Ray instance of the machine's user."""
 
 import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -28,56 +27,61 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _stop_tree(process: subprocess.Popen, timeout: float = 30.0) -> None:
-    """Terminate ``process`` and every process it started (and only those), then kill what is left."""
-    try:
-        tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        tree = []
-    for proc in tree:
+def _head_processes(port: int) -> list[psutil.Process]:
+    """The processes of the Ray head listening on ``port``, and only those: its GCS server names the
+    port, every process of its session names the session's folder, and the agents are their children."""
+    own, session = [], None
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "gcs_server" in cmdline and f"--gcs_server_port={port}" in cmdline:
+            session = next((a.split("=", 1)[1].rsplit("/logs", 1)[0] for a in proc.info["cmdline"]
+                            if a.startswith("--log_dir=")), None)
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if (session and session in cmdline) or f":{port} " in cmdline + " " and "ray" in cmdline:
+            own.append(proc)
+    for proc in list(own):
+        try:
+            own += proc.children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+    return list({proc.pid: proc for proc in own}.values())
+
+
+def _stop(processes: list[psutil.Process], grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL for what is left after ``grace`` seconds (some of Ray's processes
+    drain for tens of seconds)."""
+    for proc in processes:
         try:
             proc.terminate()
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(tree, timeout=timeout)
+    _, alive = psutil.wait_procs(processes, timeout=grace)
     for proc in alive:
         try:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
-    process.wait(timeout=timeout)
-
-
-def _wait_for_head(cli: str, address: str, process: subprocess.Popen, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"ray start exited with {process.returncode}")
-        if subprocess.run([cli, "status", f"--address={address}"], capture_output=True, timeout=60).returncode == 0:
-            return
-        time.sleep(1.0)
-    raise TimeoutError(f"the Ray head at {address} did not come up in {timeout:.0f} s")
+    psutil.wait_procs(alive, timeout=grace)
 
 
 @pytest.fixture(scope="module")
 def running_ray():
-    """A Ray head started the way users start one (one CPU, so it is told apart from ours), in the
-    foreground (``--block``) so that this test knows, and stops, exactly the processes it started."""
+    """A Ray head started the way users start one (one CPU, so it is told apart from ours); stopped
+    by stopping its own processes (found by its port and session folder), never with ``ray stop``."""
     if ray.is_initialized():
         ray.shutdown()
     cli = shutil.which("ray") or str(Path(sys.executable).with_name("ray"))
     port = _free_port()
-    address = f"127.0.0.1:{port}"
-    head = subprocess.Popen([cli, "start", "--head", "--block", f"--port={port}", "--num-cpus=1",
-                             "--include-dashboard=false", "--disable-usage-stats"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        _wait_for_head(cli, address, head)
-        yield address
+        subprocess.run([cli, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+                        "--disable-usage-stats"], check=True, capture_output=True, timeout=180)
+        yield f"127.0.0.1:{port}"
     finally:
         if ray.is_initialized():
             ray.shutdown()
-        _stop_tree(head)
+        _stop(_head_processes(port))
+        assert not _head_processes(port), "the test's Ray head outlived it"
 
 
 @pytest.mark.slow  # starts three Ray instances: about a minute
