@@ -40,12 +40,17 @@ lint: $(VENV)/.installed-test
 # machine's own (avx2 / avx512), so one machine's CI sees what a machine with other kernels computes.
 SECOND_KERNELS ?= default
 
+# Test processes (pytest-xdist): `auto` is one per core, each with its share of the cores as torch
+# threads (conftest.py); `make TEST_WORKERS=0 test` runs in this process alone.
+TEST_WORKERS ?= auto
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
+
 # The whole suite, then the `numerical` tests (conftest.py marks them) once more under the second
 # kernel set and one torch thread: tolerances that hold only on this CPU's kernels fail here.
 test: lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 	ATEN_CPU_CAPABILITY=$(SECOND_KERNELS) AVALANCHE_PLUGINS_TEST_THREADS=1 \
-		$(PY) -m pytest -q -m "numerical and not slow" $(PYTEST_ARGS)
+		$(PY) -m pytest $(XDIST) -q -m "numerical and not slow" $(PYTEST_ARGS)
 
 # Re-pin constraints.txt to what the venv holds now (after `make test` passed on an upgrade).
 constraints: $(VENV)/.installed-test

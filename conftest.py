@@ -11,6 +11,11 @@ The few knobs the suite does take are explicit:
   numerical tests once more with 1 thread and ATen's ``default`` kernels: see the Makefile);
 - ``ATEN_CPU_CAPABILITY`` (ATen's own: ``default``, ``avx2``, ``avx512``) picks the vector kernels.
 
+``make test`` runs the suite in ``pytest-xdist`` worker processes (``-n auto --dist loadgroup``):
+each worker then takes its share of the cores as torch threads (so two workers on two cores do
+not oversubscribe them), and the tests that start Ray (``RAY_MODULES``) share one worker, one at
+a time, so no two Ray instances of the suite are ever up at once.
+
 Tests marked ``numerical`` (every test in the modules of ``NUMERICAL_MODULES`` and the library's
 doctests) compare floating-point results; their tolerances follow from the dtype and the
 computation, so they pass under every kernel set and thread count.
@@ -41,8 +46,20 @@ NUMERICAL_MODULES = frozenset({
 })
 
 
+# modules whose tests start or join a Ray instance: one xdist group, run by a single worker
+RAY_MODULES = frozenset({"test_ray_executor", "test_ray_running_instance", "test_study"})
+
+
+def _worker_threads() -> str | None:
+    """Torch threads of one xdist worker: the machine's cores shared out among the workers."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers:
+        return None
+    return str(max(1, (os.cpu_count() or 1) // int(workers)))
+
+
 def pytest_configure(config):
-    threads = os.environ.get("AVALANCHE_PLUGINS_TEST_THREADS")
+    threads = os.environ.get("AVALANCHE_PLUGINS_TEST_THREADS") or _worker_threads()
     if threads:
         import torch
 
@@ -58,3 +75,5 @@ def pytest_collection_modifyitems(config, items):
             and "study" not in path.parts
         if path.stem in NUMERICAL_MODULES or library_doctest:
             item.add_marker(pytest.mark.numerical)
+        if path.stem in RAY_MODULES:
+            item.add_marker(pytest.mark.xdist_group("ray"))

@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = ("split_digits", "split_mnist", "split_mnist_task", "permuted_mnist", "split_digits_online")
+SCENARIOS = ("split_digits", "split_mnist", "split_mnist_task", "permuted_mnist", "split_digits_online",
+             "split_fashion_mnist", "split_fashion_mnist_efficientnet_lite0")
 RECIPES = ROOT / "avalanche_plugins" / "study" / "recipes"
 KEPT = ROOT / "docs" / "results" / "recipes"
 
@@ -45,8 +46,9 @@ def recipe_from_results(saved: dict) -> tuple[dict, list[str]]:
     config = saved["config"]
     scenario = dict(config["scenarios"][0])
     key = scenario["name"]
-    recipe = {"scenario": {k: scenario[k] for k in ("benchmark", "n_experiences", "task_incremental", "online")
-                           if k != "online" or scenario.get("online")},
+    recipe = {"scenario": {k: scenario[k] for k in ("benchmark", "n_experiences", "task_incremental", "online",
+                                                    "train_per_class", "test_per_class")
+                           if k in ("benchmark", "n_experiences", "task_incremental") or scenario.get(k)},
               "model": config["model"], "training": config["training"],
               "tuned_by": {"config": f"studies/recipes/{key}.yaml", "command": saved.get("command"),
                            "code_version": saved.get("code_version"),
@@ -153,8 +155,10 @@ edit by hand. Each scenario's strategies were tuned by the study protocol: a gri
 two hyper-parameters that matter and the learning rate, each setting run once on a validation split
 held out from the training data (seed 0), the best final average accuracy chosen, then 3 test seeds
 at the chosen setting. Machine: a 2-core CPU, no GPU. Data: scikit-learn's 8×8 digits for Split
-digits; the MNIST subset (8,000 train / 2,000 test digits) for the MNIST scenarios, with epochs cut
-to fit the machine (see each table). Use one in a study with `{name: EWC, recipe: true}`; list them
+digits; the MNIST subset (8,000 train / 2,000 test digits) for the MNIST scenarios; the full
+Fashion-MNIST (60,000 / 10,000, from the Debian package `dataset-fashion-mnist`) for Split
+Fashion-MNIST, with images per class cut for the pretrained EfficientNet-Lite0; epochs cut to fit
+the machine (see each table). Use one in a study with `{name: EWC, recipe: true}`; list them
 with `avalanche-study recipes`; check them with `avalanche-study reproduce`.
 
 """

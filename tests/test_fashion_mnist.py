@@ -72,6 +72,46 @@ def test_fewer_training_images_per_class(tmp_path):
         make_stream("fashion_mnist", "split", data_root=tmp_path, train_per_class=0)
 
 
+def test_fewer_evaluation_images_per_class_the_same_for_every_seed(tmp_path):
+    write_fake_idx(tmp_path, FOLDER, n_train=200, n_test=50)
+    cut = make_stream("fashion_mnist", "split", data_root=tmp_path, seed=2, test_per_class=3)
+    assert "3 test images per class" in cut.description
+    assert [len(e.dataset) for e in cut.benchmark.train_stream] == [40] * 5  # training stays whole
+    other = make_stream("fashion_mnist", "split", data_root=tmp_path, seed=5, test_per_class=3)
+
+    def test_images(stream):
+        x = torch.cat([exp_tensors(e)[0] for e in stream.benchmark.test_stream])
+        return sorted(map(tuple, x.flatten(1).tolist()))
+
+    assert test_images(cut) == test_images(other)  # seed 2 and seed 5 score on the same 30 images
+    for experience in cut.benchmark.test_stream:
+        y = exp_tensors(experience)[1]
+        assert sorted(torch.bincount(y).tolist()[min(y):]) == [3, 3]
+    val = make_stream("fashion_mnist", "split", data_root=tmp_path, validation=True, test_per_class=2)
+    assert sum(len(e.dataset) for e in val.benchmark.test_stream) == 20
+    with pytest.raises(ValueError, match="choose test_per_class <= 5"):  # 50 test images, 5 per class
+        make_stream("fashion_mnist", "split", data_root=tmp_path, test_per_class=6)
+
+
+def test_the_study_takes_images_per_class_as_scenario_keys(tmp_path):
+    from avalanche_plugins.study.api import load_study
+    from avalanche_plugins.study.build import build_stream
+    from avalanche_plugins.study.config import ConfigError
+
+    write_fake_idx(tmp_path, FOLDER, n_train=200, n_test=50)
+    study = load_study({"scenarios": [{"benchmark": "split_fashion_mnist", "data_root": str(tmp_path),
+                                       "train_per_class": 4, "test_per_class": 2}],
+                        "model": {"name": "mlp", "kwargs": {"hidden": [8]}}, "strategies": ["Naive"]})
+    scenario = study.scenarios[0]
+    assert scenario.as_dict()["train_per_class"] == 4 and scenario.as_dict()["test_per_class"] == 2
+    stream = build_stream(scenario, seed=0, validation=False)
+    assert [len(e.dataset) for e in stream.benchmark.train_stream] == [8] * 5
+    assert [len(e.dataset) for e in stream.benchmark.test_stream] == [4] * 5
+    with pytest.raises(ConfigError, match="train_per_class"):
+        load_study({"scenarios": [{"benchmark": "split_fashion_mnist", "train_per_class": 0}],
+                    "model": "mlp", "strategies": ["Naive"]})
+
+
 def test_missing_files_name_the_prepare_command(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"avalanche-study data fashion_mnist --data-root .*"):
         make_stream("fashion_mnist", data_root=tmp_path)

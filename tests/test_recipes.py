@@ -69,6 +69,20 @@ def test_a_scenario_without_a_recipe_lists_where_recipes_exist(fake_recipes):
         load_study({"scenarios": SCENARIO, "strategies": [{"name": "GEM", "recipe": True}]}, recipe_folder=fake_recipes)
 
 
+def test_a_recipe_tuned_for_the_studys_model_comes_before_the_scenarios(fake_recipes):
+    cnn = {**FAKE, "model": {"name": "cnn"},
+           "strategies": {"EWC": {**FAKE["strategies"]["EWC"], "kwargs": {"ewc_lambda": 7, "mode": "separate"}}}}
+    (fake_recipes / "split_digits_cnn.yaml").write_text(yaml.safe_dump(cnn))
+    config = {"seeds": 1, "scenarios": SCENARIO, "strategies": [{"name": "EWC", "recipe": True}]}
+    on_cnn = load_study({**config, "model": "cnn"}, recipe_folder=fake_recipes).strategy("EWC").on("digits2")
+    assert on_cnn.recipe == "split_digits_cnn/EWC" and on_cnn.kwargs["ewc_lambda"] == 7
+    on_mlp = load_study({**config, "model": "mlp"}, recipe_folder=fake_recipes).strategy("EWC").on("digits2")
+    assert on_mlp.recipe == "split_digits/EWC" and on_mlp.kwargs["ewc_lambda"] == 100
+    with pytest.raises(ConfigError, match="the split_digits_cnn recipes have no 'LAE'"):
+        load_study({**config, "model": "cnn", "strategies": [{"name": "LAE", "recipe": True}]},
+                   recipe_folder=fake_recipes)
+
+
 def test_merge_and_tolerance_by_hand():
     merged, over = merge_recipe({"name": "X", "plugins": [{"name": "P", "kwargs": {"a": 2}}]},
                                 {"class": "Naive", "kwargs": {}, "training": {"lr": 0.1},

@@ -422,27 +422,25 @@ def test_adding_a_dataset_is_one_catalog_entry(tmp_path):
     text = (ROOT / "docs" / "study.md").read_text()
     block = text.split("## Adding a built-in dataset", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
 
-    def load_fashion_arrays(root):
+    def load_kmnist_arrays(root):
         x = torch.randn(120, 1, 28, 28, generator=torch.Generator().manual_seed(0))
         y = torch.arange(120) % 10
         return x[:100], y[:100], x[100:], y[100:]
 
     namespace = {"CATALOG": data.CATALOG, "Dataset": data.Dataset, "MNIST_FILES": data.MNIST_FILES,
-                 "load_fashion_arrays": load_fashion_arrays}
-    shipped = data.CATALOG.get("fashion_mnist")  # the documented example re-declares the built-in entry
+                 "load_kmnist_arrays": load_kmnist_arrays}
+    assert "kmnist" not in data.CATALOG  # the documented example is a new entry, not a built-in one
     try:
         exec(block, namespace)
-        study = load_study({"scenarios": [{"benchmark": "split_fashion_mnist", "data_root": str(tmp_path)},
-                                          {"benchmark": "permuted_fashion_mnist", "n_experiences": 2}],
+        study = load_study({"scenarios": [{"benchmark": "split_kmnist", "data_root": str(tmp_path)},
+                                          {"benchmark": "permuted_kmnist", "n_experiences": 2}],
                             "model": "cnn", "strategies": ["Naive"]})
-        assert [s.name for s in study.scenarios] == ["split_fashion_mnist", "permuted_fashion_mnist"]
-        with pytest.raises(ConfigError, match="split_fashion_mnist has 10 classes, which 4 experiences"):
-            load_study({"scenarios": [{"benchmark": "split_fashion_mnist", "n_experiences": 4}], "strategies": ["Naive"]})
-        stream = data.make_stream("fashion_mnist", "split", n_experiences=5, data_root=tmp_path)
+        assert [s.name for s in study.scenarios] == ["split_kmnist", "permuted_kmnist"]
+        with pytest.raises(ConfigError, match="split_kmnist has 10 classes, which 4 experiences"):
+            load_study({"scenarios": [{"benchmark": "split_kmnist", "n_experiences": 4}], "strategies": ["Naive"]})
+        stream = data.make_stream("kmnist", "split", n_experiences=5, data_root=tmp_path)
         assert stream.input_shape == (1, 28, 28) and len(stream.benchmark.train_stream) == 5
-        fingerprint = data.data_fingerprint(tmp_path, "fashion_mnist")
-        assert fingerprint["name"] == "Fashion-MNIST" and set(fingerprint["sha256"].values()) == {"missing"}
+        fingerprint = data.data_fingerprint(tmp_path, "kmnist")
+        assert fingerprint["name"] == "Kuzushiji-MNIST" and set(fingerprint["sha256"].values()) == {"missing"}
     finally:
-        data.CATALOG.pop("fashion_mnist", None)
-        if shipped is not None:
-            data.CATALOG["fashion_mnist"] = shipped
+        data.CATALOG.pop("kmnist", None)

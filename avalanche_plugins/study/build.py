@@ -49,6 +49,7 @@ def build_stream(scenario: ScenarioSpec, seed: int, validation: bool):
     if not scenario.is_factory:
         dataset, kind, _ = dataset_of(scenario.benchmark)
         extra = {} if scenario.n_experiences is None else {"n_experiences": scenario.n_experiences}
+        extra.update({k: v for k in ("train_per_class", "test_per_class") if (v := getattr(scenario, k)) is not None})
         return make_stream(dataset, kind, task_incremental=scenario.task_incremental,
                            data_root=scenario.data_root, seed=seed, validation=validation, **extra)
     factory = resolve_dotted(scenario.benchmark, "benchmark")

@@ -58,7 +58,8 @@ MODEL_INJECTED = ("input_shape", "n_classes", "multihead")
 
 _TOP = ("name", "description", "seeds", "tune_seed", "reference", "scenarios", "model", "training",
         "strategies", "metrics", "loggers", "quick")
-_SCENARIO = ("name", "benchmark", "n_experiences", "task_incremental", "data_root", "kwargs", "online")
+_SCENARIO = ("name", "benchmark", "n_experiences", "task_incremental", "data_root", "kwargs", "online",
+             "train_per_class", "test_per_class")
 _ONLINE = ("experience_size", "access_task_boundaries")
 _STRATEGY = ("name", "class", "kwargs", "plugins", "grid", "training", "recipe")
 _QUICK = ("seeds", "training", "scenarios", "grid", "metrics")
@@ -245,7 +246,8 @@ def _entries(study: _Draft, raw: dict, found: ErrorList, data_root, recipe_folde
     for key, target, fn in (("scenarios", study.scenarios, lambda e, w: _scenario(e, w, data_root)),
                             ("metrics", study.metrics, _metric),
                             ("strategies", study.strategies,
-                             lambda e, w: _strategy_or_recipe(e, w, study.training, study.scenarios, recipe_folder))):
+                             lambda e, w: _strategy_or_recipe(e, w, study.training, study.scenarios, recipe_folder,
+                                                              (study.model or {}).get("name")))):
         entries = _section(found, lambda key=key: _list(raw.get(key, []), key, empty=key == "metrics"), [])
         for i, entry in enumerate(entries):
             made = _section(found, lambda entry=entry, i=i, fn=fn, key=key: fn(entry, f"{key}[{i}]"), None)
@@ -426,7 +428,7 @@ def _scenario(entry, path: str, data_root) -> dict:
         out["online"] = _online(spec["online"], f"{path}.online")
     if ":" in benchmark:
         factory = resolve_dotted(benchmark, f"{path}.benchmark")
-        for key in ("n_experiences", "task_incremental", "data_root"):
+        for key in ("n_experiences", "task_incremental", "data_root", "train_per_class", "test_per_class"):
             if spec.get(key) is not None:
                 raise ConfigError(f"{path}.{key}: a benchmark factory takes its arguments in {path}.kwargs")
         out["data_root"] = None
@@ -454,6 +456,9 @@ def _scenario(entry, path: str, data_root) -> dict:
     if not isinstance(task_incremental, bool):
         raise ConfigError(f"{path}.task_incremental: expected true or false, got {task_incremental!r}")
     out["task_incremental"] = task_incremental
+    for key in ("train_per_class", "test_per_class"):
+        if spec.get(key) is not None:
+            out[key] = _int(spec[key], f"{path}.{key}", minimum=1)
     return out
 
 
@@ -511,7 +516,7 @@ def _training_value(key: str, given, where: str) -> None:
             raise ConfigError(f"{where}: expected a {'positive' if key == 'lr' else 'non-negative'} number, got {given!r}")
 
 
-def _strategy_or_recipe(entry, path: str, training: dict, scenarios: list[dict], folder) -> dict:
+def _strategy_or_recipe(entry, path: str, training: dict, scenarios: list[dict], folder, model=None) -> dict:
     """A strategy entry; with ``recipe:``, validated once per scenario with that scenario's recipe
     merged in (``per_scenario``: ``{scenario name: spec with "recipe" and "overridden"}``)."""
     if not isinstance(entry, Mapping) or entry.get("recipe") in (None, False):
@@ -525,7 +530,8 @@ def _strategy_or_recipe(entry, path: str, training: dict, scenarios: list[dict],
     found, per = ErrorList(), {}
     for scenario in scenarios:
         with found.attempt():
-            label, shipped = find_recipe(scenario, name if recipe is True else recipe, f"{path}.recipe", folder)
+            label, shipped = find_recipe(scenario, name if recipe is True else recipe, f"{path}.recipe", folder,
+                                         model=model)
             merged, overridden = merge_recipe(dict(entry), shipped)
             spec = _strategy(merged, path, training)
             per[scenario["name"]] = {**spec, "recipe": label, "overridden": overridden}

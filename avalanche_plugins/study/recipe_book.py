@@ -20,7 +20,8 @@ hyper-parameters that matter and the learning rate, tuned on the validation spli
         test: {seeds: [0, 1, 2], acc: [...], forgetting: [...], train_s: [...]}
 
 In a study config, ``{name: EWC, recipe: true}`` takes the recipe named like the strategy for
-each of the study's scenarios (``recipe: OnlineEWC`` names another entry); kwargs, plugins and
+each of the study's scenarios (a file tuned for the study's zoo model, ``<scenario>_<model>.yaml``
+such as ``split_fashion_mnist_efficientnet_lite0``, before the scenario's own ``<scenario>.yaml``) (``recipe: OnlineEWC`` names another entry); kwargs, plugins and
 training the config gives override the recipe's (the report says which). A setting that diverged
 on any seed is never shipped (``benchmarks.recipes write`` leaves it out).
 
@@ -74,13 +75,16 @@ def _describe(recipes: dict) -> str:
                      for key, r in recipes.items()) or "none"
 
 
-def find_recipe(scenario: dict, name: str, where: str, folder=None) -> tuple[str, dict]:
-    """``(label, entry)``: the recipe ``name`` for ``scenario``; ``ConfigError`` naming ``where``
-    and listing the recipes that exist otherwise."""
+def find_recipe(scenario: dict, name: str, where: str, folder=None, model: str | None = None) -> tuple[str, dict]:
+    """``(label, entry)``: the recipe ``name`` for ``scenario`` — from ``<scenario>_<model>.yaml``
+    when one was tuned for ``model`` (the study's zoo model name), else ``<scenario>.yaml``;
+    ``ConfigError`` naming ``where`` and listing the recipes that exist otherwise."""
     from avalanche_plugins.study.registry import ConfigError
 
     recipes = load_recipes(folder)
     key = recipe_key(scenario)
+    if model is not None and f"{key}_{model}" in recipes:
+        key = f"{key}_{model}"
     recipe = recipes.get(key)
     n_experiences = scenario.get("n_experiences") or 5
     if (recipe is None or recipe["scenario"].get("n_experiences", 5) != n_experiences

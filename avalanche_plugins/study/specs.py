@@ -31,7 +31,8 @@ def dotted_modules(*names: str) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class ScenarioSpec:
     """One scenario: a built-in benchmark name (with ``n_experiences``, ``task_incremental``,
-    ``data_root``) or a factory ``package.module:callable`` (with ``kwargs``). ``online``
+    ``data_root``, ``train_per_class``, ``test_per_class``) or a factory
+    ``package.module:callable`` (with ``kwargs``). ``online``
     (``{"experience_size": int, "access_task_boundaries": bool}``, None: offline) trains on
     Avalanche's ``split_online_stream`` of the training stream, evaluating after each original
     experience."""
@@ -43,6 +44,8 @@ class ScenarioSpec:
     data_root: str | None = None
     kwargs: dict = field(default_factory=dict)
     online: dict | None = None
+    train_per_class: int | None = None  # None: every training image
+    test_per_class: int | None = None  # None: every test (or validation) image
 
     @property
     def is_factory(self) -> bool:
@@ -54,7 +57,8 @@ class ScenarioSpec:
     def as_dict(self) -> dict:
         return {"name": self.name, "benchmark": self.benchmark, "n_experiences": self.n_experiences,
                 "task_incremental": self.task_incremental, "data_root": self.data_root,
-                "kwargs": copy.deepcopy(self.kwargs), **({"online": dict(self.online)} if self.online else {})}
+                "kwargs": copy.deepcopy(self.kwargs), **({"online": dict(self.online)} if self.online else {}),
+                **{k: v for k in ("train_per_class", "test_per_class") if (v := getattr(self, k)) is not None}}
 
 
 @dataclass(frozen=True)

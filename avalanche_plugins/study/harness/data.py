@@ -358,23 +358,26 @@ def _from_arrays(arrays, scenario: str, n_experiences: int, task_incremental: bo
     )
 
 
-def _per_class(y: np.ndarray, n: int, seed: int) -> np.ndarray:
+def _per_class(y: np.ndarray, n: int, seed: int, key: str = "train_per_class", images: str = "training",
+               after: str = "after the validation hold-out") -> np.ndarray:
     """Sorted indices of ``n`` seeded random samples of every class of ``y``."""
     counts = np.bincount(y)
     present = np.flatnonzero(counts)
     if n > counts[present].min():
-        raise ValueError(f"train_per_class={n} asks for more training images than the smallest class has "
-                         f"({int(counts[present].min())} after the validation hold-out); choose "
-                         f"train_per_class <= {int(counts[present].min())}")
+        raise ValueError(f"{key}={n} asks for more {images} images than the smallest class has "
+                         f"({int(counts[present].min())} {after}); choose "
+                         f"{key} <= {int(counts[present].min())}")
     rng = np.random.default_rng(seed)
     return np.sort(np.concatenate([rng.permutation(np.flatnonzero(y == c))[:n] for c in present]))
 
 
 def _benchmark_from_arrays(entry: Dataset, kind: str, n_experiences: int, task_incremental: bool, data_root,
-                          seed: int, validation: bool, train_per_class: int | None = None):
+                          seed: int, validation: bool, train_per_class: int | None = None,
+                          test_per_class: int | None = None):
     """The generic stream of a catalog entry: its arrays (the validation split held out of the
     training images with ``validation``; then ``train_per_class`` training images of each class
-    kept, seeded), split by classes or permuted."""
+    kept, seeded, and ``test_per_class`` evaluation images of each class, the same for every
+    seed), split by classes or permuted."""
     xtr, ytr, xte, yte = entry.arrays(data_root)
     if validation:
         keep, held = _stratified_split(ytr.numpy(), VALIDATION_FRACTION, seed)
@@ -382,6 +385,11 @@ def _benchmark_from_arrays(entry: Dataset, kind: str, n_experiences: int, task_i
     if train_per_class is not None:
         keep = torch.from_numpy(_per_class(ytr.numpy(), train_per_class, seed))
         xtr, ytr = xtr[keep], ytr[keep]
+    if test_per_class is not None:  # seed 0: every seed of a study is scored on the same images
+        keep = torch.from_numpy(_per_class(yte.numpy(), test_per_class, 0, "test_per_class",
+                                           "validation" if validation else "test",
+                                           "in the validation hold-out" if validation else "in the test set"))
+        xte, yte = xte[keep], yte[keep]
     if kind == "split" and entry.wrap is not None:
         return _split(entry.wrap(xtr, ytr), entry.wrap(xte, yte), n_experiences, task_incremental, seed)
     return _from_arrays((xtr, ytr, xte, yte), kind, n_experiences, task_incremental, seed)
@@ -446,7 +454,8 @@ N_CLASSES = {name: entry.n_classes for name, entry in CATALOG.items()}
 
 def make_stream(dataset: str = "digits", scenario: str = "split", *, n_experiences: int = 5,
                 task_incremental: bool = False, data_root=None, seed: int = 0,
-                validation: bool = False, train_per_class: int | None = None) -> Stream:
+                validation: bool = False, train_per_class: int | None = None,
+                test_per_class: int | None = None) -> Stream:
     """Build a continual-learning stream of a :data:`CATALOG` dataset.
 
     Args:
@@ -466,6 +475,9 @@ def make_stream(dataset: str = "digits", scenario: str = "split", *, n_experienc
             after the validation hold-out; the test or validation stream stays whole), e.g. 1,000
             for 2,000 images per Split Fashion-MNIST experience instead of 12,000. Always built
             from the entry's ``arrays`` (MNIST too).
+        test_per_class: evaluate on this many images of each class only (the test stream, or the
+            validation stream with ``validation``), drawn with seed 0 whatever ``seed`` so that
+            every seed of a study is scored on the same images; None: all of them.
 
     Example:
         >>> s = make_stream("digits", "split", n_experiences=5)
@@ -482,16 +494,18 @@ def make_stream(dataset: str = "digits", scenario: str = "split", *, n_experienc
         raise ValueError(f"scenario must be {' or '.join(map(repr, entry.kinds))} for {dataset}, got {scenario!r}")
     if n_experiences < 1 or (scenario == "split" and total % n_experiences):
         raise ValueError(f"n_experiences must be >= 1 (and divide {total} for split {dataset}), got {n_experiences!r}")
-    if train_per_class is not None and (isinstance(train_per_class, bool) or not isinstance(train_per_class, int)
-                                        or train_per_class < 1):
-        raise ValueError(f"train_per_class must be an int >= 1 or None, got {train_per_class!r}")
+    for key, value in (("train_per_class", train_per_class), ("test_per_class", test_per_class)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{key} must be an int >= 1 or None, got {value!r}")
     n_classes = total // n_experiences if task_incremental and scenario == "split" else total
-    if train_per_class is None:
+    if train_per_class is None and test_per_class is None:
         bm = entry.benchmark(entry, scenario, n_experiences, task_incremental, data_root, seed, validation)
     else:
         bm = _benchmark_from_arrays(entry, scenario, n_experiences, task_incremental, data_root, seed, validation,
-                                    train_per_class)
+                                    train_per_class, test_per_class)
     mode = "task-incremental" if task_incremental else ("class-incremental" if scenario == "split" else "domain-incremental")
     subset = f", {train_per_class} training images per class" if train_per_class is not None else ""
+    subset += (f", {test_per_class} {'validation' if validation else 'test'} images per class"
+               if test_per_class is not None else "")
     desc = f"{scenario} {dataset} ({n_experiences} experiences, {mode}{', validation split' if validation else ''}{subset})"
     return Stream(bm, entry.input_shape, n_classes, task_incremental, desc)

