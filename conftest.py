@@ -46,8 +46,9 @@ NUMERICAL_MODULES = frozenset({
 })
 
 
-# modules whose tests start or join a Ray instance: one xdist group, run by a single worker
-RAY_MODULES = frozenset({"test_ray_executor", "test_ray_running_instance", "test_study"})
+# modules whose tests start or join a Ray instance (and, elsewhere, tests named ``..._ray_...``):
+# one xdist group, run by a single worker
+RAY_MODULES = frozenset({"test_ray_executor", "test_ray_running_instance"})
 
 
 def _worker_threads() -> str | None:
@@ -75,5 +76,5 @@ def pytest_collection_modifyitems(config, items):
             and "study" not in path.parts
         if path.stem in NUMERICAL_MODULES or library_doctest:
             item.add_marker(pytest.mark.numerical)
-        if path.stem in RAY_MODULES:
+        if path.stem in RAY_MODULES or "_ray_" in f"_{item.name}_":
             item.add_marker(pytest.mark.xdist_group("ray"))

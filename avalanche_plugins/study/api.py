@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import functools
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from avalanche_plugins.study.harness.protocol import (
 from avalanche_plugins.study.harness.results import print_report, write_results
 from avalanche_plugins.study.provenance import provenance_lines, setting_lines, study_provenance
 from avalanche_plugins.study.registry import ErrorList
-from avalanche_plugins.study.runner import CONTEXT, StudyJob, run_job
+from avalanche_plugins.study.runner import CONTEXT, StudyJob, failed_outside_the_method, run_job
 from avalanche_plugins.study.specs import ScenarioSpec, StrategySpec, apply_setting
 from avalanche_plugins.study.stats import summarize_diagnostics, summarize_study
 from avalanche_plugins.study.tables import (
@@ -42,8 +43,8 @@ from avalanche_plugins.study.tables import (
     markdown_tables,
 )
 
-__all__ = ["StudyResult", "load_study", "make_study_executor", "plan_test_jobs", "plan_tuning_jobs", "report", "run_study",
-           "write_outputs"]
+__all__ = ["StudyResult", "failure_summary", "load_study", "make_study_executor", "plan_test_jobs", "plan_tuning_jobs",
+           "report", "run_study", "write_outputs"]
 
 TIDY_COLUMNS = ("phase", "stream", "training_experience", "experience", "task", "metric", "key", "value",
                 "file", "step", "callback")
@@ -198,10 +199,11 @@ def run_study(config, *, out, quick: bool = False, seeds: int | None = None, exe
     with Timer() as total, contextlib.closing(pool) if hasattr(pool, "close") else contextlib.nullcontext():
         tuning = plan_tuning_jobs(study, skip)
         tuning_rows = run_jobs(run, [job for job, _ in tuning], cache=cache, executor=pool,
-                               desc="tuning (validation)", progress=progress)
+                               desc="tuning (validation)", progress=progress, retry=failed_outside_the_method)
         chosen = _choose(tuning, tuning_rows)
         test_rows = run_jobs(run, plan_test_jobs(study, chosen, skip), cache=cache, executor=pool,
-                             desc="runs (test)", progress=progress) + _tuning_failures(study, chosen)
+                             desc="runs (test)", progress=progress,
+                             retry=failed_outside_the_method) + _tuning_failures(study, chosen)
     return write_outputs(study, out, test_rows, tuning_rows, chosen, total.seconds, command=command, echo=echo)
 
 
@@ -283,6 +285,33 @@ def _chosen_lines(saved: dict) -> list[str]:
 def _failed_tuning_lines(saved: dict) -> list[str]:
     return [f"- {r['scenario']} / {r['strategy']} / {r['setting']}: {r.get('status', 'error')}: {r['error']}"
             for r in saved.get("tuning", []) if r.get("error")]
+
+
+def failure_summary(rows, tuning=()) -> str | None:
+    """Why a study's exit status is not 0, or None: runs (test or tuning) that failed for a reason
+    outside the method (``runner.OUTSIDE_THE_METHOD``: an import, the config, the data, a callback),
+    or no test run that finished. Each distinct cause is named once, with how many runs it stopped.
+    A diverged run is a result of the method and alone does not fail the study.
+
+    Example:
+        >>> rows = [{"status": "error", "error": "ConfigError: no module 'm'"}] * 3
+        >>> print(failure_summary(rows))
+        3 of 3 runs failed outside the method: 3 × ConfigError: no module 'm'
+        >>> failure_summary([{"status": "ok"}, {"status": "diverged", "error": "inf"}]) is None
+        True
+    """
+    runs = [r for r in list(rows) + list(tuning) if r.get("status") != "tuning"]
+    outside = [r for r in runs if failed_outside_the_method(r)]
+    if outside:
+        causes = Counter(r.get("error") or r.get("status") for r in outside)
+        return (f"{len(outside)} of {len(runs)} runs failed outside the method: "
+                + "; ".join(f"{n} × {cause}" for cause, n in causes.most_common()))
+    finished = [r for r in rows if r.get("status") == "ok"]
+    if rows and not finished:
+        causes = Counter(r.get("error") or r.get("status") for r in rows)
+        return (f"none of the {len(rows)} test runs finished: "
+                + "; ".join(f"{n} × {cause}" for cause, n in causes.most_common()))
+    return None
 
 
 def terminal_summary(results) -> str:

@@ -113,7 +113,7 @@ def _add_data_flags(data: argparse.ArgumentParser) -> None:
 
 
 def _run(args, argv: list[str]) -> object:
-    from avalanche_plugins.study.api import load_study, run_study
+    from avalanche_plugins.study.api import failure_summary, load_study, run_study
     from avalanche_plugins.study.harness.protocol import split_list
     from avalanche_plugins.study.harness.results import command_line
 
@@ -128,6 +128,10 @@ def _run(args, argv: list[str]) -> object:
                        command=command_line(PROG, argv), echo=True)
     print(f"wrote {result.report} (tables, figures), {result.csv}, {out / 'results.json'} "
           f"({result.wall_seconds:.0f} s)", flush=True)
+    failed = failure_summary(result.rows, result.tuning)
+    if failed:  # the outputs are written; the status says the study is not a result
+        print(f"{PROG} run: {failed} (a rerun retries them; exit status 1)", file=sys.stderr, flush=True)
+        raise SystemExit(1)
     return result
 
 
@@ -200,8 +204,10 @@ def _data(args) -> object:
 
 
 def main(argv=None) -> int:
-    """Entry point of ``avalanche-study`` (and ``python -m avalanche_plugins.study``); exit status 0
-    (a bad config exits with 2 and its errors on stderr)."""
+    """Entry point of ``avalanche-study`` (and ``python -m avalanche_plugins.study``); exit status 0,
+    2 for a bad config (its errors on stderr), 1 when ``run`` had runs fail outside the method or no
+    test run finish (:func:`~avalanche_plugins.study.api.failure_summary`, on stderr; the outputs
+    are written all the same)."""
     run_command(argv)
     return 0
 

@@ -23,7 +23,22 @@ from avalanche_plugins.study.harness.jobs import Timer, seed_everything
 from avalanche_plugins.study.specs import MetricSpec, ModelSpec, RunSpec, ScenarioSpec, TrainingSpec
 from avalanche_plugins.study.stats import SCORES, run_scores
 
-__all__ = ["CONTEXT", "StudyJob", "accuracy_matrix", "run_job"]
+__all__ = ["CONTEXT", "OUTSIDE_THE_METHOD", "StudyJob", "accuracy_matrix", "failed_outside_the_method", "run_job"]
+
+# statuses of a run that failed for a reason outside the method (an import, the config, the data, a
+# metric's or plugin's callback): rerun on the next run of the study, and a non-zero exit status.
+# A "diverged" run is a result of the method: cached and scored as failed like any other result.
+OUTSIDE_THE_METHOD = frozenset({"error", "callback"})
+
+
+def failed_outside_the_method(row: dict) -> bool:
+    """Whether ``row`` (a run's row) failed for a reason outside the method (``OUTSIDE_THE_METHOD``).
+
+    Example:
+        >>> failed_outside_the_method({"status": "error"}), failed_outside_the_method({"status": "diverged"})
+        (True, False)
+    """
+    return row.get("status") in OUTSIDE_THE_METHOD
 
 CONTEXT = ("scenario", "strategy", "setting", "seed", "split")  # the tidy CSV's context columns
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.=-]+")

@@ -416,13 +416,15 @@ def make_executor(kind: str = "local", *, workers: int = 1, threads: int = 1, ad
 
 def run_jobs(fn: Callable, jobs: Iterable, *, cache: str | Path | None = None, workers: int = 1,
              threads: int = 1, warmup: Callable[[], None] | None = None, executor=None,
-             desc: str = "jobs", progress: bool = True) -> list:
+             desc: str = "jobs", progress: bool = True, retry: Callable[[dict], bool] | None = None) -> list:
     """``[fn(job) for job in jobs]`` through an executor, resumable.
 
     Finished rows are appended to ``cache`` (JSON lines ``{"key", "job", "row"}``, keyed by
-    :func:`job_key`) and reused when the same jobs are run again by the same code. ``executor``
-    defaults to ``LocalExecutor(workers, threads=threads, warmup=warmup)``. Returns the rows in
-    the order of ``jobs`` (a job listed twice runs once).
+    :func:`job_key`) and reused when the same jobs are run again by the same code, except a cached
+    row for which ``retry(row)`` is true (e.g. a run that failed for a reason outside the method:
+    it runs again, and its new row is the one kept). ``executor`` defaults to
+    ``LocalExecutor(workers, threads=threads, warmup=warmup)``. Returns the rows in the order of
+    ``jobs`` (a job listed twice runs once).
     """
     jobs = list(jobs)
     code_version()  # the commit and whether it was dirty when the jobs started, not when results are written
@@ -435,7 +437,9 @@ def run_jobs(fn: Callable, jobs: Iterable, *, cache: str | Path | None = None, w
                 entry = json.loads(line)
             except json.JSONDecodeError:  # blank, or the half-written line of a killed run
                 continue
-            done[entry["key"]] = entry["row"]
+            done[entry["key"]] = entry["row"]  # a later line of the same key (a retried job) wins
+    if retry is not None:
+        done = {key: row for key, row in done.items() if not retry(row)}
     todo, queued = [], set()
     for job, key in zip(jobs, keys):
         if key not in done and key not in queued:
