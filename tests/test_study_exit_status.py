@@ -85,3 +85,14 @@ def test_a_diverged_run_is_a_cached_result_and_fails_the_study_only_when_nothing
     assert failure_summary([rows[1]]) == "none of the 1 test runs finished: 1 × gradient norm = inf"
     assert failure_summary([{"status": "callback", "error": "OR: after_training_exp: boom"}],
                            [{"status": "ok"}]).startswith("1 of 2 runs failed outside the method")
+
+
+def test_workers_with_an_address_is_said_to_have_no_effect(tmp_path, capsys):
+    missing = tmp_path / "no_such_study.yaml"  # the note comes before anything is read or joined
+    with pytest.raises(SystemExit) as stop:
+        run_command(["run", str(missing), "--executor", "ray", "--address", "HEAD:6379", "--workers", "3"])
+    assert stop.value.code == 2
+    assert "--workers 3 has no effect with --address" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run_command(["run", str(missing), "--executor", "ray", "--address", "HEAD:6379"])
+    assert "has no effect" not in capsys.readouterr().err

@@ -221,6 +221,9 @@ def run_command(argv=None):
     args = parser.parse_args(argv)
     if getattr(args, "address", None) is not None and args.executor != "ray":
         parser.error("run: --address needs --executor ray")
+    if getattr(args, "address", None) is not None and any(a == "--workers" or a.startswith("--workers=") for a in argv):
+        print(f"{PROG} run: --workers {args.workers} has no effect with --address: the cluster runs as many jobs "
+              f"at once as its CPUs allow, each taking --threads {args.threads} CPU(s)", file=sys.stderr, flush=True)
     commands = {"run": lambda: _run(args, argv), "check": lambda: _check(args), "report": lambda: _report(args),
                 "recipes": lambda: _recipes(args), "reproduce": lambda: _reproduce(args), "data": lambda: _data(args)}
     return commands[args.command_name]()
