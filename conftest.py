@@ -48,7 +48,7 @@ NUMERICAL_MODULES = frozenset({
 
 # modules whose tests start or join a Ray instance (and, elsewhere, tests named ``..._ray_...``):
 # one xdist group, run by a single worker
-RAY_MODULES = frozenset({"test_ray_executor", "test_ray_running_instance"})
+RAY_MODULES = frozenset({"test_ray_executor", "test_ray_running_instance", "test_ray_cluster"})
 
 
 def _worker_threads() -> str | None:

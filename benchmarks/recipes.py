@@ -4,6 +4,10 @@
 tuning study ``studies/recipes/SCENARIO.yaml`` (every strategy's grid on the validation split with
 seed 0, then 3 test seeds at the chosen setting) into ``out/recipes/SCENARIO``.
 
+``python -m benchmarks.recipes tune SCENARIO --part NAME`` runs a further tuning round,
+``studies/recipes/SCENARIO.NAME.yaml`` (the same scenario, other grids for some strategies), into
+``out/recipes/SCENARIO.NAME``; ``write`` takes the strategies a round lists from that round.
+
 ``python -m benchmarks.recipes write [SCENARIO ...]`` reads those runs and writes
 
 * ``avalanche_plugins/study/recipes/SCENARIO.yaml`` — the shipped recipe file (a strategy whose
@@ -107,17 +111,45 @@ def _table(key: str, recipe: dict, skipped: list[str]) -> str:
     return "\n".join(lines)
 
 
+def merge_rounds(saved: dict, later: dict, part: str) -> dict:
+    """``saved`` with every strategy of the tuning round ``later`` taken from it: its config entry,
+    tuning rows, choice and test runs (the others stay ``saved``'s). ``part`` names the round in
+    ``rounds``."""
+    names = {s["name"] for s in later["config"]["strategies"]}
+    config = dict(saved["config"])
+    replaced = {s["name"]: s for s in later["config"]["strategies"]}
+    config["strategies"] = [replaced.get(s["name"], s) for s in saved["config"]["strategies"]]
+    chosen = {key: {**strategies, **{n: c for n, c in later["chosen"].get(key, {}).items() if n in names}}
+              for key, strategies in saved["chosen"].items()}
+    return {**saved, "config": config, "chosen": chosen,
+            "tuning": [r for r in saved["tuning"] if r["strategy"] not in names] + list(later["tuning"]),
+            "runs": [r for r in saved["runs"] if r["strategy"] not in names] + list(later["runs"]),
+            "rounds": {**saved.get("rounds", {}), part: {"strategies": sorted(names), "command": later.get("command"),
+                                                          "wall_seconds": later.get("wall_seconds")}},
+            "wall_seconds": (saved.get("wall_seconds") or 0) + (later.get("wall_seconds") or 0)}
+
+
+def _load_rounds(out_root: Path, key: str) -> dict | None:
+    """The main run of ``key`` with its further rounds (``out_root/key.NAME``) merged in."""
+    results = out_root / key / "results.json"
+    if not results.is_file():
+        return None
+    saved = json.loads(results.read_text())
+    for part in sorted(out_root.glob(f"{key}.*/results.json")):
+        saved = merge_rounds(saved, json.loads(part.read_text()), part.parent.name.split(".", 1)[1])
+    return saved
+
+
 def write(keys, out_root: Path = ROOT / "out" / "recipes") -> list[Path]:
     import yaml
 
     written = []
     tables = []
     for key in keys:
-        results = out_root / key / "results.json"
-        if not results.is_file():
-            print(f"no kept run for {key} ({results}); skipped", file=sys.stderr)
+        saved = _load_rounds(out_root, key)
+        if saved is None:
+            print(f"no kept run for {key} ({out_root / key / 'results.json'}); skipped", file=sys.stderr)
             continue
-        saved = json.loads(results.read_text())
         recipe, skipped = recipe_from_results(saved)
         RECIPES.mkdir(parents=True, exist_ok=True)
         path = RECIPES / f"{key}.yaml"
@@ -126,12 +158,15 @@ def write(keys, out_root: Path = ROOT / "out" / "recipes") -> list[Path]:
         path.write_text(header + yaml.safe_dump(recipe, sort_keys=False, width=110))
         kept = KEPT / key
         kept.mkdir(parents=True, exist_ok=True)
-        (kept / "tables.md").write_text((out_root / key / "tables.md").read_text())
+        (kept / "tables.md").write_text("\n\n".join((folder / "tables.md").read_text() for folder in
+                                                  [out_root / key, *sorted(p.parent for p in
+                                                                           out_root.glob(f"{key}.*/tables.md"))]))
         (kept / "summary.json").write_text(json.dumps({"command": saved.get("command"),
                                                        "code_version": saved.get("code_version"),
                                                        "versions": saved.get("versions"),
                                                        "data": saved.get("data"), "machine": saved.get("machine"),
                                                        "chosen": saved["chosen"], "not_shipped": skipped,
+                                                       "rounds": saved.get("rounds", {}),
                                                        "wall_seconds": saved.get("wall_seconds")}, indent=1))
         tables.append(_table(key, recipe, skipped))
         written.append(path)
@@ -170,6 +205,7 @@ def main(argv=None):
     tune = commands.add_parser("tune", help="run the tuning study of a scenario")
     tune.add_argument("scenario", choices=SCENARIOS)
     tune.add_argument("--data-root", default=None)
+    tune.add_argument("--part", default=None, help="a further tuning round: studies/recipes/SCENARIO.PART.yaml")
     tune.add_argument("--workers", type=int, default=1)
     writer = commands.add_parser("write", help="write recipes and docs/recipes.md from the kept runs")
     writer.add_argument("scenarios", nargs="*", help=f"default: all of {', '.join(SCENARIOS)}")
@@ -178,8 +214,9 @@ def main(argv=None):
     if unknown:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}; expected {', '.join(SCENARIOS)}")
     if args.command == "tune":
-        cmd = [sys.executable, "-m", "avalanche_plugins.study", "run", f"studies/recipes/{args.scenario}.yaml",
-               "--out", f"out/recipes/{args.scenario}", "--workers", str(args.workers)]
+        name = args.scenario + (f".{args.part}" if args.part else "")
+        cmd = [sys.executable, "-m", "avalanche_plugins.study", "run", f"studies/recipes/{name}.yaml",
+               "--out", f"out/recipes/{name}", "--workers", str(args.workers)]
         if args.data_root:
             cmd += ["--data-root", args.data_root]
         return subprocess.run(cmd, cwd=ROOT, check=True)

@@ -305,7 +305,8 @@ def test_ray_study_gives_the_local_rows(tiny_study, user_module, tmp_path, monke
                        skip={"Naive"}, isolate=False)  # reused Ray workers: the rows, not the memory, are compared
 
     def numbers(rows):
-        costs = ("wall_s", "train_s", "diagnostics_s", "callback_s", "peak_memory_mb")  # measured, not computed
+        costs = ("wall_s", "train_s", "diagnostics_s", "callback_s", "peak_memory_mb",  # measured, not computed
+                 "node_ip")  # where it ran
         return [{k: v for k, v in r.items() if k not in costs} for r in rows]
 
     assert numbers(remote.rows) == numbers([r for r in result.rows if r["strategy"] == "LwF"])

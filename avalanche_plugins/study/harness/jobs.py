@@ -267,14 +267,21 @@ _warmed_up: set = set()  # per Ray worker process: the warm-ups already run
 
 def _ray_task(fn: Callable, job, threads: int, seed: int, warmup: Callable[[], None] | None):
     """One job in a Ray worker: :func:`init_worker`'s set-up (its warm-up once per process),
-    then the globals seeded again, so a row never depends on which jobs ran there before."""
+    then the globals seeded again, so a row never depends on which jobs ran there before. A dict
+    row gets ``node_ip``: the address of the Ray node that ran it (where, not what: left out of
+    comparisons with the local executor's rows)."""
+    import ray
+
     init_worker(threads, seed)
     key = f"{getattr(warmup, '__module__', '')}.{getattr(warmup, '__qualname__', repr(warmup))}"
     if warmup is not None and key not in _warmed_up:
         warmup()
         _warmed_up.add(key)
         seed_everything(seed)
-    return fn(job)
+    row = fn(job)
+    if isinstance(row, dict):
+        row = {**row, "node_ip": ray.util.get_node_ip_address()}
+    return row
 
 
 def _ray_instance_running(ray) -> bool:

@@ -1,0 +1,32 @@
+"""``benchmarks.recipes``: a further tuning round replaces exactly the strategies it lists."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.recipes import _load_rounds, merge_rounds
+
+
+def _saved(strategies, acc, command):
+    return {"config": {"strategies": [{"name": n, "grid": {"x": [acc]}} for n in strategies]},
+            "chosen": {"s": {n: {"label": f"x={acc}", "setting": {"x": acc}} for n in strategies}},
+            "tuning": [{"strategy": n, "acc": acc} for n in strategies],
+            "runs": [{"strategy": n, "seed": seed, "acc": acc} for n in strategies for seed in (0, 1)],
+            "command": command, "wall_seconds": 10.0}
+
+
+def test_a_later_round_replaces_the_strategies_it_lists_and_nothing_else(tmp_path):
+    main, later = _saved(["Naive", "EWC", "SI"], 0.1, "main"), _saved(["EWC"], 0.5, "round 2")
+    merged = merge_rounds(main, later, "low_lambda")
+    assert [s["grid"]["x"] for s in merged["config"]["strategies"]] == [[0.1], [0.5], [0.1]]  # order kept
+    assert merged["chosen"]["s"]["EWC"]["label"] == "x=0.5" and merged["chosen"]["s"]["SI"]["label"] == "x=0.1"
+    assert sorted((r["strategy"], r["acc"]) for r in merged["runs"]) == [
+        ("EWC", 0.5), ("EWC", 0.5), ("Naive", 0.1), ("Naive", 0.1), ("SI", 0.1), ("SI", 0.1)]
+    assert [r["acc"] for r in merged["tuning"] if r["strategy"] == "EWC"] == [0.5]
+    assert merged["rounds"] == {"low_lambda": {"strategies": ["EWC"], "command": "round 2", "wall_seconds": 10.0}}
+    assert merged["wall_seconds"] == 20.0 and main["chosen"]["s"]["EWC"]["label"] == "x=0.1"  # main untouched
+    for name, saved in (("key", main), ("key.low_lambda", later)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(saved))
+    assert _load_rounds(tmp_path, "key") == merged
+    assert _load_rounds(tmp_path, "other") is None
