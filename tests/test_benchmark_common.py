@@ -3,6 +3,7 @@ results files and ``--report`` re-printing a saved run."""
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -95,7 +96,7 @@ def test_code_version_names_a_commit_or_the_package():
     assert version.startswith("git:") or version.startswith("avalanche_plugins ")
 
 
-def test_run_jobs_resumes_from_the_cache_and_reruns_on_new_code(tmp_path, monkeypatch):
+def test_run_jobs_resumes_from_the_cache(tmp_path):
     calls = []
 
     def fn(job):
@@ -104,7 +105,6 @@ def test_run_jobs_resumes_from_the_cache_and_reruns_on_new_code(tmp_path, monkey
 
     cache = tmp_path / "jobs.jsonl"
     batch = [Job("a", 1), Job("a", 0), Job("a", 1)]  # a job listed twice runs once
-    monkeypatch.setattr(jobs, "source_version", lambda: "v1")
     rows = run_jobs(fn, batch, cache=cache, progress=False)
     assert [r["seed"] for r in rows] == [1, 0, 1] and len(calls) == 2  # rows in job order
     assert len(cache.read_text().splitlines()) == 2
@@ -115,9 +115,53 @@ def test_run_jobs_resumes_from_the_cache_and_reruns_on_new_code(tmp_path, monkey
     assert run_jobs(fn, batch, cache=cache, progress=False) == rows and len(calls) == 3
     run_jobs(fn, [Job("c", 3)], cache=cache, progress=False)
     assert json.loads(cache.read_text().splitlines()[-1])["row"]["method"] == "c"  # on a line of its own
-    monkeypatch.setattr(jobs, "source_version", lambda: "v2")
-    run_jobs(fn, batch, cache=cache, progress=False)
-    assert len(calls) == 6  # new code: the cached rows are not reused
+
+
+USED, UNUSED = "cache_probe_used", "cache_probe_unused"
+
+
+def _probe_job(job):
+    import importlib
+
+    return {"seed": job.seed, "value": importlib.import_module(USED).VALUE}
+
+
+def test_the_cache_survives_edits_to_code_the_job_never_ran_and_not_to_code_it_ran(tmp_path, monkeypatch):
+    code = tmp_path / "experiment_code"  # a caller's own code (add_source_root), as a checkout's benchmarks
+    code.mkdir()
+    (code / f"{USED}.py").write_text("VALUE = 1\n")
+    (code / f"{UNUSED}.py").write_text("VALUE = 2\n")
+    monkeypatch.syspath_prepend(str(code))
+    monkeypatch.setattr(jobs, "_extra_roots", [code.resolve()])
+    cache, batch = tmp_path / "jobs.jsonl", [Job("a", 0), Job("a", 1)]
+    try:
+        rows = run_jobs(_probe_job, batch, cache=cache, progress=False)
+        lines = [json.loads(line) for line in cache.read_text().splitlines()]
+        assert all(f"experiment_code/{USED}.py" in e["code"] for e in lines)
+        assert not any(f"experiment_code/{UNUSED}.py" in e["code"] for e in lines)
+        assert "avalanche_plugins/study/harness/jobs.py" in lines[0]["code"]  # the package's own modules too
+        (code / f"{UNUSED}.py").write_text("VALUE = 3  # edited\n")
+        run_jobs(_probe_job, batch, cache=cache, progress=False)
+        assert len(cache.read_text().splitlines()) == 2  # an edit the jobs never ran: cached rows reused
+        (code / f"{USED}.py").write_text("VALUE = 10  # edited\n")
+        sys.modules.pop(USED, None)
+        again = run_jobs(_probe_job, batch, cache=cache, progress=False)
+        assert len(cache.read_text().splitlines()) == 4 and [r["value"] for r in again] == [10, 10]
+        assert [r["value"] for r in rows] == [1, 1]
+    finally:
+        sys.modules.pop(USED, None)
+
+
+def test_a_cache_line_of_the_older_format_counts_under_the_whole_source(tmp_path, monkeypatch):
+    calls = []
+    cache = tmp_path / "jobs.jsonl"
+    monkeypatch.setattr(jobs, "source_version", lambda: "v1")
+    cache.write_text(json.dumps({"key": job_key(Job("a", 0)), "job": {}, "row": {"value": 7}}) + "\n")
+    assert run_jobs(lambda job: calls.append(job) or {"value": 0}, [Job("a", 0)], cache=cache,
+                    progress=False) == [{"value": 7}] and calls == []
+    monkeypatch.setattr(jobs, "source_version", lambda: "v2")  # the package changed since that line
+    assert run_jobs(lambda job: calls.append(job) or {"value": 0}, [Job("a", 0)], cache=cache,
+                    progress=False) == [{"value": 0}] and len(calls) == 1
 
 
 def test_results_files_record_code_version_data_and_no_absolute_path(tmp_path):

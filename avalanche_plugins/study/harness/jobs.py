@@ -2,10 +2,12 @@
 
 * A **job** is a small frozen dataclass holding everything its function needs (settings, seed,
   data root), so ``fn(job)`` gives the same row in any process.
-* Its **cache key** (:func:`job_key`) is a hash of the job's fields, its type name and the code
-  (:func:`source_version`: a hash of every ``.py`` file of the package, and of any folder a caller
-  adds with :func:`add_source_root`, e.g. a checkout's benchmarks): a cached row is reused only for
-  the same job run by the same code, whatever else was committed.
+* Its **cache key** (:func:`job_key`) is a hash of the job's fields and its type name; :func:`run_jobs`
+  stores with each row the code the job ran (:func:`loaded_code`: the hash of every ``.py`` file
+  of the package, and of any folder a caller adds with :func:`add_source_root`, that the job's
+  process had imported when it finished) and reuses a cached row only while every one of those
+  files is unchanged: a commit to a module the job never imported (a docstring elsewhere, a
+  benchmark, a test) keeps the cache; a change to one it ran reruns it.
   Results record :func:`code_version` (the git commit, else the package version).
 * Every worker process first runs :func:`init_worker` (torch threads, warnings, seeds, an optional
   warm-up); in-process runs (``workers=1``) do the same and restore the thread count afterwards.
@@ -51,6 +53,7 @@ __all__ = [
     "init_worker",
     "jsonable",
     "job_key",
+    "loaded_code",
     "make_executor",
     "run_jobs",
     "seed_everything",
@@ -157,6 +160,60 @@ def source_version() -> str:
     return f"src:{digest.hexdigest()[:16]}"
 
 
+@functools.lru_cache(maxsize=4096)
+def _file_hash(path: str, mtime_ns: int, size: int) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def _code_roots() -> list[Path]:
+    return [Path(__file__).resolve().parents[2], *_extra_roots]
+
+
+def loaded_code() -> dict[str, str]:
+    """``{file: sha256 prefix}`` of every ``.py`` file under the package (and the folders of
+    :func:`add_source_root`) that this process has imported: the code a job that ran here can
+    have run (a superset where the process ran other things before). Paths are relative to the
+    root's parent (``avalanche_plugins/core/calls.py``)."""
+    roots = _code_roots()
+    out = {}
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if not file or not file.endswith(".py"):
+            continue
+        path = Path(file).resolve()
+        root = next((r for r in roots if path.is_relative_to(r)), None)
+        if root is not None and path.is_file():
+            stat = path.stat()
+            out[str(path.relative_to(root.parent))] = _file_hash(str(path), stat.st_mtime_ns, stat.st_size)
+    return dict(sorted(out.items()))
+
+
+def _code_unchanged(code: dict[str, str]) -> bool:
+    """Whether every file of ``code`` (from :func:`loaded_code`) still has the hash it had."""
+    parents = [r.parent for r in _code_roots()]
+    for name, digest in code.items():
+        path = next((p / name for p in parents if (p / name).is_file()), None)
+        if path is None:
+            return False
+        stat = path.stat()
+        if _file_hash(str(path), stat.st_mtime_ns, stat.st_size) != digest:
+            return False
+    return True
+
+
+@dataclasses.dataclass
+class _Ran:
+    """What a worker returns for one job: its row and the code it ran (:func:`loaded_code`)."""
+
+    row: object
+    code: dict
+
+
+def _run_recording_code(fn: Callable, job) -> _Ran:
+    row = fn(job)
+    return _Ran(row, loaded_code())
+
+
 def jsonable(obj):
     """``obj`` with dataclasses, tuples, NumPy and torch values turned into JSON types.
 
@@ -182,8 +239,10 @@ def jsonable(obj):
 
 
 def job_key(job, version: str | None = None) -> str:
-    """Hash of the job's type, fields and the code (:func:`source_version`; ``version`` overrides it). Dataclass
-    fields with ``metadata={"cache_key": False}`` (where a job runs, not what it computes) are left out.
+    """Hash of the job's type, its fields and ``version`` (None: :func:`source_version`, the whole
+    package's source, as every key was before the cache recorded the code each job ran; :func:`run_jobs`
+    keys on ``version="code-per-job"`` and checks the recorded code itself). Dataclass fields with
+    ``metadata={"cache_key": False}`` (where a job runs, not what it computes) are left out.
 
     Example:
         >>> from dataclasses import dataclass
@@ -278,10 +337,12 @@ def _ray_task(fn: Callable, job, threads: int, seed: int, warmup: Callable[[], N
         warmup()
         _warmed_up.add(key)
         seed_everything(seed)
-    row = fn(job)
-    if isinstance(row, dict):
-        row = {**row, "node_ip": ray.util.get_node_ip_address()}
-    return row
+    ran = fn(job)
+    if isinstance(ran, _Ran) and isinstance(ran.row, dict):
+        ran.row = {**ran.row, "node_ip": ray.util.get_node_ip_address()}
+    elif isinstance(ran, dict):
+        ran = {**ran, "node_ip": ray.util.get_node_ip_address()}
+    return ran
 
 
 def _ray_instance_running(ray) -> bool:
@@ -426,8 +487,10 @@ def run_jobs(fn: Callable, jobs: Iterable, *, cache: str | Path | None = None, w
              desc: str = "jobs", progress: bool = True, retry: Callable[[dict], bool] | None = None) -> list:
     """``[fn(job) for job in jobs]`` through an executor, resumable.
 
-    Finished rows are appended to ``cache`` (JSON lines ``{"key", "job", "row"}``, keyed by
-    :func:`job_key`) and reused when the same jobs are run again by the same code, except a cached
+    Finished rows are appended to ``cache`` (JSON lines ``{"key", "job", "row", "code"}``: the
+    job's :func:`job_key` and the code it ran, :func:`loaded_code`) and reused when the same jobs
+    are run again while that code is unchanged (a line of the older format, without ``code``, while
+    the whole package's source is: :func:`source_version`), except a cached
     row for which ``retry(row)`` is true (e.g. a run that failed for a reason outside the method:
     it runs again, and its new row is the one kept). ``executor`` defaults to
     ``LocalExecutor(workers, threads=threads, warmup=warmup)``. Returns the rows in the order of
@@ -435,16 +498,11 @@ def run_jobs(fn: Callable, jobs: Iterable, *, cache: str | Path | None = None, w
     """
     jobs = list(jobs)
     code_version()  # the commit and whether it was dirty when the jobs started, not when results are written
-    keys = [job_key(job) for job in jobs]
+    keys = [job_key(job, CODE_PER_JOB) for job in jobs]
     done: dict = {}
     cache = Path(cache) if cache is not None else None
     if cache is not None and cache.exists():
-        for line in cache.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:  # blank, or the half-written line of a killed run
-                continue
-            done[entry["key"]] = entry["row"]  # a later line of the same key (a retried job) wins
+        done = _read_cache(cache, jobs, keys)
     if retry is not None:
         done = {key: row for key, row in done.items() if not retry(row)}
     todo, queued = [], set()
@@ -459,11 +517,41 @@ def run_jobs(fn: Callable, jobs: Iterable, *, cache: str | Path | None = None, w
         if text and not text.endswith("\n"):  # end the half-written line of a killed run
             with open(cache, "a") as f:
                 f.write("\n")
-    for job, row in tqdm(executor.map_unordered(fn, todo), total=len(todo), desc=desc, disable=not progress):
-        key = job_key(job)
-        row = json.loads(json.dumps(jsonable(row)))  # a fresh row and a cached one look the same
+    recording = functools.partial(_run_recording_code, fn)
+    for job, ran in tqdm(executor.map_unordered(recording, todo), total=len(todo), desc=desc, disable=not progress):
+        key = job_key(job, CODE_PER_JOB)
+        row = json.loads(json.dumps(jsonable(ran.row)))  # a fresh row and a cached one look the same
         done[key] = row
         if cache is not None:
             with open(cache, "a") as f:
-                f.write(json.dumps({"key": key, "job": jsonable(job), "row": row}) + "\n")
+                f.write(json.dumps({"key": key, "job": jsonable(job), "row": row, "code": ran.code}) + "\n")
     return [done[key] for key in keys]
+
+
+CODE_PER_JOB = "code-per-job"  # job_key's version in caches that record each job's code
+
+
+def _read_cache(cache: Path, jobs: list, keys: list[str]) -> dict:
+    """``{key: row}`` of the cache's lines whose code is unchanged; a later line of a key (a
+    retried job) wins. Lines without ``code`` (the older format) count under their old key, the
+    job's fields with the whole package's source."""
+    entries = []
+    for line in cache.read_text().splitlines():
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:  # blank, or the half-written line of a killed run
+            continue
+    done: dict = {}
+    old = [e for e in entries if "code" not in e]
+    if old:
+        by_old_key = {job_key(job): key for job, key in zip(jobs, keys)}
+        for entry in old:
+            if entry["key"] in by_old_key:
+                done[by_old_key[entry["key"]]] = entry["row"]
+    for entry in entries:
+        if "code" in entry:
+            if _code_unchanged(entry["code"]):
+                done[entry["key"]] = entry["row"]
+            else:
+                done.pop(entry["key"], None)
+    return done
