@@ -140,6 +140,23 @@ def _load_rounds(out_root: Path, key: str) -> dict | None:
     return saved
 
 
+def _kept_tables(saved: dict, folder: Path) -> str:
+    """The run's ``tables.md``; with further rounds, its main and failed-runs tables made again
+    from the merged runs (paired tests against the reference over all strategies, Holm-corrected)."""
+    if not saved.get("rounds"):
+        return (folder / "tables.md").read_text()
+    from avalanche_plugins.study.stats import summarize_study
+    from avalanche_plugins.study.tables import failed_runs_table, markdown_tables
+
+    reference = saved["config"].get("reference") or saved["config"]["strategies"][0]["name"]
+    names = [s["name"] for s in saved["config"]["strategies"]]
+    summary = summarize_study(saved["runs"], reference, names)
+    rounds = "; ".join(f"{', '.join(r['strategies'])} from the round `{part}` (`{r['command']}`)"
+                       for part, r in saved["rounds"].items())
+    return (f"Merged tuning rounds: {rounds}; every other strategy from `{saved.get('command')}`.\n\n"
+            + markdown_tables(summary, reference) + "\n\n## Failed runs\n\n" + failed_runs_table(summary) + "\n")
+
+
 def write(keys, out_root: Path = ROOT / "out" / "recipes") -> list[Path]:
     import yaml
 
@@ -158,9 +175,7 @@ def write(keys, out_root: Path = ROOT / "out" / "recipes") -> list[Path]:
         path.write_text(header + yaml.safe_dump(recipe, sort_keys=False, width=110))
         kept = KEPT / key
         kept.mkdir(parents=True, exist_ok=True)
-        (kept / "tables.md").write_text("\n\n".join((folder / "tables.md").read_text() for folder in
-                                                  [out_root / key, *sorted(p.parent for p in
-                                                                           out_root.glob(f"{key}.*/tables.md"))]))
+        (kept / "tables.md").write_text(_kept_tables(saved, out_root / key))
         (kept / "summary.json").write_text(json.dumps({"command": saved.get("command"),
                                                        "code_version": saved.get("code_version"),
                                                        "versions": saved.get("versions"),

@@ -143,6 +143,9 @@ def test_the_cache_survives_edits_to_code_the_job_never_ran_and_not_to_code_it_r
         (code / f"{UNUSED}.py").write_text("VALUE = 3  # edited\n")
         run_jobs(_probe_job, batch, cache=cache, progress=False)
         assert len(cache.read_text().splitlines()) == 2  # an edit the jobs never ran: cached rows reused
+        (code / f"{USED}.py").write_text('"""A docstring added."""\n\nVALUE = 1  # and a comment\n')
+        run_jobs(_probe_job, batch, cache=cache, progress=False)
+        assert len(cache.read_text().splitlines()) == 2  # the code the jobs ran did not change
         (code / f"{USED}.py").write_text("VALUE = 10  # edited\n")
         sys.modules.pop(USED, None)
         again = run_jobs(_probe_job, batch, cache=cache, progress=False)

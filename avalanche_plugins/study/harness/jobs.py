@@ -6,8 +6,9 @@
   stores with each row the code the job ran (:func:`loaded_code`: the hash of every ``.py`` file
   of the package, and of any folder a caller adds with :func:`add_source_root`, that the job's
   process had imported when it finished) and reuses a cached row only while every one of those
-  files is unchanged: a commit to a module the job never imported (a docstring elsewhere, a
-  benchmark, a test) keeps the cache; a change to one it ran reruns it.
+  files' code is unchanged (its syntax tree without docstrings): a commit to a module the job
+  never imported (a benchmark, a test, report code), or to a docstring or comment anywhere, keeps
+  the cache; a change to code it ran reruns it.
   Results record :func:`code_version` (the git commit, else the package version).
 * Every worker process first runs :func:`init_worker` (torch threads, warnings, seeds, an optional
   warm-up); in-process runs (``workers=1``) do the same and restore the thread count afterwards.
@@ -21,6 +22,7 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import functools
@@ -162,7 +164,20 @@ def source_version() -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _file_hash(path: str, mtime_ns: int, size: int) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    """Hash of what the file's code does: its syntax tree without docstrings (comments and
+    formatting are not in the tree), so editing a docstring or a comment keeps cached rows."""
+    source = Path(path).read_bytes()
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return hashlib.sha256(source).hexdigest()[:16]
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()[:16]
 
 
 def _code_roots() -> list[Path]:
