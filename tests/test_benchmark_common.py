@@ -234,3 +234,17 @@ def test_report_reprints_a_saved_run_without_running_it(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == result["report"]
     with pytest.raises(FileNotFoundError, match="--report"):
         bench.main(["--report", str(tmp_path / "missing.json")])
+
+
+def test_a_ray_row_whose_node_ran_other_code_is_a_failed_run(tmp_path, monkeypatch):
+    code = tmp_path / "node_code"
+    code.mkdir()
+    (code / "shared.py").write_text("VALUE = 1\n")
+    monkeypatch.setattr(jobs, "_extra_roots", [code.resolve()])
+    same = {"node_code/shared.py": jobs._file_hash(str(code / "shared.py"), 0, 0)}
+    row = {"status": "ok", "acc": 0.5, "node_ip": "10.0.0.2"}
+    assert jobs._refuse_other_code(row, same) == row
+    assert jobs._refuse_other_code({"status": "ok"}, {"node_code/shared.py": "other"}) == {"status": "ok"}  # local
+    refused = jobs._refuse_other_code(row, {"node_code/shared.py": "0123456789abcdef"})
+    assert refused["status"] == "error" and "node 10.0.0.2 ran other code than the driver's (node_code/shared.py)" \
+        in refused["error"]

@@ -203,17 +203,38 @@ def loaded_code() -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-def _code_unchanged(code: dict[str, str]) -> bool:
-    """Whether every file of ``code`` (from :func:`loaded_code`) still has the hash it had."""
+def _changed_code(code: dict[str, str]) -> list[str]:
+    """The files of ``code`` (from :func:`loaded_code`) whose code here differs (or that are gone)."""
     parents = [r.parent for r in _code_roots()]
+    changed = []
     for name, digest in code.items():
         path = next((p / name for p in parents if (p / name).is_file()), None)
         if path is None:
-            return False
+            changed.append(name)
+            continue
         stat = path.stat()
         if _file_hash(str(path), stat.st_mtime_ns, stat.st_size) != digest:
-            return False
-    return True
+            changed.append(name)
+    return changed
+
+
+def _code_unchanged(code: dict[str, str]) -> bool:
+    """Whether every file of ``code`` (from :func:`loaded_code`) still has the hash it had."""
+    return not _changed_code(code)
+
+
+def _refuse_other_code(row, code: dict[str, str]):
+    """A Ray row (``node_ip``) whose node ran code that differs from the driver's becomes a failed
+    run (status ``error``, naming the node and the files): its numbers are not those of this code."""
+    if not (isinstance(row, dict) and "node_ip" in row):
+        return row
+    changed = _changed_code(code)
+    if not changed:
+        return row
+    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    return {**row, "status": "error",
+            "error": f"node {row['node_ip']} ran other code than the driver's ({shown}); install the driver's "
+                     f"version of the package on every node"}
 
 
 @dataclasses.dataclass
@@ -535,7 +556,7 @@ def run_jobs(fn: Callable, jobs: Iterable, *, cache: str | Path | None = None, w
     recording = functools.partial(_run_recording_code, fn)
     for job, ran in tqdm(executor.map_unordered(recording, todo), total=len(todo), desc=desc, disable=not progress):
         key = job_key(job, CODE_PER_JOB)
-        row = json.loads(json.dumps(jsonable(ran.row)))  # a fresh row and a cached one look the same
+        row = json.loads(json.dumps(jsonable(_refuse_other_code(ran.row, ran.code))))  # fresh and cached look alike
         done[key] = row
         if cache is not None:
             with open(cache, "a") as f:
