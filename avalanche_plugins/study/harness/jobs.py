@@ -245,9 +245,28 @@ class _Ran:
     code: dict
 
 
-def _run_recording_code(fn: Callable, job) -> _Ran:
-    row = fn(job)
+CODE_FIELD = "_code_ran"  # the key a dict row carries its code in, from the worker to run_jobs
+
+
+def _run_recording_code(fn: Callable, job, *args, **kwargs):
+    """``fn(job, ...)`` (an executor may pass more, e.g. a progress callback) with the code it ran:
+    a dict row carries it under :data:`CODE_FIELD` (so an executor that reads or amends rows sees
+    a row), anything else comes back as a :class:`_Ran`."""
+    row = fn(job, *args, **kwargs)
+    if isinstance(row, dict):
+        return {**row, CODE_FIELD: loaded_code()}
     return _Ran(row, loaded_code())
+
+
+def _unpack(ran) -> _Ran:
+    """What a worker sent back, as ``_Ran(row, code)``; an executor's own row (a timeout, a
+    killed child) carries no code: this process's code stands in for it."""
+    if isinstance(ran, _Ran):
+        return ran
+    if isinstance(ran, dict) and CODE_FIELD in ran:
+        row = dict(ran)
+        return _Ran(row, row.pop(CODE_FIELD))
+    return _Ran(ran, loaded_code())
 
 
 def jsonable(obj):
@@ -555,6 +574,7 @@ def run_jobs(fn: Callable, jobs: Iterable, *, cache: str | Path | None = None, w
                 f.write("\n")
     recording = functools.partial(_run_recording_code, fn)
     for job, ran in tqdm(executor.map_unordered(recording, todo), total=len(todo), desc=desc, disable=not progress):
+        ran = _unpack(ran)
         key = job_key(job, CODE_PER_JOB)
         row = json.loads(json.dumps(jsonable(_refuse_other_code(ran.row, ran.code))))  # fresh and cached look alike
         done[key] = row
