@@ -131,7 +131,7 @@ def test_a_study_on_a_two_node_cluster_runs_on_the_worker_and_gives_the_local_ro
     done = run_in_head(sys.executable, "-m", "avalanche_plugins.study", "run", "study.yaml", "--executor", "ray",
                        "--address", address, "--out", str(tmp_path / "remote"), "--no-progress", cwd=work)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"joined the cluster at '{address}'" in done.stdout
+    assert f"joined the cluster at '{address}'" in done.stderr
     remote = json.loads((tmp_path / "remote" / "results.json").read_text())["runs"]
     assert len(remote) == 4 and {r["node_ip"] for r in remote} == {worker_ip}  # the head has no CPU to run one
     local = run_study(STUDY, out=tmp_path / "local", progress=False).rows
