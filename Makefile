@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 CONSTRAINTS ?= constraints.txt
 PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 
-.PHONY: demo test lint install clean constraints
+.PHONY: demo test lint install clean constraints docs docs-check
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,21 @@ test: lint
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 	ATEN_CPU_CAPABILITY=$(SECOND_KERNELS) AVALANCHE_PLUGINS_TEST_THREADS=1 \
 		$(PY) -m pytest $(XDIST) -q -m "numerical and not slow" $(PYTEST_ARGS)
+
+# The documentation site (docs/conf.py): warnings are errors, the gallery executes examples/;
+# `make docs-check` then opens it in headless chromium (docs/browser_check.py).
+DOCS_OUT ?= out/docs/html
+SPHINX_ARGS ?=
+
+$(VENV)/.installed-docs: $(VENV)/.installed-test
+	$(PY) -m pip install -q $(PIP_CONSTRAINTS) -e '.[test,bench,docs]'
+	touch $@
+
+docs: $(VENV)/.installed-docs
+	$(PY) -m sphinx -b html -W --keep-going -n $(SPHINX_ARGS) docs $(DOCS_OUT)
+
+docs-check: docs
+	$(PY) docs/browser_check.py $(DOCS_OUT)
 
 # Re-pin constraints.txt to what the venv holds now (after `make test` passed on an upgrade).
 constraints: $(VENV)/.installed-test

@@ -691,6 +691,29 @@ def compact_row(row: dict) -> dict:
     return rounded_floats(out)
 
 
+def share_run_configs(saved: dict) -> dict:
+    """A kept run with every distinct per-run ``config`` stored once, in ``saved["run_configs"]``,
+    and each run's ``config`` the index of its entry there (a setting's runs share one, so this
+    takes the repetition out of the kept files; ``report`` does not read it).
+
+    Example:
+        >>> share_run_configs({"runs": [{"acc": 1, "config": {"lr": 0.1}}, {"acc": 2, "config": {"lr": 0.1}}]})
+        {'runs': [{'acc': 1, 'config': 0}, {'acc': 2, 'config': 0}], 'run_configs': [{'lr': 0.1}]}
+    """
+    configs = list(saved.get("run_configs", []))  # a file shared before keeps its indices
+    index = {json.dumps(c, sort_keys=True): i for i, c in enumerate(configs)}
+    runs = []
+    for run in saved["runs"]:
+        if isinstance(run.get("config"), dict):
+            key = json.dumps(run["config"], sort_keys=True)
+            if key not in index:
+                index[key] = len(configs)
+                configs.append(run["config"])
+            run = {**run, "config": index[key]}
+        runs.append(run)
+    return {**saved, "runs": runs, "run_configs": configs}
+
+
 VALUES = ("acc", "taa", "ticket_acc", "ticket_taa", "newborn_grad_ratio", "plasticity")
 
 
@@ -804,8 +827,8 @@ def main(argv=None) -> dict:
                         rows=rows, summary=summary, wall_seconds=wall,
                         extra={"timing": timing, "masked_over_dense_time_per_epoch":
                                max((t["masked_over_dense"] for t in timing), default=None)})
-    if args.merge:  # a kept run: one line of JSON, not indent=2 (a third of the size)
-        (out / "results.json").write_text(json.dumps(json.loads((out / "results.json").read_text()),
+    if args.merge:  # a kept run: one line of JSON, not indent=2 (a third of the size), configs once
+        (out / "results.json").write_text(json.dumps(share_run_configs(json.loads((out / "results.json").read_text())),
                                                      separators=(",", ":")))
     plot_trajectories(rows, out / "trajectory.png")
     plot_course(rows, out / "newborn_course.png")

@@ -1,6 +1,6 @@
 """Ground truth for ADS: the realised shift of old-task logits between two models.
 
-.. math:: \text{shift} = \frac{1}{N}\\sum_{a=1}^{N} \big\\| z_\text{after}(x_a) - z_\text{before}(x_a) \big\\|_2
+.. math:: \\text{shift} = \\frac{1}{N}\\sum_{a=1}^{N} \\big\\| z_\\text{after}(x_a) - z_\\text{before}(x_a) \\big\\|_2
 """
 
 from __future__ import annotations

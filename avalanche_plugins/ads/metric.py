@@ -16,7 +16,7 @@ For every experience after the first:
   step size as ``lr / (1 − μ)``, its steady-state effective step). It also stores the old set's
   logits and their ECE;
 * at ``after_training_exp`` it measures the realised shift ``mean ‖z_after − z_before‖`` on the
-  same old set (:func:`~avalanche_plugins.ads.shift.logit_shift` semantics) and the ECE on it.
+  same old set (:func:`~avalanche_plugins.ads.ground_truth.logit_shift` semantics) and the ECE on it.
 
 Values go through the ``EvaluationPlugin`` with Avalanche's template names (``Name/train_phase/
 train_stream/TaskNNN/ExpNNN``, the incoming experience in both callbacks, so predicted and

@@ -8,7 +8,7 @@ are in ``docs/ads.md``; in short,
 
 .. math::
 
-    \\hat d_ℓ = \frac{1}{n_{ℓ−1}} \\cdot \frac1N \\sum_a \\lVert J_ℓ(x_a) u_ℓ \rVert_2 ,
+    \\hat d_ℓ = \\frac{1}{n_{ℓ−1}} \\cdot \\frac1N \\sum_a \\lVert J_ℓ(x_a) u_ℓ \\rVert_2 ,
     \\qquad
     \\mathrm{ADS} = P \\sum_ℓ n_{ℓ−1} \\, \\hat d_ℓ ,
 

@@ -1,13 +1,13 @@
 """One entry point for the per-layer curvature ``s_ℓ``: exact Hessian blocks or Fisher blocks.
 
-========== ======================================================== ==============================
-method     what ``s_ℓ`` is                                          cost
-========== ======================================================== ==============================
-``fisher`` top eigenvalue of the Fisher (Gauss–Newton) block, exact  one per-sample-gradient pass
-           from the Gram of per-sample gradients                     per group of layers
-``hessian`` top eigenvalue of the Hessian block, block Lanczos      one block product per layer
-           to a relative residual ``tol``                           and Lanczos step
-========== ======================================================== ==============================
+=========== ======================================================== ============================
+method      what ``s_ℓ`` is                                          cost
+=========== ======================================================== ============================
+``fisher``  top eigenvalue of the Fisher (Gauss–Newton) block, exact one per-sample-gradient pass
+            from the Gram of per-sample gradients                    per group of layers
+``hessian`` top eigenvalue of the Hessian block, block Lanczos       one block product per layer
+            to a relative residual ``tol``                           and Lanczos step
+=========== ======================================================== ============================
 
 ``fisher`` is the default of every adapter (far cheaper on large models); the agreement of the two
 on models where both run, and both against curvlinops, are in ``docs/RESULTS.md``.

@@ -396,7 +396,7 @@ class GrowPlugin(_EditingPlugin):
         ``"gradient"`` (``‖∂L/∂W_out[:, u]‖`` with zero outgoing weights).
     :param threshold: activation threshold.
     :param optimizer_state, incoming, outgoing, newborn_lr, newborn_lr_halflife: insertion
-        interventions (:class:`~avalanche_plugins.structural.masks.Interventions`).
+        interventions (:class:`~avalanche_plugins.structural.interventions.Interventions`).
     :param cycle_scope: ``"stream"`` or ``"experience"``.
     :param cycle_unit, cycle_length: ``"epochs"`` (``epochs_per_cycle``), or ``"iterations"`` /
         ``"samples"`` (stream samples: replayed ones not counted) / ``"minibatch_samples"`` (every

@@ -116,7 +116,7 @@ class TransportKeyMetric(RecordingMetric[dict]):
     :param gauss_newton_iterations: when > 0, also log ``family=<f>+gauss_newton`` for every
         non-identity family: the closed-form key refined label-free by that many
         Levenberg–Marquardt steps on the checkpoint's own anchor logits
-        (:func:`~avalanche_plugins.transport.keys.gauss_newton_key`). It recovers much more at deep
+        (:func:`~avalanche_plugins.transport.refine.gauss_newton_key`). It recovers much more at deep
         stages (docs/RESULTS.md) for about ``K + 1`` backward passes of the late layers per step.
     :param stage_transforms: ``{stage: select}`` for stages whose module returns a tuple or a dict:
         the index / key of the element holding the activations (``{"rnn": 0}`` for an LSTM's

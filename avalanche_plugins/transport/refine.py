@@ -2,7 +2,7 @@
 the frozen late layers, by Adam (:func:`refine_key`) or a few damped Gauss–Newton steps
 (:func:`gauss_newton_key`).
 
-.. math:: \\min_T \frac1N \\sum_i \big\\| z_A(x_i) - \\mathrm{late}_A(T(\\mathrm{early}_{AB}(x_i))) \big\\|^2
+.. math:: \\min_T \\frac1N \\sum_i \\big\\| z_A(x_i) - \\mathrm{late}_A(T(\\mathrm{early}_{AB}(x_i))) \\big\\|^2
 """
 
 from __future__ import annotations

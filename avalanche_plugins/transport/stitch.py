@@ -194,7 +194,7 @@ class StitchedModel(nn.Module):
     stage, a Transformer block). Multi-task (multi-head) models take ``task_labels`` and use the
     *late* model's head.
 
-    Cost: when the late model's forward is a chain (:func:`~avalanche_plugins.core.layers.split_model`
+    Cost: when the late model's forward is a chain (:func:`~avalanche_plugins.core.split.split_model`
     can cut it at ``stage``), only its part after ``stage`` runs, so a stitched forward costs one
     forward pass. Otherwise (multi-task models, non-chain forwards) the late model runs whole
     with its ``stage`` output replaced by a hook, and its modules before ``stage`` run for

@@ -239,7 +239,7 @@ class TinyViT(nn.Module):
     """Pre-norm vision Transformer on non-overlapping patches (7×7 for 28×28 inputs).
 
     Its forward is a chain ``embed -> blocks.0 ... blocks.{depth-1} -> norm -> pool -> head`` so
-    :func:`avalanche_plugins.core.layers.split_model` can cut it after any block (token activations).
+    :func:`avalanche_plugins.core.split.split_model` can cut it after any block (token activations).
     """
 
     def __init__(self, image_size: int = 28, patch: int = 7, in_channels: int = 1, n_classes: int = 10,
