@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from benchmarks import grow_prune
+from benchmarks.grow_prune import job as grow_prune_job
+from benchmarks.grow_prune import settings as grow_prune_settings
 
 
 @pytest.mark.slow
@@ -50,7 +52,7 @@ def test_fixed_budget_setting_edits_late_in_each_experience_and_dense_has_no_clo
     leaky = settings["mlp leaky permuted mnist T4 E1"]
     assert leaky.leaky and leaky.edit_epoch == 3 and not late.leaky
     for method in ("grow", "prune+norewind"):  # masks and model share the activation
-        assert grow_prune.make_plugin(method, leaky, 0.3, seed=0).activation is grow_prune._LEAKY
+        assert grow_prune.make_plugin(method, leaky, 0.3, seed=0).activation is grow_prune_settings._LEAKY
     model = grow_prune.make_model(leaky, 10, (1, 28, 28), grow_prune.uses_leaky(leaky, "dense"))
     assert any(isinstance(m, torch.nn.LeakyReLU) for m in model.modules())
     with pytest.raises(ValueError, match="edit_epoch must be in"):
@@ -59,7 +61,7 @@ def test_fixed_budget_setting_edits_late_in_each_experience_and_dense_has_no_clo
 
 def test_random_label_stream_relabels_the_same_images_and_tests_on_them():
     x = torch.randn(64, 1, 4, 4)
-    bench = grow_prune._random_label_benchmark(x, n_experiences=3)
+    bench = grow_prune_job._random_label_benchmark(x, n_experiences=3)
     labels = []
     for train, test in zip(bench.train_stream, bench.test_stream):
         xs, ys = zip(*[(train.dataset[i][0], int(train.dataset[i][1])) for i in range(len(x))])

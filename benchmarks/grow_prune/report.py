@@ -1,0 +1,302 @@
+"""What the benchmark prints and keeps: the paired analysis, the verdict tables of claims 1–4, the figures and the compact kept rows."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from avalanche_plugins.study.harness.results import (
+    format_table,
+    rounded_floats,
+)
+
+
+def plot_course(rows, path) -> None:
+    """Newborn/incumbent gradient ratio against iterations since the last growth (mean over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    keys = dict.fromkeys((r["setting"], r["method"], r["compactness"]) for r in rows if r.get("newborn_course"))
+    for st, m, c in keys:
+        curves = [r["newborn_course"][-1]["ratio"] for r in rows
+                  if (r["setting"], r["method"], r["compactness"]) == (st, m, c) and r["newborn_course"]]
+        n = min(len(x) for x in curves)
+        if n:
+            ax.plot(10 * np.arange(1, n + 1), np.mean([x[:n] for x in curves], axis=0), label=f"{st} {m} c={c:.0%}")
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.set(xlabel="iterations since the last growth", ylabel="newborn / incumbent gradient norm", yscale="log")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_trajectories(rows, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(dict.fromkeys((r["setting"], r["compactness"]) for r in rows if r["method"] != "dense"))
+    fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(5 * max(1, len(keys)), 3.6), squeeze=False)
+    for ax, (setting, c) in zip(axes[0], keys):
+        for method in dict.fromkeys(r["method"] for r in rows):
+            runs = [r for r in rows if r["setting"] == setting and r["method"] == method
+                    and (r["compactness"] == c or method == "dense")]
+            if runs:
+                curve = np.mean([[a for _, a in r["trajectory"]] for r in runs], axis=0)
+                ax.plot(range(1, len(curve) + 1), curve, marker=".", label=method)
+        ax.set(xlabel="cycle (epoch)", ylabel="cumulative test accuracy", title=f"{setting}, c={c:.0%}",
+               ylim=(0, 1))
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _mean(xs) -> float:
+    xs = [x for x in xs if x is not None and x == x]
+    return float(np.mean(xs)) if xs else float("nan")
+
+
+INTERVENTIONS = ("zero_out", "zero_state", "fresh_state", "reinit_in", "newborn_lr", "leaky")
+
+
+def analysis(rows: list[dict]) -> str:
+    """The docs' reading tables from the run rows: paired Grow − Prune differences per compactness
+    (and in how many seeds Grow is higher), each intervention's paired change of the newborn
+    gradient ratio against plain Grow, and Grow's newborn/incumbent activation ratio."""
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    by = {(r["setting"], r["method"], r["compactness"], r["seed"]): r for r in rows}
+    out = ["Paired Grow − Prune (mean over seeds; seeds where Grow is higher)",
+           "| setting | c | ΔACC | ΔTAA | Δticket ACC | Δticket TAA |", "|---|---|---|---|---|---|"]
+    for s in settings:
+        for c in sorted({r["compactness"] for r in rows if r["setting"] == s and r["method"] == "grow"}):
+            seeds = sorted(k[3] for k in by if k[:3] == (s, "grow", c) and (s, "prune", c, k[3]) in by)
+            cells = []
+            for key in ("acc", "taa", "ticket_acc", "ticket_taa"):
+                d = [by[(s, "grow", c, x)][key] - by[(s, "prune", c, x)][key] for x in seeds
+                     if by[(s, "grow", c, x)][key] is not None and by[(s, "prune", c, x)][key] is not None]
+                cells.append(f"{np.mean(d):+.3f} ({sum(v > 0 for v in d)}/{len(d)})" if d else "–")
+            out.append(f"| {s} | {c:.0%} | " + " | ".join(cells) + " |")
+    out += ["", "Newborn gradient ratio: intervention − plain Grow (paired over compactness × seed); "
+            "Grow's newborn/incumbent activation ratio",
+            "| setting | grow grad ratio | grow act ratio | " + " | ".join(INTERVENTIONS) + " |",
+            "|---|---|---|" + "---|" * len(INTERVENTIONS)]
+    for s in settings:
+        base = {k[2:]: r["newborn_grad_ratio"] for k, r in by.items() if k[:2] == (s, "grow")}
+        act = _mean([e["newborn_act"] / e["incumbent_act"] for k, r in by.items() if k[:2] == (s, "grow")
+                     for e in r.get("newborn_log") or [] if e["incumbent_act"] > 0])
+        cells = [f"{_mean(base.values()):.2f}", f"{act:.2f}"]
+        for iv in INTERVENTIONS:
+            other = {k[2:]: r["newborn_grad_ratio"] for k, r in by.items() if k[:2] == (s, f"grow+{iv}")}
+            d = [other[k] - base[k] for k in sorted(set(base) & set(other))]
+            cells.append(f"{np.mean(d):+.2f} ({sum(v > 0 for v in d)}/{len(d)} up)" if d else "–")
+        out.append(f"| {s} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def _paired(a, b) -> str:
+    """``mean(a − b) [sd] d_z, seeds a > b, paired t-test p`` over aligned per-seed values
+    ("identical" when a equals b in every seed, e.g. an intervention that is a no-op).
+
+    Example:
+        >>> _paired([0.5, 0.6], [0.5, 0.6])
+        'identical (2/2 seeds)'
+    """
+    from scipy import stats
+
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    keep = np.isfinite(a) & np.isfinite(b)
+    a, b = a[keep], b[keep]
+    if len(a) < 2:
+        return "–"
+    d = a - b
+    if not d.any():
+        return f"identical ({len(d)}/{len(d)} seeds)"
+    sd = d.std(ddof=1)
+    p = stats.ttest_rel(a, b).pvalue if sd > 0 else float("nan")
+    dz = d.mean() / sd if sd > 0 else float("nan")
+    return f"{d.mean():+.3f} (d_z {dz:+.1f}; {int((d > 0).sum())}/{len(d)} up; p {p:.3f})"
+
+
+def claim1_table(by: dict, settings: list[str]) -> list[str]:
+    """Claim 1's table: plain Grow's newborn/incumbent gradient and activation ratios per setting and
+    compactness, the one-sample t-test of log(grad ratio) < 0, and the iterations to parity."""
+    from scipy import stats
+
+    out = ["Claim 1: newborn units (plain Grow; per seed the mean over growth cycles)",
+           "| setting | c | grad ratio | log-ratio t-test p (ratio < 1) | act ratio | after the last growth: ratio first → last "
+           "50 iterations; iterations to parity |",
+           "|---|---|---|---|---|---|"]
+    for st in settings:
+        for c in sorted({k[2] for k in by if k[:2] == (st, "grow")}):
+            rs = [by[k] for k in sorted(by) if k[:3] == (st, "grow", c)]
+            g = np.array([np.mean([e["grad_ratio"] for e in r["newborn_log"]]) for r in rs])
+            a = np.array([np.mean([e["newborn_act"] / e["incumbent_act"] for e in r["newborn_log"]
+                                   if e["incumbent_act"] > 0]) for r in rs])
+            p = stats.ttest_1samp(np.log(g), 0.0, alternative="less").pvalue if len(g) > 1 else float("nan")
+            last = [(r.get("steps_to_parity") or [None])[-1] for r in rs]
+            observed = [(r.get("steps_observed") or [0])[-1] for r in rs]
+            reached = [x for x in last if x is not None]
+            course = [r["newborn_course"][-1]["ratio"] for r in rs if r.get("newborn_course")]
+            start_end = [(np.mean(x[:5]), np.mean(x[-5:])) for x in course if len(x) >= 5]
+            parity = ((f"ratio {np.mean([a for a, _ in start_end]):.2f} → {np.mean([b for _, b in start_end]):.2f}; "
+                       if start_end else "") + f"{len(reached)}/{len(last)} seeds reach it"
+                      + (f" (median {np.median(reached):.0f})" if reached else "")
+                      + f"; {int(np.median(observed))} observed")
+            out.append(f"| {st} | {c:.0%} | {g.mean():.3f} ± {g.std(ddof=1) if len(g) > 1 else 0:.3f} | {p:.2g} | "
+                       f"{a.mean():.2f} | {parity} |")
+    return out
+
+
+def verdict_tables(rows: list[dict]) -> str:
+    """The tests behind the verdicts of issue 25 (paired over seeds; scipy):
+
+    1. newborn/incumbent gradient and activation ratio per growth cycle, one-sample t-test of
+       log(grad ratio) against 0, and iterations until the newborns' gradient norm reaches the
+       incumbents' (:func:`steps_to_parity`) after the last growth;
+    2. Grow − Prune on ACC, TAA, ticket ACC, ticket TAA per setting and compactness;
+    3. each intervention − plain Grow on the grad ratio, ACC, TAA and ticket ACC;
+    4. on the plasticity settings, Grow − Prune (ACC, TAA, current-task accuracy) per integration time.
+    """
+
+    by = {(r["setting"], r["method"], r["compactness"], r["seed"]): r for r in rows}
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    out = claim1_table(by, settings)
+    out += ["", "Claim 2: Grow − Prune, paired over seeds: mean (d_z; seeds where Grow is higher; paired t-test p)",
+            "| setting | c | ACC | TAA | ticket ACC | ticket TAA | current-task acc |", "|---|---|---|---|---|---|---|"]
+    for st in settings:
+        for c in sorted({k[2] for k in by if k[:2] == (st, "grow")}):
+            seeds = sorted(k[3] for k in by if k[:3] == (st, "grow", c) and (st, "prune", c, k[3]) in by)
+            if not seeds:
+                continue
+            cells = []
+            for key in ("acc", "taa", "ticket_acc", "ticket_taa", "plasticity"):
+                g = [by[(st, "grow", c, x)].get(key) for x in seeds]
+                q = [by[(st, "prune", c, x)].get(key) for x in seeds]
+                cells.append("–" if None in g + q else _paired(g, q))
+            out.append(f"| {st} | {c:.0%} | " + " | ".join(cells) + " |")
+    pair = ("mlp iid mnist", "cnn iid mnist")  # claim 2: is the Grow − Prune gap larger with the conv trunk?
+    if all((st, "grow") in {k[:2] for k in by} for st in pair):
+        out += ["", "Claim 2, MLP vs CNN: (Grow − Prune on the CNN) − (Grow − Prune on the MLP), paired by seed",
+                "| c | ACC | TAA | ticket ACC | ticket TAA |", "|---|---|---|---|---|"]
+        for c in sorted({k[2] for k in by if k[:2] == (pair[1], "grow")}):
+            seeds = sorted(x for x in {k[3] for k in by}
+                           if all((st, m, c, x) in by for st in pair for m in ("grow", "prune")))
+            cells = []
+            for key in ("acc", "taa", "ticket_acc", "ticket_taa"):
+                d = [[by[(st, "grow", c, x)][key] - by[(st, "prune", c, x)][key] for x in seeds] for st in pair]
+                cells.append(_paired(d[1], d[0]))
+            out.append(f"| {c:.0%} | " + " | ".join(cells) + " |")
+    out += ["", "Claim 3: intervention − plain Grow, paired over seeds (same c)",
+            "| setting | c | intervention | grad ratio | ACC | TAA | ticket ACC | ticket TAA |",
+            "|---|---|---|---|---|---|---|---|"]
+    for st in settings:
+        for iv in INTERVENTIONS:
+            for c in sorted({k[2] for k in by if k[:2] == (st, f"grow+{iv}")}):
+                seeds = sorted(k[3] for k in by if k[:3] == (st, f"grow+{iv}", c) and (st, "grow", c, k[3]) in by)
+                cells = []
+                for key in ("newborn_grad_ratio", "acc", "taa", "ticket_acc", "ticket_taa"):
+                    v = [by[(st, f"grow+{iv}", c, x)].get(key) for x in seeds]
+                    b = [by[(st, "grow", c, x)].get(key) for x in seeds]
+                    cells.append("–" if None in v + b else _paired(v, b))
+                out.append(f"| {st} | {c:.0%} | {iv} | " + " | ".join(cells) + " |")
+    out += claim4_table(by)
+    return "\n".join(out)
+
+
+def claim4_table(by: dict) -> list[str]:
+    """Plasticity settings (names ending in `` E<epochs>``): Grow − each baseline per integration
+    time E, and the trend (the Grow − baseline difference at the largest E minus at the smallest,
+    paired over seeds)."""
+    import re
+
+    groups: dict = {}
+    for (st, _, _, _) in by:
+        m = re.match(r"(.*) E(\d+)$", st)
+        if m:
+            groups.setdefault(m.group(1), set()).add(int(m.group(2)))
+    if not groups:
+        return []
+    out = ["", "Claim 4: Grow − baseline on the plasticity stream per integration time E (epochs per experience), "
+           "paired over seeds", "| stream | E | baseline | ACC | TAA | current-task acc |", "|---|---|---|---|---|---|"]
+    for base_name, es in groups.items():
+        es = sorted(es)
+        for base in ("prune", "prune+norewind", "dense"):
+            diffs = {}
+            for e in es:
+                st = f"{base_name} E{e}"
+                grow = {k[3]: by[k] for k in by if k[:2] == (st, "grow")}
+                other = {k[3]: by[k] for k in by if k[:2] == (st, base)}
+                seeds = sorted(set(grow) & set(other))
+                if not seeds:
+                    continue
+                cells = []
+                for key in ("acc", "taa", "plasticity"):
+                    g, b = [grow[x][key] for x in seeds], [other[x][key] for x in seeds]
+                    diffs.setdefault(key, {})[e] = dict(zip(seeds, np.subtract(g, b)))
+                    cells.append(_paired(g, b))
+                out.append(f"| {base_name} | {e} | {base} | " + " | ".join(cells) + " |")
+            if len(diffs.get("acc", {})) >= 2:
+                lo, hi = min(diffs["acc"]), max(diffs["acc"])
+                cells = []
+                for key in ("acc", "taa", "plasticity"):
+                    seeds = sorted(set(diffs[key][lo]) & set(diffs[key][hi]))
+                    cells.append(_paired([diffs[key][hi][x] for x in seeds], [diffs[key][lo][x] for x in seeds]))
+                out.append(f"| {base_name} | E{hi} − E{lo} | {base} | " + " | ".join(cells) + " |")
+    return out
+
+
+def compact_row(row: dict) -> dict:
+    """A row as a kept run stores it (``--merge``): without the unit indices of every edit and with
+    every float at 6 significant digits (the report prints 3 decimals); ``--report`` reads it unchanged.
+
+    Example:
+        >>> compact_row({"edits": [{"cycle": 1, "units": {"fc": [3, 7]}}], "acc": 0.91234567891})
+        {'edits': [{'cycle': 1}], 'acc': 0.912346}
+    """
+    out = dict(row)
+    if row.get("edits"):
+        out["edits"] = [{k: v for k, v in e.items() if k != "units"} for e in row["edits"]]
+    return rounded_floats(out)
+
+
+def share_run_configs(saved: dict) -> dict:
+    """A kept run with every distinct per-run ``config`` stored once, in ``saved["run_configs"]``,
+    and each run's ``config`` the index of its entry there (a setting's runs share one, so this
+    takes the repetition out of the kept files; ``report`` does not read it).
+
+    Example:
+        >>> share_run_configs({"runs": [{"acc": 1, "config": {"lr": 0.1}}, {"acc": 2, "config": {"lr": 0.1}}]})
+        {'runs': [{'acc': 1, 'config': 0}, {'acc': 2, 'config': 0}], 'run_configs': [{'lr': 0.1}]}
+    """
+    configs = list(saved.get("run_configs", []))  # a file shared before keeps its indices
+    index = {json.dumps(c, sort_keys=True): i for i, c in enumerate(configs)}
+    runs = []
+    for run in saved["runs"]:
+        if isinstance(run.get("config"), dict):
+            key = json.dumps(run["config"], sort_keys=True)
+            if key not in index:
+                index[key] = len(configs)
+                configs.append(run["config"])
+            run = {**run, "config": index[key]}
+        runs.append(run)
+    return {**saved, "runs": runs, "run_configs": configs}
+
+
+VALUES = ("acc", "taa", "ticket_acc", "ticket_taa", "newborn_grad_ratio", "plasticity")
+
+
+def report(saved: dict) -> str:
+    """The summary table, the paired analysis and the masked/dense time per epoch of a saved run."""
+    lines = [format_table(saved["summary"], ["setting", "method", "compactness"], VALUES), analysis(saved["runs"]),
+             "", verdict_tables(saved["runs"])]
+    if saved.get("timing"):
+        lines.append("masked/dense time per epoch: " + ", ".join(f"{t['setting']} {t['masked_over_dense']:.2f}"
+                                                               for t in saved["timing"]))
+    return "\n".join(lines)
