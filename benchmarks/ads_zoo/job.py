@@ -29,18 +29,24 @@ class Job:
     data_root: str | None = None
 
 
+def _samples(data: dict, cfg, g: torch.Generator):
+    """The job's old / new training subsets, old-task test subset and calibration sets, drawn from ``g``
+    in this order (the order fixes every job's samples)."""
+    old_x, old_y = subset(*data["old"], cfg.max_train, g)
+    new_x, new_y = subset(*data["new"], cfg.max_train, g)
+    test = subset(*data["old_test"], cfg.max_test, g)
+    cal_old = old_x[torch.randperm(len(old_x), generator=g)[:cfg.calibration]]
+    cal_idx = torch.randperm(len(new_x), generator=g)[:cfg.calibration]
+    return (old_x, old_y), (new_x, new_y), test, cal_old, (new_x[cal_idx], new_y[cal_idx])
+
+
 def run_job(job: Job) -> dict:
     """Train on the old task, compute ADS and the naive predictors, train on the new task, measure."""
     cfg = job.config
     data = scenario_data(job.scenario, job.data_root)
     seed_everything(job.seed)
     g = torch.Generator().manual_seed(job.seed)
-    old_x, old_y = subset(*data["old"], cfg.max_train, g)
-    new_x, new_y = subset(*data["new"], cfg.max_train, g)
-    test_x, test_y = subset(*data["old_test"], cfg.max_test, g)
-    cal_old = old_x[torch.randperm(len(old_x), generator=g)[:cfg.calibration]]
-    cal_idx = torch.randperm(len(new_x), generator=g)[:cfg.calibration]
-    cal_new_x, cal_new_y = new_x[cal_idx], new_y[cal_idx]
+    (old_x, old_y), (new_x, new_y), (test_x, test_y), cal_old, (cal_new_x, cal_new_y) = _samples(data, cfg, g)
     model = build_arch(job.arch, data["input_shape"])
     row = {"scenario": job.scenario, "arch": job.arch.name, "family": job.arch.family, "design": job.arch.design,
            "seed": job.seed, "n_params": sum(p.numel() for p in model.parameters())}

@@ -106,6 +106,39 @@ def continuing_adam_gain(model: nn.Module, loss_fn, optimizer_state: dict, train
             "loss_before": result.loss_before}
 
 
+def _gains(s: Setting, model: nn.Module, loss_fn, data, seed: int, timings: dict, optimizer_state: dict | None,
+           time_costs: bool) -> dict:
+    """The k-step gain ground truths ``gain_<optimizer>_k<k>`` (and their standard errors) of one checkpoint;
+    their seconds go into ``timings`` (with ``time_costs`` also for the ``cost_k`` not ranked)."""
+    x_tr, y_tr, x_val, y_val = data
+    rec: dict = {}
+    for name, opt, lr in s.gain_optimizers:
+        for k in s.ks:
+            t0 = time.perf_counter()
+            if opt == "adam_continue":
+                if optimizer_state is None:
+                    raise ValueError("the adam_continue ground truth needs the checkpoint's optimizer_state")
+                g = continuing_adam_gain(model, loss_fn, optimizer_state, x_tr, y_tr, x_val, y_val, k=k, lr=lr,
+                                         batch_size=s.gain_batch, n_runs=s.n_runs, seed=seed)
+                gain, stderr = g["gain"], g["stderr"]
+            else:
+                g = k_step_gain(model, loss_fn, x_tr, y_tr, x_val, y_val, k=k, lr=lr, optimizer=opt,
+                                batch_size=s.gain_batch, n_runs=dict(s.n_runs_by_k).get(k, s.n_runs), seed=seed)
+                gain, stderr = g.gain, g.stderr
+            timings[f"gain_{name}_k{k}_s"] = time.perf_counter() - t0
+            rec[f"gain_{name}_k{k}"] = _finite_gain(gain)
+            rec[f"gain_{name}_k{k}_stderr"] = stderr
+    if time_costs:  # the cost ratio needs G^(k) timings also for k not ranked in this run
+        name, opt, lr = s.gain_optimizers[0]
+        for k in s.cost_k:
+            if f"gain_{name}_k{k}_s" not in timings:
+                t0 = time.perf_counter()
+                k_step_gain(model, loss_fn, x_tr, y_tr, x_val, y_val, k=k, lr=lr, optimizer=opt,
+                            batch_size=s.gain_batch, n_runs=s.n_runs, seed=seed)
+                timings[f"gain_{name}_k{k}_s"] = time.perf_counter() - t0
+    return rec
+
+
 def score_checkpoint(setting: Setting, model: nn.Module, loss_fn, data, *, seed: int,
                      time_costs: bool = False, optimizer_state: dict | None = None) -> dict:
     """Every metric, ground truth and ablation value of ``model`` on one target task."""
@@ -144,30 +177,7 @@ def score_checkpoint(setting: Setting, model: nn.Module, loss_fn, data, *, seed:
     t0 = time.perf_counter()
     rec["hessian_energy_rank"] = float(hessian_energy_rank(model, loss_fn, probe_j, probe_jy))
     timings["hessian_s"] = time.perf_counter() - t0
-    for name, opt, lr in s.gain_optimizers:
-        for k in s.ks:
-            t0 = time.perf_counter()
-            if opt == "adam_continue":
-                if optimizer_state is None:
-                    raise ValueError("the adam_continue ground truth needs the checkpoint's optimizer_state")
-                g = continuing_adam_gain(model, loss_fn, optimizer_state, x_tr, y_tr, x_val, y_val, k=k, lr=lr,
-                                         batch_size=s.gain_batch, n_runs=s.n_runs, seed=seed)
-                gain, stderr = g["gain"], g["stderr"]
-            else:
-                g = k_step_gain(model, loss_fn, x_tr, y_tr, x_val, y_val, k=k, lr=lr, optimizer=opt,
-                                batch_size=s.gain_batch, n_runs=dict(s.n_runs_by_k).get(k, s.n_runs), seed=seed)
-                gain, stderr = g.gain, g.stderr
-            timings[f"gain_{name}_k{k}_s"] = time.perf_counter() - t0
-            rec[f"gain_{name}_k{k}"] = _finite_gain(gain)
-            rec[f"gain_{name}_k{k}_stderr"] = stderr
-    if time_costs:  # the cost ratio needs G^(k) timings also for k not ranked in this run
-        name, opt, lr = s.gain_optimizers[0]
-        for k in s.cost_k:
-            if f"gain_{name}_k{k}_s" not in timings:
-                t0 = time.perf_counter()
-                k_step_gain(model, loss_fn, x_tr, y_tr, x_val, y_val, k=k, lr=lr, optimizer=opt,
-                            batch_size=s.gain_batch, n_runs=s.n_runs, seed=seed)
-                timings[f"gain_{name}_k{k}_s"] = time.perf_counter() - t0
+    rec.update(_gains(s, model, loss_fn, data, seed, timings, optimizer_state, time_costs))
     for frac in s.ablation_fractions:
         n = max(2, int(round(frac * len(x_val))))
         r = _safe_or(model, loss_fn, x_val[:n], y_val[:n], batch_size=min(s.ablation_batch, n),

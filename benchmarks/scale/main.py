@@ -108,13 +108,8 @@ def _check_subset(parser, flag, values, allowed):
         parser.error(f"{flag} must be a subset of {', '.join(allowed)}; got {', '.join(bad)}")
 
 
-def main(argv=None) -> dict:
-    parser = _parser()
-    args = parse_args(parser, argv)
-    if args.report:
-        return {"report": print_report(args.report, report)}
-    models = split_list(args.models) or list(QUICK_MODELS if args.quick else FULL_MODELS)
-    estimators = split_list(args.estimators) or [e for e in ESTIMATORS if not (args.quick and e == "epoch_5000")]
+def _check_args(parser, args, models: list[str], estimators: list[str]) -> None:
+    """Refuse, before anything runs, unknown models / estimators and settings the runner cannot honour."""
     _check_subset(parser, "--models", models, list(MODELS))
     _check_subset(parser, "--estimators", estimators, list(ESTIMATORS))
     if getattr(args, "executor", "local") != "local":  # the shared parser may offer other executors
@@ -124,11 +119,11 @@ def main(argv=None) -> dict:
         parser.error(f"--timeout must be > 0 seconds, got {args.timeout}")
     if not args.max_rss_gb > 0:
         parser.error(f"--max-rss-gb must be > 0, got {args.max_rss_gb}")
-    cap = args.timeout or (30.0 if args.quick else 600.0)
-    floor = min(cap, 5.0 if args.quick else 60.0)
-    cfg = config_for(args)
-    measure = importlib.import_module("benchmarks.scale.measure").measure  # picklable by module path
 
+
+def _wanted_pairs(args, models: list[str], estimators: list[str]) -> list[tuple[str, str]]:
+    """Phase 2's ``(model, estimator)`` pairs: not the reference epoch, not skipped (by model, estimator or
+    family), and the 5,000-sample epoch check only on its model unless ``--estimators`` names it."""
     def skipped(model, estimator):
         return (is_skipped(args.skip, model, estimator) or estimator in args.skip
                 or MODELS[model][0] in args.skip)
@@ -137,6 +132,47 @@ def main(argv=None) -> dict:
         if estimator == "epoch_5000" and model != CHECK_EPOCH_MODEL and args.estimators is None:
             return False
         return estimator in estimators and not skipped(model, estimator)
+
+    return [(m, e) for m in models for e in estimators if e != "epoch" and wanted(m, e)]
+
+
+def _measurement_jobs(pairs: list[tuple[str, str]], params: dict, cfg, seeds) -> tuple[list, list[dict]]:
+    """Phase 2's jobs for the wanted ``(model, estimator)`` pairs, and the rows of those skipped up front
+    (the exact Hessian of a model over ``cfg.hessian_max_params``)."""
+    jobs, skipped_rows = [], []
+    for m, e in pairs:
+        if e == "curvature_hessian" and params.get(m, 0) > cfg.hessian_max_params:
+            skipped_rows += [{"model": m, "family": MODELS[m][0], "params": params[m], "estimator": e,
+                              "what": ESTIMATORS[e][1], "setting": setting_for(Job(m, e, s, cfg)), "seed": s,
+                              "status": "skipped", "time_s": None, "ratio": None,
+                              "message": f"exact Hessian only up to {cfg.hessian_max_params / 1e6:g} M parameters"}
+                             for s in seeds]
+            continue
+        jobs += [Job(m, e, s, cfg) for s in seeds]
+    return jobs, skipped_rows
+
+
+def _fill_context(row: dict, job, params: dict) -> None:
+    """The job's context in a row whose process was killed before it reported anything."""
+    row.setdefault("family", MODELS[job.model][0])
+    row.setdefault("what", ESTIMATORS[job.estimator][1])
+    row.setdefault("setting", setting_for(job))
+    if row.get("params") is None and job.model in params:
+        row["params"] = params[job.model]
+
+
+def main(argv=None) -> dict:
+    parser = _parser()
+    args = parse_args(parser, argv)
+    if args.report:
+        return {"report": print_report(args.report, report)}
+    models = split_list(args.models) or list(QUICK_MODELS if args.quick else FULL_MODELS)
+    estimators = split_list(args.estimators) or [e for e in ESTIMATORS if not (args.quick and e == "epoch_5000")]
+    _check_args(parser, args, models, estimators)
+    cap = args.timeout or (30.0 if args.quick else 600.0)
+    floor = min(cap, 5.0 if args.quick else 60.0)
+    cfg = config_for(args)
+    measure = importlib.import_module("benchmarks.scale.measure").measure  # picklable by module path
 
     seeds = range(args.seeds)
     start = time.perf_counter()
@@ -161,20 +197,9 @@ def main(argv=None) -> dict:
             epochs.setdefault(row["model"], row["epoch5000_s"])
     params = {r["model"]: r["params"] for r in ref_rows if r.get("params")}
     # phase 2: every other measurement
-    jobs, skipped_rows = [], []
-    for m in models:
-        for e in estimators:
-            if e == "epoch" or not wanted(m, e):
-                continue
-            if e == "curvature_hessian" and params.get(m, 0) > cfg.hessian_max_params:
-                skipped_rows += [{"model": m, "family": MODELS[m][0], "params": params[m], "estimator": e,
-                                  "what": ESTIMATORS[e][1], "setting": setting_for(Job(m, e, s, cfg)), "seed": s,
-                                  "status": "skipped", "time_s": None, "ratio": None,
-                                  "message": f"exact Hessian only up to {cfg.hessian_max_params / 1e6:g} M parameters"}
-                                 for s in seeds]
-                continue
-            timeouts[(m, e)] = timeout_for(e, epochs.get(m), cap, floor)
-            jobs += [Job(m, e, s, cfg) for s in seeds]
+    jobs, skipped_rows = _measurement_jobs(_wanted_pairs(args, models, estimators), params, cfg, seeds)
+    for job in jobs:
+        timeouts[(job.model, job.estimator)] = timeout_for(job.estimator, epochs.get(job.model), cap, floor)
     expected = sum(expected_seconds(j, epochs.get(j.model), timeouts[(j.model, j.estimator)]) for j in jobs)
     worst = sum(timeouts[(j.model, j.estimator)] + PROCESS_OVERHEAD_S for j in jobs)
     print(f"scale: {len(jobs)} measurements; expected about {expected / 60:.0f} min if every estimator meets "
@@ -182,11 +207,7 @@ def main(argv=None) -> dict:
     rows = ref_rows + run_jobs(measure, jobs, cache=f"{args.out}/jobs.jsonl", executor=executor(),
                                desc="scale: measurements", progress=not args.no_progress)
     for job, row in zip(ref_jobs + jobs, rows):  # a process killed before it reported anything
-        row.setdefault("family", MODELS[job.model][0])
-        row.setdefault("what", ESTIMATORS[job.estimator][1])
-        row.setdefault("setting", setting_for(job))
-        if row.get("params") is None and job.model in params:
-            row["params"] = params[job.model]
+        _fill_context(row, job, params)
     order = {name: i for i, name in enumerate(ESTIMATORS)}
     rows = sorted(rows + skipped_rows, key=lambda r: (models.index(r["model"]), order[r["estimator"]], r["seed"]))
     out = write_results(args.out, args, config={**asdict(cfg), "models": models, "estimators": estimators,
