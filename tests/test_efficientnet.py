@@ -254,3 +254,26 @@ def test_curvature_masks_keys_readiness_and_shift_run(lite):
     u, v = stage_activations(other, "_blocks.7", x), stage_activations(net, "_blocks.7", x)
     key = fit_transport_key(u, v, "channel")
     assert 0.0 <= stitched_accuracy(stitch(other, net, "_blocks.7", key), x, y) <= 1.0
+
+
+@pytest.mark.parametrize("kwargs", [{"outgoing": "zero"}, {"score": "gradient"}])
+def test_grow_needing_consumers_refuses_it_before_training(kwargs):
+    """Its blocks' units are read by residual adds and depthwise convs, not by one weight matrix: Grow's
+    ``outgoing="zero"`` and ``score="gradient"`` cannot treat them, and say so before the first step
+    (they used to fail at the first growth, an experience later), leaving the model unmasked."""
+    from avalanche.training import Naive
+
+    from avalanche_plugins import GrowPlugin
+    from tests.fixtures import digits_stream
+
+    torch.manual_seed(0)
+    net = small(10)  # 8x8 digits, resized to 32 px inside the model
+    stream = digits_stream(5).benchmark
+    grow = GrowPlugin(0.5, seed_compactness=0.2, grow_fraction_per_cycle=0.1, **kwargs)
+    strategy = Naive(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.01), criterion=nn.CrossEntropyLoss(),
+                     train_mb_size=32, plugins=[grow])
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    with pytest.raises(ValueError, match="GrowPlugin refuses this model before training: .*non-sequential"):
+        strategy.train(stream.train_stream[0], num_workers=0)
+    assert net.state_dict().keys() == before.keys()  # no unit_mask buffer left behind
+    assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items())

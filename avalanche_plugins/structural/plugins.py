@@ -454,6 +454,16 @@ class GrowPlugin(_EditingPlugin):
         return [*super()._required_callbacks(), *tracked]
 
     def _masks_created(self, strategy):
+        needs = {"outgoing='zero'": self.interventions.outgoing == "zero", "score='gradient'": self.score == "gradient"}
+        no_consumer = [name for name, layer in self.masks.layers.items() if layer.outgoing is None]
+        if any(needs.values()) and no_consumer:
+            # up front, not at the first growth an experience later (the model is left as it was)
+            self.masks.detach()
+            self.masks = None
+            what = " and ".join(k for k, v in needs.items() if v)
+            raise ValueError(f"GrowPlugin refuses this model before training: {what} needs the consumer (the "
+                             f"layer reading its units) of every masked layer, and none was found for "
+                             f"{no_consumer} (non-sequential model); use outgoing='as_is' / score='activation'")
         sizes = self.masks.sizes()
         self.targets = layer_counts(sizes, self.target_compactness)
         seeds = layer_counts(sizes, self.seed_compactness)
