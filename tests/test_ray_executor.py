@@ -1,6 +1,7 @@
 """``--executor ray``: the same jobs through ``run_jobs`` on a local Ray instance give the rows the
 local executor gives, run in Ray's worker processes, and resume from the same cache."""
 
+import csv
 import json
 import os
 import sys
@@ -126,3 +127,45 @@ def test_bad_arguments_and_missing_ray_are_named(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # as if the extra were not installed
     with pytest.raises(ImportError, match=r"\[ray\]"):
         RayExecutor().start()
+
+
+# a study of one run whose metric logs images and whose loggers write their own folders
+FILES_STUDY = {"name": "files", "seeds": 1, "scenarios": [{"benchmark": "split_digits", "n_experiences": 2}],
+               "model": {"name": "mlp", "kwargs": {"hidden": [16]}}, "training": {"epochs": 1, "batch_size": 64},
+               "strategies": ["Naive"], "loggers": ["text", "tensorboard"],
+               "metrics": [{"name": "confusion_matrix_metrics", "kwargs": {"stream": True, "save_image": True}}]}
+
+
+def _run_files(out) -> dict:
+    """``{path relative to out: bytes}`` of the per-run files (``runs/``, the loggers' folders)."""
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and p.relative_to(out).parts[0] in ("runs", "text", "tensorboard")}
+
+
+@pytest.mark.slow
+def test_a_ray_study_brings_every_per_run_file_to_the_drivers_out(executor, tmp_path):
+    from avalanche_plugins.study import run_study
+
+    executor.start()  # the study's Ray executor uses this instance (and leaves it running)
+    local = run_study(FILES_STUDY, out=tmp_path / "local", progress=False)
+    remote = run_study(FILES_STUDY, out=tmp_path / "ray", executor="ray", progress=False)
+    assert [r["status"] for r in remote.rows] == ["ok"] and "node_ip" in remote.rows[0]  # it ran on Ray
+    here, there = _run_files(tmp_path / "local"), _run_files(tmp_path / "ray")
+    # every file the metrics.csv rows name exists under the driver's out, as the local executor wrote it
+    named = [m for m in csv.DictReader(remote.csv.read_text().splitlines()) if m["file"]]
+    listed_locally = [m["file"] for m in csv.DictReader(local.csv.read_text().splitlines()) if m["file"]]
+    assert named and [m["file"] for m in named] == listed_locally
+    for m in named:
+        path = f"runs/{m['scenario']}/{m['strategy']}/{m['setting']}/{m['file']}"
+        assert there[path] == here[path]
+    csv_path = "runs/split_digits/Naive/default/seed0.csv"
+    assert there[csv_path] == here[csv_path]
+    # the loggers' folders too (a TensorBoard file is named by its time, host and process)
+    assert "text/split_digits/Naive/default/seed0.txt" in there
+    assert [p.rsplit("/", 1)[0] for p in there if p.startswith("tensorboard/")] == \
+        ["tensorboard/split_digits/Naive/default/seed0"]
+    assert {p for p in there if "tensorboard/" not in p} == {p for p in here if "tensorboard/" not in p}
+    # the bytes travelled with the row only: neither the cache nor results.json keeps them
+    cached = [json.loads(line)["row"] for line in (tmp_path / "ray" / "jobs.jsonl").read_text().splitlines()]
+    assert len(cached) == 1 and "files" not in cached[0]
+    assert "files" not in json.loads((tmp_path / "ray" / "results.json").read_text())["runs"][0]

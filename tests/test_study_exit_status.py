@@ -96,3 +96,117 @@ def test_workers_with_an_address_is_said_to_have_no_effect(tmp_path, capsys):
     with pytest.raises(SystemExit):
         run_command(["run", str(missing), "--executor", "ray", "--address", "HEAD:6379"])
     assert "has no effect" not in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------
+# a lost Ray node (issue 43, "Faults on the cluster"): the waiting is said, the wait limit stops it.
+# Without Ray: a stand-in for the few calls RayExecutor.map_unordered makes (the real thing, a killed
+# worker node of a two-node cluster, is tests/test_ray_cluster.py).
+
+HEAD = {"Alive": True, "Resources": {"memory": 1.0}, "NodeManagerAddress": "10.0.0.1"}  # 0 CPUs
+LOST = {"Alive": False, "Resources": {"CPU": 2.0}, "NodeManagerAddress": "10.0.0.2"}
+
+
+class _Task:
+    def options(self, **kwargs):
+        return self
+
+    def remote(self, fn, job, *args):
+        return ("ref", job)
+
+
+class _FakeRay:
+    """The first job finishes; then no row ever comes and the only CPU node is dead."""
+
+    def __init__(self, nodes):
+        self.cancelled, self.answered, self._nodes = [], False, nodes
+
+    def remote(self, fn=None, **kwargs):
+        return _Task() if fn is not None else (lambda f: _Task())
+
+    def put(self, value):
+        return value
+
+    def wait(self, refs, num_returns=1, timeout=None):
+        if not self.answered:
+            self.answered = True
+            return refs[:1], refs[1:]
+        return [], refs
+
+    def get(self, ref):
+        return {"job": ref[1]}
+
+    def cancel(self, ref):
+        self.cancelled.append(ref)
+
+    def nodes(self):
+        return self._nodes
+
+
+def test_jobs_no_node_can_run_are_said_and_stopped_at_the_wait_limit(monkeypatch, capsys):
+    from avalanche_plugins.study.harness.jobs import NoNodeCanRun, RayExecutor
+
+    fake = _FakeRay([HEAD, LOST])
+    monkeypatch.setattr(RayExecutor, "start", lambda self: fake)
+    got = []
+    with pytest.raises(NoNodeCanRun, match=r"\(wait limit 0.2 s\): no alive node has the 1 CPU\(s\) a job needs "
+                                           r"\(lost node\(s\): 10.0.0.2\); 2 job\(s\) not done: b, c$"):
+        for job, row in RayExecutor(address="HEAD:6379", wait_limit=0.2).map_unordered(str, ["a", "b", "c"]):
+            got.append((job, row))
+    assert got == [("a", {"job": "a"})]  # the finished row reached the caller (run_jobs caches it)
+    assert fake.cancelled == [("ref", "b"), ("ref", "c")]  # nothing left behind on the cluster
+    said = capsys.readouterr().err
+    assert said.startswith("Ray: no alive node has the 1 CPU(s) a job needs (lost node(s): 10.0.0.2); 2 job(s) "
+                           "waiting, stopping after 0.2 s: b, c\n")
+
+
+def test_the_wait_is_said_every_report_and_its_clock_restarts_when_a_node_is_back(monkeypatch, capsys):
+    from avalanche_plugins.study.harness import jobs
+
+    now = [100.0]
+    monkeypatch.setattr(jobs.time, "monotonic", lambda: now[0])
+    wait = jobs._Starved(threads=2, limit=None, report=60.0)
+    said = []
+    for t, capacity in ((0, 0), (30, 0), (61, 0), (70, 1), (80, 0), (100, 0), (141, 0)):
+        now[0] = 100.0 + t
+        wait.check((capacity, ["10.0.0.2"]), ["s/Naive/default/seed0"])
+        said.append(capsys.readouterr().err)
+    assert [bool(s) for s in said] == [True, False, True, False, True, False, True]
+    assert "1 job(s) waiting for 61 s, until a node joins (a wait limit stops the study)" in said[2]
+    assert "1 job(s) waiting, until" in said[4] and "waiting for 61 s" in said[6]  # from 80 s on, not from 0
+    assert jobs._Starved(threads=1, limit=10.0, report=60.0).report == 2.5  # a quarter of the limit
+    # capacity: CPUs of alive nodes over threads; a dead node whose address is back is not lost
+    back = {"Alive": True, "Resources": {"CPU": 3.0}, "NodeManagerAddress": "10.0.0.2"}
+    assert jobs._ray_capacity(_FakeRay([HEAD, LOST]), 1) == (0, ["10.0.0.2"])
+    assert jobs._ray_capacity(_FakeRay([HEAD, LOST, back]), 2) == (1, [])
+
+
+def test_a_stopped_wait_exits_1_saying_a_rerun_resumes_and_wait_limit_needs_ray(tmp_path, monkeypatch, capsys):
+    from avalanche_plugins.study import api
+    from avalanche_plugins.study.harness.jobs import NoNodeCanRun, RayExecutor, make_executor
+
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump({"scenarios": ["split_digits"], "strategies": ["Naive"]}))
+    asked = {}
+
+    def stopped(study, **kwargs):
+        asked.update(kwargs)
+        raise NoNodeCanRun("stopped after 30 s (wait limit 30 s): no alive node ...; 1 job(s) not done: x")
+
+    monkeypatch.setattr(api, "run_study", stopped)
+    with pytest.raises(SystemExit) as stop:
+        run_command(["run", str(config), "--executor", "ray", "--address", "HEAD:6379", "--wait-limit", "30",
+                     "--out", str(tmp_path / "out")])
+    assert stop.value.code == 1 and asked["wait_limit"] == 30.0
+    err = capsys.readouterr().err
+    assert "avalanche-study run: stopped after 30 s (wait limit 30 s)" in err
+    assert f"finished runs are cached in {tmp_path / 'out' / 'jobs.jsonl'}: a rerun with a node back" in err
+    for argv in (["--wait-limit", "30"], ["--executor", "ray", "--wait-limit", "0"]):
+        with pytest.raises(SystemExit) as stop:
+            run_command(["run", str(config), *argv])
+        assert stop.value.code == 2
+    assert "--wait-limit needs --executor ray" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="wait_limit"):
+        make_executor("local", wait_limit=5.0)
+    with pytest.raises(ValueError, match="wait_limit"):
+        RayExecutor(wait_limit=0)

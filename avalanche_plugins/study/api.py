@@ -8,7 +8,9 @@
 3. ``OUT/`` receives ``metrics.csv`` (every value every metric logged, tidy long format, tuning
    runs included with ``split=validation``), ``results.json`` / ``results.csv`` (runs, summary,
    chosen settings, tests), ``tables.md`` / ``tables.tex``, ``figures/*.png``, ``report.md``, the
-   per-run CSVs and images under ``runs/`` and the resumable job cache ``jobs.jsonl``.
+   per-run CSVs and images under ``runs/`` and the resumable job cache ``jobs.jsonl``. On Ray each
+   run's files come back with its row and are written here by the driver, before the row is cached
+   (:class:`FilesToOut`), so they exist on the driver whichever node ran the job.
 """
 
 from __future__ import annotations
@@ -32,7 +34,14 @@ from avalanche_plugins.study.harness.protocol import (
 from avalanche_plugins.study.harness.results import print_report, write_results
 from avalanche_plugins.study.provenance import provenance_lines, setting_lines, study_provenance
 from avalanche_plugins.study.registry import ErrorList
-from avalanche_plugins.study.runner import CONTEXT, StudyJob, failed_outside_the_method, run_job
+from avalanche_plugins.study.runner import (
+    CONTEXT,
+    FILES,
+    StudyJob,
+    failed_outside_the_method,
+    run_job,
+    write_files,
+)
 from avalanche_plugins.study.specs import ScenarioSpec, StrategySpec, apply_setting
 from avalanche_plugins.study.stats import summarize_diagnostics, summarize_study
 from avalanche_plugins.study.tables import (
@@ -43,8 +52,8 @@ from avalanche_plugins.study.tables import (
     markdown_tables,
 )
 
-__all__ = ["StudyResult", "failure_summary", "load_study", "make_study_executor", "plan_test_jobs", "plan_tuning_jobs",
-           "report", "run_study", "write_outputs"]
+__all__ = ["FilesToOut", "StudyResult", "failure_summary", "load_study", "make_study_executor", "plan_test_jobs",
+           "plan_tuning_jobs", "report", "run_study", "write_outputs"]
 
 TIDY_COLUMNS = ("phase", "stream", "training_experience", "experience", "task", "metric", "key", "value",
                 "file", "step", "callback")
@@ -72,10 +81,32 @@ class StudyResult:
 
 
 def make_study_executor(executor: str = "local", *, workers: int = 1, threads: int = 1, address: str | None = None,
-                        isolate: bool = True):
+                        isolate: bool = True, wait_limit: float | None = None):
     """The job executor (:func:`~avalanche_plugins.study.harness.jobs.make_executor`): a local pool of
-    ``workers`` processes, or Ray (started locally with ``workers × threads`` CPUs, or joined at ``address``)."""
-    return make_executor(executor, workers=workers, threads=threads, address=address, isolate=isolate)
+    ``workers`` processes, or Ray (started locally with ``workers × threads`` CPUs, or joined at ``address``;
+    ``wait_limit``: seconds jobs may wait with no node able to run one before the study stops)."""
+    return make_executor(executor, workers=workers, threads=threads, address=address, isolate=isolate,
+                         wait_limit=wait_limit)
+
+
+class FilesToOut:
+    """An executor whose rows' shipped files (:data:`~avalanche_plugins.study.runner.FILES`, from
+    ``run_job(..., ship_files=True)`` on a Ray node) are written under ``out`` and taken out of the
+    row as each row arrives, before :func:`run_jobs` caches it: a cached row's files exist on the driver."""
+
+    def __init__(self, executor, out):
+        self.executor, self.out = executor, Path(out)
+
+    def map_unordered(self, fn, jobs):
+        for job, ran in self.executor.map_unordered(fn, jobs):
+            if isinstance(ran, dict) and FILES in ran:
+                ran = dict(ran)
+                write_files(self.out, ran.pop(FILES))
+            yield job, ran
+
+    def close(self) -> None:
+        if hasattr(self.executor, "close"):
+            self.executor.close()
 
 
 def load_study(config, *, quick: bool = False, seeds: int | None = None, data_root=None, deep: bool = True,
@@ -182,19 +213,26 @@ def _tuning_failures(study: Study, chosen: dict) -> list[dict]:
 def run_study(config, *, out, quick: bool = False, seeds: int | None = None, executor: str = "local",
               workers: int = 1, threads: int = 1, address: str | None = None, data_root=None,
               skip=(), progress: bool = True, command: str | None = None, echo: bool = False,
-              isolate: bool = True) -> StudyResult:
+              isolate: bool = True, wait_limit: float | None = None) -> StudyResult:
     """Run a study (a config path, a mapping or a loaded :class:`Study`) into ``out``; see the
     module docstring. ``seeds`` replaces the config's seed count; ``quick`` applies its ``quick:``
     overrides; ``executor`` is ``"local"`` (``workers`` processes) or ``"ray"`` (``address``).
     ``isolate`` (default): every job in a fresh process, so its peak memory is its own; ``False``
     reuses worker processes (faster to start, memory then includes the jobs before).
     ``command``: the command line that started the study, recorded in ``results.json``;
-    ``echo``: print the tables when done."""
+    ``echo``: print the tables when done. On Ray, every run's files (``runs/``, logger folders) come
+    back with its row and are written under ``out`` (:class:`FilesToOut`); while no node can run a
+    job the study says so on stderr, and ``wait_limit`` (seconds, None: no limit) stops it with
+    :class:`~avalanche_plugins.study.harness.jobs.NoNodeCanRun` naming the lost nodes and the jobs not
+    done (finished rows stay in ``jobs.jsonl``: a rerun resumes)."""
     study = config if isinstance(config, Study) else load_study(config, quick=quick, seeds=seeds, data_root=data_root)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    pool = make_study_executor(executor, workers=workers, threads=threads, address=address, isolate=isolate)
+    pool = make_study_executor(executor, workers=workers, threads=threads, address=address, isolate=isolate,
+                               wait_limit=wait_limit)
     run = functools.partial(run_job, log_dir=str(out))
+    if executor == "ray":  # the node that runs a job may not see this out folder: its files come back with the row
+        pool, run = FilesToOut(pool, out), functools.partial(run_job, ship_files=True)
     cache = out / "jobs.jsonl"
     with Timer() as total, contextlib.closing(pool) if hasattr(pool, "close") else contextlib.nullcontext():
         tuning = plan_tuning_jobs(study, skip)

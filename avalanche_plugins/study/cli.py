@@ -3,7 +3,8 @@
 ::
 
     avalanche-study run CONFIG [--quick] [--seeds N] [--workers N] [--threads N] [--out DIR]
-                               [--executor local|ray] [--address ADDR] [--skip NAMES] [--data-root DIR]
+                               [--executor local|ray] [--address ADDR] [--wait-limit SECONDS]
+                               [--skip NAMES] [--data-root DIR]
     avalanche-study check CONFIG [--quick] [--data-root DIR]   # every error of the config, nothing run
     avalanche-study report RESULTS_JSON                        # re-print a saved study's tables
     avalanche-study recipes                                    # the shipped tuned recipes
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from avalanche_plugins.study.registry import ConfigError
 
-__all__ = ["add_executor_arguments", "build_parser", "main", "positive_int", "run_command"]
+__all__ = ["add_executor_arguments", "build_parser", "main", "positive_int", "positive_seconds", "run_command"]
 
 PROG = "avalanche-study"
 EXECUTORS = ("local", "ray")
@@ -34,6 +35,14 @@ def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
     return value
 
 
@@ -64,6 +73,10 @@ def _add_run_flags(run: argparse.ArgumentParser) -> None:
                      help="run seeds 0..N-1 (default: the config's seeds; 1 with --quick unless its quick: "
                           "says otherwise)")
     add_executor_arguments(run)
+    run.add_argument("--wait-limit", type=positive_seconds, default=None, metavar="SECONDS",
+                     help="Ray: stop the study when jobs have waited this long with no node able to run one "
+                          "(e.g. a lost node), naming the lost nodes and the jobs not done; finished runs stay "
+                          "cached (default: wait, saying so every minute)")
     run.add_argument("--out", default=None,
                      help="output folder: results.json/csv, tables, figures, report.md and the resumable job "
                           "cache jobs.jsonl (default out/study/<name>)")
@@ -114,6 +127,7 @@ def _add_data_flags(data: argparse.ArgumentParser) -> None:
 
 def _run(args, argv: list[str]) -> object:
     from avalanche_plugins.study.api import failure_summary, load_study, run_study
+    from avalanche_plugins.study.harness.jobs import NoNodeCanRun
     from avalanche_plugins.study.harness.protocol import split_list
     from avalanche_plugins.study.harness.results import command_line
 
@@ -123,9 +137,14 @@ def _run(args, argv: list[str]) -> object:
         print(f"{PROG} run: {args.config}: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     out = Path(args.out) if args.out is not None else Path("out") / "study" / study.name
-    result = run_study(study, out=out, executor=args.executor, workers=args.workers, threads=args.threads,
-                       address=args.address, skip=frozenset(split_list(args.skip)), progress=not args.no_progress,
-                       command=command_line(PROG, argv), echo=True)
+    try:
+        result = run_study(study, out=out, executor=args.executor, workers=args.workers, threads=args.threads,
+                           address=args.address, skip=frozenset(split_list(args.skip)), progress=not args.no_progress,
+                           command=command_line(PROG, argv), echo=True, wait_limit=args.wait_limit)
+    except NoNodeCanRun as error:  # the finished rows are in the cache: a rerun resumes from them
+        print(f"{PROG} run: {error} (finished runs are cached in {out / 'jobs.jsonl'}: a rerun with a node "
+              f"back resumes from them; exit status 1)", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     print(f"wrote {result.report} (tables, figures), {result.csv}, {out / 'results.json'} "
           f"({result.wall_seconds:.0f} s)", flush=True)
     failed = failure_summary(result.rows, result.tuning)
@@ -207,7 +226,8 @@ def main(argv=None) -> int:
     """Entry point of ``avalanche-study`` (and ``python -m avalanche_plugins.study``); exit status 0,
     2 for a bad config (its errors on stderr), 1 when ``run`` had runs fail outside the method or no
     test run finish (:func:`~avalanche_plugins.study.api.failure_summary`, on stderr; the outputs
-    are written all the same)."""
+    are written all the same), or stopped at ``--wait-limit`` with no Ray node able to run a job
+    (no outputs; the finished runs stay cached)."""
     run_command(argv)
     return 0
 
@@ -221,6 +241,8 @@ def run_command(argv=None):
     args = parser.parse_args(argv)
     if getattr(args, "address", None) is not None and args.executor != "ray":
         parser.error("run: --address needs --executor ray")
+    if getattr(args, "wait_limit", None) is not None and args.executor != "ray":
+        parser.error("run: --wait-limit needs --executor ray")
     if getattr(args, "address", None) is not None and any(a == "--workers" or a.startswith("--workers=") for a in argv):
         print(f"{PROG} run: --workers {args.workers} has no effect with --address: the cluster runs as many jobs "
               f"at once as its CPUs allow, each taking --threads {args.threads} CPU(s)", file=sys.stderr, flush=True)

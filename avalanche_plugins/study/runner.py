@@ -4,7 +4,10 @@ A :class:`StudyJob` holds plain specs, so it pickles to any worker and hashes in
 cache key (with the code version). :func:`run_job` builds the run where it executes, trains on
 every experience, evaluates on the whole evaluation stream after each, and returns the run's row:
 scores from the accuracy matrix and every value every metric logged (the ``TidyCSVLogger`` rows,
-read back), so the rows reach the study even from a remote worker.
+read back), so the rows reach the study even from a remote worker. With ``ship_files=True`` (the
+study's Ray runs) the run's own files (``runs/``, ``tensorboard/``, ``text/``, ``wandb/``) are
+written in a scratch folder on the node that ran it and come back in the row under :data:`FILES`
+(``{relative path: bytes}``); :func:`write_files` puts them under the driver's ``--out``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from avalanche_plugins.study.harness.jobs import Timer, seed_everything
 from avalanche_plugins.study.specs import MetricSpec, ModelSpec, RunSpec, ScenarioSpec, TrainingSpec
 from avalanche_plugins.study.stats import SCORES, run_scores
 
-__all__ = ["CONTEXT", "OUTSIDE_THE_METHOD", "StudyJob", "accuracy_matrix", "failed_outside_the_method", "run_job"]
+__all__ = ["CONTEXT", "FILES", "OUTSIDE_THE_METHOD", "StudyJob", "accuracy_matrix", "failed_outside_the_method",
+           "read_files", "run_job", "write_files"]
 
 # statuses of a run that failed for a reason outside the method (an import, the config, the data, a
 # metric's or plugin's callback): rerun on the next run of the study, and a non-zero exit status.
@@ -84,7 +88,7 @@ def accuracy_matrix(rows, n_experiences: int | None = None, metric: str = ACCURA
     return acc
 
 
-def run_job(job: StudyJob, log_dir: str | None = None) -> dict:
+def run_job(job: StudyJob, log_dir: str | None = None, ship_files: bool = False) -> dict:
     """Train and evaluate one run; return its row (module docstring).
 
     A run that fails in any way is returned, never raised, and never scored: ``status`` is
@@ -92,7 +96,60 @@ def run_job(job: StudyJob, log_dir: str | None = None) -> dict:
     the experience, epoch and iteration), ``"callback"`` (an exception in an attached plugin's or
     metric's callback, named with its class, the callback and the experience) or ``"error"``
     (anything else); ``error`` says what happened and the scores are NaN.
+
+    ``ship_files``: the run's files are written under a scratch folder of this node (``log_dir``
+    unused) and returned in the row under :data:`FILES`, failed runs' included.
     """
+    if not ship_files:
+        return _run_job(job, log_dir)
+    with tempfile.TemporaryDirectory(prefix="avalanche-study-run-") as scratch:
+        row = _run_job(job, scratch)
+        return {**row, FILES: read_files(scratch)}
+
+
+FILES = "files"  # the row key of a shipped run's files: {path relative to the study's out: bytes}
+
+
+def read_files(root) -> dict[str, bytes]:
+    """``{relative posix path: bytes}`` of every file under ``root``.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     _ = (Path(d) / "runs").mkdir(), (Path(d) / "runs" / "a.csv").write_bytes(b"x")
+        ...     read_files(d)
+        {'runs/a.csv': b'x'}
+    """
+    root = Path(root)
+    return {path.relative_to(root).as_posix(): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+def write_files(out, files: dict[str, bytes]) -> list[Path]:
+    """Write :func:`read_files`' ``files`` under ``out`` (folders made as needed); returns the paths.
+    A path that is absolute or climbs out of ``out`` (``..``) is refused with a ``ValueError``.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     [p.relative_to(d).as_posix() for p in write_files(d, {"runs/a.csv": b"x"})]
+        ['runs/a.csv']
+    """
+    from pathlib import PurePosixPath
+
+    out, written = Path(out), []
+    for name, data in files.items():
+        relative = PurePosixPath(name)
+        if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+            raise ValueError(f"a run's file {name!r} is not a path inside the study's out folder")
+        target = out.joinpath(*relative.parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        written.append(target)
+    return written
+
+
+def _run_job(job: StudyJob, log_dir: str | None) -> dict:
+    """:func:`run_job` writing the run's files under ``log_dir`` (None: a scratch folder, no images)."""
     from avalanche_plugins.study.watch import CallbackFailed, Diverged
 
     row = {"scenario": job.scenario.name, "strategy": job.strategy.name, "setting": job.setting,

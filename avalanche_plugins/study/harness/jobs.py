@@ -47,6 +47,7 @@ __all__ = [
     "EXECUTORS",
     "Timer",
     "LocalExecutor",
+    "NoNodeCanRun",
     "add_source_root",
     "RayExecutor",
     "code_version",
@@ -422,11 +423,22 @@ class RayExecutor:
     already initialised in this process it uses that and leaves it running. ``isolate=True``:
     every job in a fresh worker process (``max_calls=1``), for per-job peak memory. :meth:`close` (or
     leaving a ``with`` block) shuts down a Ray it started; Ray also does so at exit.
+
+    While jobs are left and no alive node has the ``threads`` CPUs one needs (a lost node, a head
+    with 0 CPUs alone), it says so on stderr at once and every ``wait_report`` seconds (a quarter of
+    ``wait_limit`` where that is sooner), with how long and which jobs wait; after ``wait_limit``
+    seconds of it (None: no limit) it raises :class:`NoNodeCanRun`, naming the lost nodes and
+    the jobs not done (the rows already yielded are the caller's: :func:`run_jobs` has cached them).
     """
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, threads: int = 1,
                  warmup: Callable[[], None] | None = None, *, seed: int = 0, runtime_env: dict | None = None,
-                 object_store_memory: int | None = 512 * 2**20, isolate: bool = False):
+                 object_store_memory: int | None = 512 * 2**20, isolate: bool = False,
+                 wait_limit: float | None = None, wait_report: float = 60.0):
+        if wait_limit is not None and not (isinstance(wait_limit, (int, float)) and wait_limit > 0):
+            raise ValueError(f"wait_limit must be a number of seconds > 0 or None, got {wait_limit!r}")
+        if not (isinstance(wait_report, (int, float)) and wait_report > 0):
+            raise ValueError(f"wait_report must be a number of seconds > 0, got {wait_report!r}")
         if address is not None and (not isinstance(address, str) or not address.strip()):
             raise ValueError(f"address must be a non-empty string such as 'auto' or 'HOST:PORT', got {address!r}")
         if num_cpus is not None and (not isinstance(num_cpus, int) or num_cpus < 1):
@@ -438,6 +450,7 @@ class RayExecutor:
                              "`threads` CPUs")
         self.address, self.num_cpus, self.threads, self.seed, self.warmup = address, num_cpus, threads, seed, warmup
         self.runtime_env, self.object_store_memory, self.isolate = runtime_env, object_store_memory, isolate
+        self.wait_limit, self.wait_report = wait_limit, wait_report
         self.started = False  # whether this executor started (and so shuts down) Ray
 
     @staticmethod
@@ -498,9 +511,12 @@ class RayExecutor:
         task = task.options(num_cpus=self.threads)
         fn_ref, warmup_ref = ray.put(fn), ray.put(self.warmup)  # shipped once, not with every job
         pending = {task.remote(fn_ref, job, self.threads, self.seed, warmup_ref): job for job in jobs}
+        starved = _Starved(self.threads, self.wait_limit, self.wait_report)
         try:
             while pending:
-                ready, _ = ray.wait(list(pending), num_returns=1)
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=starved.poll)
+                if not ready:
+                    starved.check(_ray_capacity(ray, self.threads), list(pending.values()))
                 for ref in ready:
                     job = pending.pop(ref)
                     yield job, ray.get(ref)
@@ -510,15 +526,80 @@ class RayExecutor:
                     ray.cancel(ref)
 
 
+class NoNodeCanRun(RuntimeError):
+    """Ray jobs waited past the executor's ``wait_limit`` with no alive node able to run one."""
+
+
+def _ray_capacity(ray, threads: int) -> tuple[int, list[str]]:
+    """``(jobs the alive nodes can run at once, addresses of the lost nodes)``: each job holds
+    ``threads`` CPUs; a lost node is a dead one whose address no alive node has (``ray.nodes()``)."""
+    nodes = ray.nodes()
+    alive = [n for n in nodes if n.get("Alive")]
+    capacity = sum(int(n.get("Resources", {}).get("CPU", 0) // threads) for n in alive)
+    here = {n.get("NodeManagerAddress") for n in alive}
+    lost = sorted({str(n.get("NodeManagerAddress", "?")) for n in nodes if not n.get("Alive")} - here)
+    return capacity, lost
+
+
+def _job_names(jobs: Sequence, shown: int = 6) -> str:
+    names = [str(getattr(job, "run_name", None) or job) for job in jobs]
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+class _Starved:
+    """How long no alive node could run a job: said at once and every ``report`` seconds (a
+    quarter of ``limit`` where sooner) on stderr; past ``limit`` seconds, :class:`NoNodeCanRun`.
+
+    Example:
+        >>> import contextlib, io
+        >>> s, said = _Starved(threads=2, limit=None, report=60.0), io.StringIO()
+        >>> with contextlib.redirect_stderr(said):
+        ...     s.check((0, ["10.0.0.2"]), ["a/b/seed0"])  # (capacity, lost nodes), the jobs left
+        >>> said.getvalue().split(";")[0]
+        'Ray: no alive node has the 2 CPU(s) a job needs (lost node(s): 10.0.0.2)'
+        >>> s.check((1, []), ["a/b/seed0"]); s.since is None  # a node is back: the clock stops
+        True
+    """
+
+    def __init__(self, threads: int, limit: float | None, report: float):
+        self.threads, self.limit = threads, limit
+        self.report = report if limit is None else min(report, max(limit / 4, 0.5))
+        self.poll = min(5.0, self.report)  # seconds between looks at the cluster while no row arrives
+        self.since = self.said = None
+
+    def check(self, state: tuple[int, list[str]], jobs: Sequence) -> None:
+        capacity, lost = state
+        if capacity > 0:
+            self.since = None
+            return
+        now = time.monotonic()
+        if self.since is None:
+            self.since = self.said = now
+        waited = now - self.since
+        why = f"no alive node has the {self.threads} CPU(s) a job needs" + \
+              (f" (lost node(s): {', '.join(lost)})" if lost else "")
+        if self.limit is not None and waited >= self.limit:
+            raise NoNodeCanRun(f"stopped after {waited:.0f} s (wait limit {self.limit:g} s): {why}; "
+                               f"{len(jobs)} job(s) not done: {_job_names(jobs)}")
+        if waited == 0 or now - self.said >= self.report:
+            self.said = now
+            until = f"stopping after {self.limit:g} s" if self.limit is not None else \
+                "until a node joins (a wait limit stops the study)"
+            for_ = f" for {waited:.0f} s" if waited else ""
+            print(f"Ray: {why}; {len(jobs)} job(s) waiting{for_}, {until}: {_job_names(jobs)}",
+                  file=sys.stderr, flush=True)
+
+
 EXECUTORS = ("local", "ray")
 
 
 def make_executor(kind: str = "local", *, workers: int = 1, threads: int = 1, address: str | None = None,
-                  warmup: Callable[[], None] | None = None, isolate: bool = False):
+                  warmup: Callable[[], None] | None = None, isolate: bool = False, wait_limit: float | None = None):
     """A :class:`LocalExecutor` with ``workers`` processes (``kind="local"``), or a
     :class:`RayExecutor` (``kind="ray"``) joining ``address`` or started locally with
     ``workers × threads`` CPUs; ``threads`` torch threads per job, ``warmup`` run once per worker
-    process, ``isolate``: every job in a fresh process (per-job peak memory).
+    process, ``isolate``: every job in a fresh process (per-job peak memory), ``wait_limit``
+    (Ray only): seconds jobs may wait with no node able to run one (:class:`RayExecutor`).
 
     Example:
         >>> type(make_executor("local", workers=2)).__name__
@@ -528,12 +609,12 @@ def make_executor(kind: str = "local", *, workers: int = 1, threads: int = 1, ad
         ('RayExecutor', 4, 2, None)
     """
     if kind == "local":
-        if address is not None:
-            raise ValueError("address is only used with executor 'ray'")
+        if address is not None or wait_limit is not None:
+            raise ValueError("address and wait_limit are only used with executor 'ray'")
         return LocalExecutor(workers, threads=threads, warmup=warmup, isolate=isolate)
     if kind == "ray":
         return RayExecutor(address=address, num_cpus=None if address else workers * threads, threads=threads,
-                           warmup=warmup, isolate=isolate)
+                           warmup=warmup, isolate=isolate, wait_limit=wait_limit)
     raise ValueError(f"executor must be one of {EXECUTORS}, got {kind!r}")
 
 
