@@ -7,7 +7,7 @@ from torch.utils.data import DataLoader
 
 from avalanche_plugins.core.layers import discover_layers, example_input
 
-__all__ = ["experience_tensors", "experience_batches", "experience_example", "experience_layer_map",
+__all__ = ["TransientCache", "experience_tensors", "experience_batches", "experience_example", "experience_layer_map",
            "metric_name", "preserved_rng"]
 
 
@@ -32,24 +32,59 @@ def experience_batches(strategy, *, dataset=None, batch_size=None, num_workers: 
             torch.set_rng_state(state)
 
 
+_READS = "_avalanche_plugins_experience_reads"  # the strategy's last reads: [(dataset, key, tensors)]
+
+
+class TransientCache(dict):
+    """A dict that pickles empty: what a component keeps only to avoid reading data twice stays
+    out of checkpoints (a pickled strategy or metric).
+
+    >>> import pickle
+    >>> cache = TransientCache(a=1)
+    >>> pickle.loads(pickle.dumps(cache)), cache["a"]
+    ({}, 1)
+    """
+
+    def __reduce__(self):
+        return type(self), ()
+
+
 def experience_tensors(strategy, *, n_samples: int | None = None, seed: int = 0, eval_transforms: bool = True):
-    """Up to ``n_samples`` random samples of the current experience as ``(x, y, task_labels)`` tensors."""
-    data = strategy.experience.dataset
-    if eval_transforms and hasattr(data, "eval"):
-        data = data.eval()
+    """Up to ``n_samples`` random samples of the current experience as ``(x, y, task_labels)`` tensors.
+
+    With ``eval_transforms`` the last two reads are kept on the strategy: a component asking for
+    the same samples of the same experience's dataset (same ``n_samples`` and ``seed``; the
+    layer-sensitivity metric and ADS both take 128 samples with seed ``e`` at experience ``e``)
+    gets copies of them instead of reading them again through the dataset (Avalanche's per-sample
+    indexing costs about as much as a small model's estimator, issue 41). Their evaluation
+    transforms run once: a random evaluation transform is drawn once for both.
+    """
+    source = strategy.experience.dataset
+    data = source.eval() if eval_transforms and hasattr(source, "eval") else source
     n = len(data)
     if n == 0:
         raise ValueError("the experience's dataset is empty")
+    idx = None
     if n_samples is not None and n_samples < n:
         g = torch.Generator().manual_seed(seed)
         idx = torch.randperm(n, generator=g)[:n_samples].sort().values.tolist()
+    key = (n, None if idx is None else tuple(idx), str(strategy.device))
+    cache = strategy.__dict__.get(_READS)
+    reads = cache.get("reads", []) if cache is not None and eval_transforms else []
+    for dataset, read_key, tensors in reads:
+        if dataset is source and read_key == key:
+            return tuple(t.clone() for t in tensors)
+    if idx is not None:
         data = data.subset(idx) if hasattr(data, "subset") else torch.utils.data.Subset(data, idx)
     xs, ys, ts = [], [], []
     for x, y, t in experience_batches(strategy, dataset=data, batch_size=512):
         xs.append(x)
         ys.append(y)
         ts.append(torch.as_tensor(t))
-    return torch.cat(xs), torch.cat(ys), torch.cat(ts).to(strategy.device)
+    tensors = (torch.cat(xs), torch.cat(ys), torch.cat(ts).to(strategy.device))
+    if eval_transforms:
+        strategy.__dict__[_READS] = TransientCache(reads=[*reads[-1:], (source, key, tuple(t.clone() for t in tensors))])
+    return tensors
 
 
 def experience_example(strategy):

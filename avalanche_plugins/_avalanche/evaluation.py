@@ -14,23 +14,49 @@ from avalanche_plugins.core.calls import eval_mode, model_forward
 __all__ = ["quiet_evaluator", "stream_accuracy"]
 
 
+#: floats of evaluation batches a ``stream_accuracy`` cache keeps (1 GiB in float32); an
+#: experience that would pass it is read again at every call
+CACHE_FLOATS = 1 << 28
+
+
 @torch.no_grad()
-def stream_accuracy(strategy, experiences, *, batch_size: int = 256) -> float:
+def stream_accuracy(strategy, experiences, *, batch_size: int = 256, cache: dict | None = None) -> float:
     """Top-1 accuracy of ``strategy.model`` over the union of ``experiences``' datasets (eval
-    transforms; sample-weighted), on the strategy's device, in eval mode."""
+    transforms; sample-weighted), on the strategy's device, in eval mode.
+
+    ``cache``: a dict kept by the caller across calls on the same experiences (a metric
+    evaluating them at every cycle): each experience's evaluation batches are read once through
+    its dataset and kept there (up to :data:`CACHE_FLOATS` floats in all), so a later call only
+    runs the model; the batches are the same, so is the accuracy (a random evaluation transform
+    is drawn once)."""
     correct = total = 0
     model = strategy.model
     with eval_mode(model):
         for experience in experiences:
-            data = experience.dataset
-            data = data.eval() if hasattr(data, "eval") else data
-            for x, y, t in experience_batches(strategy, dataset=data, batch_size=batch_size):
-                pred = model_forward(model, x, torch.as_tensor(t).to(x.device)).argmax(1)
+            for x, y, t in _evaluation_batches(strategy, experience, batch_size, cache):
+                pred = model_forward(model, x, t).argmax(1)
                 correct += int((pred == y).sum())
                 total += int(y.numel())
     if total == 0:
         raise ValueError("no test samples to evaluate")
     return correct / total
+
+
+def _evaluation_batches(strategy, experience, batch_size: int, cache: dict | None):
+    """``experience``'s evaluation batches ``(x, y, task labels)`` on the strategy's device, from
+    ``cache`` when it holds them (keyed by the dataset object, the batch size and the device)."""
+    data = experience.dataset
+    key = (id(data), batch_size, str(strategy.device))
+    if cache is not None and key in cache and cache[key][0] is data:
+        return cache[key][1]
+    view = data.eval() if hasattr(data, "eval") else data
+    batches = [(x, y, torch.as_tensor(t).to(x.device))
+               for x, y, t in experience_batches(strategy, dataset=view, batch_size=batch_size)]
+    if cache is not None:
+        held = sum(x.numel() for _, entry in cache.values() for x, _, _ in entry)
+        if held + sum(x.numel() for x, _, _ in batches) <= CACHE_FLOATS:
+            cache[key] = (data, batches)
+    return batches
 
 
 

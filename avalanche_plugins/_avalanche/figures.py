@@ -5,14 +5,16 @@ and a live ``matplotlib`` figure holds megabytes. :func:`figure_image` renders i
 and returns a lazily decoded ``PIL`` image of a few tens of kB that every image-aware logger
 (TensorBoard, W&B) accepts; the figure itself is dropped. :func:`as_image` turns any image-like
 metric value (a ``PIL`` image, a ``Figure``, Avalanche's ``TensorImage``) into a ``PIL`` image for
-the loggers that store files (the tidy CSV logger, the W&B fix).
+the loggers that store files (the tidy CSV logger, the W&B fix). :func:`wants_images` says whether
+anything of a run can take a figure at all: rendering one costs about as much as a small model's
+measurement (0.1–0.2 s on a 2-core CPU, docs/RESULTS.md, issue 41), so a metric renders only then.
 """
 
 from __future__ import annotations
 
 import io
 
-__all__ = ["as_image", "figure_image", "profile_figure"]
+__all__ = ["as_image", "figure_image", "profile_figure", "wants_images"]
 
 
 def figure_image(fig, dpi: int = 80):
@@ -25,6 +27,26 @@ def figure_image(fig, dpi: int = 80):
     fig.savefig(buffer, format="png", dpi=dpi)
     buffer.seek(0)
     return Image.open(buffer)
+
+
+def wants_images(strategy) -> bool:
+    """Whether an image value emitted now can reach anything: False only when the strategy's
+    ``EvaluationPlugin`` keeps no values (``collect_all=False``) and every one of its loggers is
+    known to drop images (a ``TidyCSVLogger(images=False)``: a logger with an ``images`` attribute
+    set to False). Anything else (no evaluator, an unknown logger, a text logger that prints the
+    value) takes them, so nothing a logger received before changes.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> wants_images(NS(evaluator=NS(collect_all=False, loggers=[NS(images=False)])))
+        False
+        >>> wants_images(NS(evaluator=NS(collect_all=False, loggers=[NS(images=False), NS()])))
+        True
+    """
+    evaluator = getattr(strategy, "evaluator", None)
+    if evaluator is None or getattr(evaluator, "collect_all", True):
+        return True
+    return any(getattr(logger, "images", True) is not False for logger in getattr(evaluator, "loggers", ()))
 
 
 def as_image(value):

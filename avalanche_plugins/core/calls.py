@@ -12,7 +12,13 @@ from avalanche_plugins.core.checks import check_output_targets
 
 __all__ = ["is_multitask", "model_forward", "stateless_forward", "iterate_batches", "eval_mode",
            "split_params", "task_groups", "task_batches", "chunk_weight", "check_task_labels", "first_tensor",
-           "batch_loss", "sample_loss", "grouped_loss_and_grad", "math_attention"]
+           "batch_loss", "sample_loss", "grouped_loss_and_grad", "math_attention", "VMAP_FLOATS", "vmap_chunk"]
+
+#: floats (parameters' gradients plus activations, per sample) one vectorised gradient pass of
+#: :func:`vmap_chunk` holds: 32 MiB in float32. On a 2-core CPU the demo's MLP computes OR 8×
+#: faster in passes of 256 samples than of 16 (per-call overhead), the zoo CNN on 28×28 inputs
+#: 1.7× faster in passes of about 64 (larger ones leave the cache) (issue 41)
+VMAP_FLOATS = 1 << 23
 
 
 def is_multitask(model: nn.Module) -> bool:
@@ -64,6 +70,34 @@ def iterate_batches(n: int, batch_size: int | None):
     step = n if batch_size is None else batch_size
     for start in range(0, n, step):
         yield slice(start, min(start + step, n))
+
+
+def vmap_chunk(model: nn.Module, x: torch.Tensor, task_labels=None, *, floor: int = 16, cap: int = 256) -> int:
+    """Samples per vectorised gradient pass: :data:`VMAP_FLOATS` over one sample's cost in floats
+    (the trainable parameters, whose gradient each sample holds, plus every module's output for
+    one sample, counted on one forward pass of ``x[:1]``), within ``[floor, cap]``. Large models
+    get ``floor`` (16, the estimators' former default), small ones fewer, larger passes.
+
+    Example:
+        >>> vmap_chunk(nn.Linear(3, 2), torch.randn(4, 3)), vmap_chunk(nn.Linear(2000, 2000), torch.randn(4, 2000))
+        (256, 16)
+    """
+    floats = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    outputs = []
+
+    def count(module, inputs, output):
+        if isinstance(output, torch.Tensor):
+            outputs.append(output.numel())
+
+    leaves = [m for m in model.modules() if not list(m.children())]
+    handles = [m.register_forward_hook(count) for m in leaves]
+    try:
+        with eval_mode(model), torch.no_grad():
+            model_forward(model, x[:1], None if task_labels is None else torch.as_tensor(task_labels).reshape(-1)[:1])
+    finally:
+        for handle in handles:
+            handle.remove()
+    return int(min(cap, max(floor, VMAP_FLOATS // max(1, floats + sum(outputs)))))
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ from __future__ import annotations
 from avalanche.evaluation.metric_results import MetricValue
 
 from avalanche_plugins._avalanche.data import experience_tensors, metric_name
-from avalanche_plugins._avalanche.figures import figure_image, profile_figure
+from avalanche_plugins._avalanche.figures import figure_image, profile_figure, wants_images
 from avalanche_plugins.layer_adaptive.curvature import layer_curvature
 from avalanche_plugins.layer_adaptive.hessian import LayerSpectrum
 from avalanche_plugins.layer_adaptive.profile import LayerProfile
@@ -72,7 +72,8 @@ def sensitivity_values(origin, strategy, profile: LayerProfile, x: int) -> list[
 
     κ is left out when it is undefined (``profile.kappa`` None: every layer dead) and α̂ when fewer
     than two layers are live; the per-layer dict and the figure are always there, so no value
-    handed to a logger is None, inf or NaN."""
+    handed to a logger is None, inf or NaN. The figure is rendered only when something of the run
+    can take it (:func:`~avalanche_plugins._avalanche.figures.wants_images`)."""
     values = [
         MetricValue(origin, metric_name("LayerSensitivity", strategy), dict(zip(profile.layer_names, profile.spectrum)), x),
     ]
@@ -80,6 +81,8 @@ def sensitivity_values(origin, strategy, profile: LayerProfile, x: int) -> list[
         values.append(MetricValue(origin, metric_name("LayerSensitivityKappa", strategy), float(profile.kappa), x))
     if profile.alpha_hat is not None:
         values.append(MetricValue(origin, metric_name("LayerSensitivityAlphaHat", strategy), float(profile.alpha_hat), x))
+    if not wants_images(strategy):
+        return values
     fig = profile_figure(profile.layer_names, profile.spectrum,
                          f"s_l after experience {profile.experience} "
                          + ("(every layer dead)" if profile.kappa is None else f"(kappa={profile.kappa:.3g})"))

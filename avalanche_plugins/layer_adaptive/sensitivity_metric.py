@@ -8,7 +8,8 @@ sample of the experience just trained, and emits through the ``EvaluationPlugin`
   split dicts into one scalar per layer),
 * ``LayerSensitivityKappa/...`` — ``κ = max s_ℓ / min s_ℓ`` over the live layers,
 * ``LayerSensitivityAlphaHat/...`` — the geometric-fit ratio ``α̂`` over the live layers,
-* ``LayerSensitivityProfile/...`` — a bar chart (TensorBoard shows it as an image),
+* ``LayerSensitivityProfile/...`` — a bar chart (TensorBoard shows it as an image; rendered only when
+  something of the run takes images: :func:`~avalanche_plugins._avalanche.figures.wants_images`),
 * ``LayerSensitivitySamplesUsed/...`` — how many samples of the experience they rest on
   (``min(n_samples, |experience|)``; also ``history[i].n_samples_used``: an experience smaller than
   ``n_samples`` is measured on all of it, and a warning says so once).

@@ -19,6 +19,7 @@ from avalanche_plugins.core.calls import (
     split_params,
     task_batches,
     task_groups,
+    vmap_chunk,
 )
 from avalanche_plugins.core.checks import (
     check_choice,
@@ -156,7 +157,7 @@ def _minibatch_second_moment(model, loss_fn, params, consts, inputs, targets, ta
 def optimization_readiness(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: torch.Tensor, *,
                            batch_size: int = 4, n_batches: int = 128, estimator: str = "sampled",
                            seed: int = 0, task_labels: torch.Tensor | None = None,
-                           chunk_size: int = 16) -> ReadinessResult:
+                           chunk_size: int | None = None) -> ReadinessResult:
     """Strength ``S``, reliability ``R`` and Optimization Readiness ``OR = S·R`` of ``model`` on a task.
 
     With ``N`` samples, mean loss ``L``, full-data mean gradient ``g`` and the minibatch-mean
@@ -199,10 +200,12 @@ def optimization_readiness(model: nn.Module, loss_fn, inputs: torch.Tensor, targ
         estimator: ``"sampled"`` or ``"per_sample"``.
         seed: seed of the ``torch.Generator`` drawing the minibatches.
         task_labels: per-sample task labels for multi-task models (ignored by plain models).
-        chunk_size: samples per vectorised pass (memory knob; results do not depend on it): the
-            batch gradients of ``chunk_size`` samples, ``max(1, chunk_size // batch_size)``
-            minibatch gradients or ``chunk_size`` per-sample gradients are held at once (each
-            gradient ``P`` floats; the default keeps a CIFAR ResNet-18 under 2.5 GB).
+        chunk_size: samples per vectorised pass (memory knob; results do not depend on it beyond
+            float rounding): the batch gradients of ``chunk_size`` samples,
+            ``max(1, chunk_size // batch_size)`` minibatch gradients or ``chunk_size`` per-sample
+            gradients are held at once (each gradient ``P`` floats). None (default):
+            :func:`~avalanche_plugins.core.calls.vmap_chunk` of the model, 16 for a CIFAR
+            ResNet-18 (under 2.5 GB), up to 256 for small models, whose cost is per-call overhead.
 
     Returns:
         A :class:`ReadinessResult`.
@@ -226,8 +229,10 @@ def optimization_readiness(model: nn.Module, loss_fn, inputs: torch.Tensor, targ
         raise ValueError(f"batch_size={batch_size} is larger than the number of samples ({n})")
     check_int("n_batches", n_batches)
     check_int("seed", seed, minimum=0)
-    check_int("chunk_size", chunk_size)
     check_task_labels(task_labels, n)
+    if chunk_size is None:
+        chunk_size = vmap_chunk(model, inputs, task_labels)
+    check_int("chunk_size", chunk_size)
     loss_fn = mean_loss(loss_fn, "optimization_readiness", model=model, inputs=inputs, targets=targets,
                         task_labels=task_labels)
     params, consts = split_params(model)

@@ -35,6 +35,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from avalanche_plugins._avalanche.boundaries import current_boundary, enter_boundary
+from avalanche_plugins._avalanche.data import TransientCache
 from avalanche_plugins._avalanche.evaluation import stream_accuracy
 from avalanche_plugins._avalanche.preflight import preflight
 from avalanche_plugins._avalanche.recording import RecordingMetric
@@ -59,6 +60,10 @@ class CycleAccuracyMetric(RecordingMetric[float]):
     :param cumulative: evaluate on the experiences seen so far (True) or on the whole stream.
     :param eval_mb_size: evaluation batch size.
 
+    The test experiences' evaluation batches are read once and kept for the run (up to 1 GiB:
+    :func:`~avalanche_plugins._avalanche.evaluation.stream_accuracy`'s cache): every later cycle
+    only runs the model on them.
+
     ``history`` holds ``(train iteration, accuracy)`` per cycle; ``taa`` its mean.
     """
 
@@ -73,6 +78,10 @@ class CycleAccuracyMetric(RecordingMetric[float]):
         self.clock = CycleClock(epochs_per_cycle, cycle_scope, unit=cycle_unit, length=cycle_length)
         self.cumulative = cumulative
         self.eval_mb_size = eval_mb_size
+        self._test_batches = TransientCache()  # each test experience read once (stream_accuracy's cache)
+
+    def reset_state(self) -> None:
+        self._test_batches = TransientCache()
 
     @property
     def taa(self) -> float:
@@ -122,7 +131,7 @@ class CycleAccuracyMetric(RecordingMetric[float]):
     def _cycle_ended(self, strategy, boundary):
         current = boundary.origin_id if boundary.origin_id is not None else len(self.test_experiences) - 1
         seen = self.test_experiences[:current + 1] if self.cumulative else self.test_experiences
-        accuracy = stream_accuracy(strategy, seen, batch_size=self.eval_mb_size)
+        accuracy = stream_accuracy(strategy, seen, batch_size=self.eval_mb_size, cache=self._test_batches)
         self.history.append((strategy.clock.train_iterations, accuracy))
         return self.emit(strategy, {"CycleAccuracy": accuracy, "TAA": self.taa})
 

@@ -19,7 +19,7 @@ from torch import nn
 from avalanche_plugins.core.calls import eval_mode, is_multitask, model_forward
 from avalanche_plugins.core.split import split_model
 
-__all__ = ["StitchedModel", "replace_selected", "select_activations", "stage_activations", "stage_layout", "stage_output",
+__all__ = ["stitch_many", "StitchedModel", "replace_selected", "select_activations", "stage_activations", "stage_layout", "stage_output",
            "stitch", "stitched_accuracy"]
 
 # Modules whose output fixes how a 3-D activation (N, ·, ·) is laid out.
@@ -208,8 +208,22 @@ class StitchedModel(nn.Module):
         _module(late_model, stage)
         self.early_model, self.late_model, self.stage, self.key = early_model, late_model, stage, key
         self.select = select  # the element of a tuple / dict stage output the key reads and replaces
-        self._late_part: nn.Module | None = None  # the late model after `stage`, when it is a chain
-        self._chain_checked = select is not None  # a tuple / dict stage: always through the hook
+        # the late model after `stage` when it is a chain (traced at the first forward), shared by
+        # the models of one stitch_many: {"checked": bool, "part": nn.Module | None}
+        self._cut = {"checked": select is not None, "part": None}  # a tuple / dict stage: the hook
+
+    @property
+    def _late_part(self) -> nn.Module | None:
+        """The late model after ``stage`` (None before the first forward, or not a chain there)."""
+        return self._cut["part"]
+
+    @property
+    def _chain_checked(self) -> bool:
+        return self._cut["checked"]
+
+    @_chain_checked.setter
+    def _chain_checked(self, value: bool) -> None:
+        self._cut = {**self._cut, "checked": bool(value)}  # this model only
 
     def forward(self, x: torch.Tensor, task_labels=None) -> torch.Tensor:
         u = stage_activations(self.early_model, self.stage, x, task_labels, self.select)
@@ -217,14 +231,15 @@ class StitchedModel(nn.Module):
 
     def forward_from_stage(self, h: torch.Tensor, x: torch.Tensor, task_labels=None) -> torch.Tensor:
         """The late model's output with its ``stage`` output (its selected element) replaced by ``h``."""
-        if not self._chain_checked and not is_multitask(self.late_model):
-            self._chain_checked = True
+        cut = self._cut
+        if not cut["checked"] and not is_multitask(self.late_model):
+            cut["checked"] = True
             try:
-                self._late_part = split_model(self.late_model, self.stage, x[:2])[1]
+                cut["part"] = split_model(self.late_model, self.stage, x[:2])[1]
             except (ValueError, TypeError):
-                self._late_part = None  # not a chain at this stage: use the hook below
-        if self._late_part is not None:
-            return self._late_part(h)
+                cut["part"] = None  # not a chain at this stage: use the hook below
+        if cut["part"] is not None:
+            return cut["part"](h)
 
         def replace(module, inputs, output):
             selected = select_activations(output, self.select, self.stage)
@@ -257,6 +272,28 @@ def stitch(early_model: nn.Module, late_model: nn.Module, stage: str, key: nn.Mo
         True
     """
     return StitchedModel(early_model, late_model, stage, key, select)
+
+
+def stitch_many(early_model: nn.Module, late_model: nn.Module, stage: str, keys: dict, select=None) -> dict:
+    """``{name: stitch(early_model, late_model, stage, key, select)}`` for every ``name: key`` of
+    ``keys``, sharing one cut of ``late_model`` at ``stage`` (traced once, at the first forward of
+    any of them, instead of once per key: the trace costs about as much as a small model's
+    stitched evaluation). The models are those :func:`stitch` builds, outputs equal.
+
+    Example:
+        >>> from avalanche_plugins.transport import fit_transport_key
+        >>> a = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+        >>> x = torch.randn(5, 4)
+        >>> u = stage_activations(a, "1", x)
+        >>> many = stitch_many(a, a, "1", {f: fit_transport_key(u, u, f) for f in ("identity", "channel")})
+        >>> all(torch.allclose(m(x), stitch(a, a, "1", m.key)(x)) for m in many.values())
+        True
+    """
+    models = {name: StitchedModel(early_model, late_model, stage, key, select) for name, key in keys.items()}
+    shared = {"checked": select is not None, "part": None}
+    for model in models.values():
+        model._cut = shared
+    return models
 
 
 

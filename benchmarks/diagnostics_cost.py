@@ -1,0 +1,187 @@
+"""What the diagnostics cost end to end: the same run with and without every diagnostic attached.
+
+Issue 41. Each run is a study job (:func:`avalanche_plugins.study.runner.run_job`) in this
+process, on ``--threads`` torch threads: training seconds are the job's ``train_s`` (its wall time,
+training and the evaluations after every experience, minus the time inside the diagnostics'
+callbacks), diagnostics seconds its ``callback_s`` per metric; "without" is the same job with no
+metric attached. Peak memory is the process's resident high-water mark over that run
+(``VmHWM``, reset before each run through ``/proc/self/clear_refs``; ``ru_maxrss`` where that is
+unavailable, then a high-water mark of the process so far). Settings (``--skip`` names):
+
+* ``demo`` — ``studies/demo.yaml``'s Naive job (Split digits, the recipes' MLP, 2 epochs per
+  experience, every diagnostic of the demo at its arguments): without, with (the first diagnostics
+  of the process: first-call warm-ups included), with again (warm), and with images (the
+  ``TidyCSVLogger`` saving figures, what ``make demo`` runs). scikit-learn digits, no download.
+* ``fashion/1``, ``fashion/5`` — class-incremental Split Fashion-MNIST (5 experiences of 12,000
+  training images, 10,000 test images; ``--data-root`` holding ``FashionMNIST/raw``), the
+  recipes' zoo ``cnn`` (widths 16–32, BatchNorm), Naive at the recipe (SGD 0.01, momentum 0.9,
+  batch 128, evaluation batch 1,000), 1 and 5 epochs per experience, the demo's diagnostics at the
+  demo's arguments.
+* ``resnet18`` — the zoo's CIFAR ResNet-18 (11.2 M parameters, 100 classes) on generated
+  standard-normal 32×32 inputs with uniform labels: 2 experiences of ``--resnet-images`` (5,000)
+  training images and ``--resnet-test-images`` test images each, 1 epoch, the same diagnostics
+  (the second experience is the one ADS predicts and the transport keys stitch after).
+
+``<setting>/without`` skips a setting's run without diagnostics (``--skip fashion/5/without``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import resource
+import tempfile
+from pathlib import Path
+
+import torch
+
+from avalanche_plugins.study.api import load_study, plan_test_jobs
+from avalanche_plugins.study.harness.jobs import Timer, torch_threads
+from avalanche_plugins.study.harness.results import print_report, write_results
+from avalanche_plugins.study.runner import run_job
+from benchmarks._cli import benchmark_parser, is_skipped, parse_args
+
+SETTINGS = ("demo", "fashion/1", "fashion/5", "resnet18")
+DEMO = "studies/demo.yaml"
+METRICS = [  # studies/demo.yaml's diagnostics at its arguments
+    "LayerSensitivityMetric",
+    {"name": "OptimizationReadinessMetric", "kwargs": {"n_samples": 256}},
+    {"name": "ArchitectureDrivenShiftMetric", "kwargs": {"calibration_size": 128}},
+    {"name": "TransportKeyMetric", "kwargs": {"stages": "auto", "experiences": [0], "n_anchors": 50}},
+    "CycleAccuracyMetric",
+]
+SHORT = {"LayerSensitivityMetric": "LS", "OptimizationReadinessMetric": "OR", "ArchitectureDrivenShiftMetric": "ADS",
+         "TransportKeyMetric": "TK", "CycleAccuracyMetric": "Cycle"}
+
+
+def cifar_shaped(seed: int = 0, images: int = 5000, test_images: int = 1000, n_experiences: int = 2,
+                 n_classes: int = 100):
+    """A class-incremental stream of generated CIFAR-shaped tensors: ``n_experiences`` of
+    ``images`` training and ``test_images`` test images (seeded standard-normal inputs, uniform
+    labels; the study's benchmark factory of the ``resnet18`` setting)."""
+    from avalanche.benchmarks import nc_benchmark
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(seed)
+
+    def data(n):
+        per_class = -(-n * n_experiences // n_classes)
+        y = torch.arange(n_classes).repeat_interleave(per_class)[torch.randperm(n_classes * per_class, generator=g)]
+        y = y[: n * n_experiences]
+        return TensorDataset(torch.randn(len(y), 3, 32, 32, generator=g), y)
+
+    return nc_benchmark(data(images), data(test_images), n_experiences=n_experiences, task_labels=False, seed=seed,
+                        class_ids_from_zero_from_first_exp=True)
+
+
+def setting_config(name: str, args) -> dict | str:
+    """The study config of a setting (a path for the demo)."""
+    if name == "demo":
+        return DEMO
+    training = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "batch_size": 128, "eval_batch_size": 1000}
+    if name.startswith("fashion/"):
+        scenario = {"name": "split_fashion_mnist", "benchmark": "split_fashion_mnist", "n_experiences": 5}
+        model = {"name": "cnn", "kwargs": {"widths": [16, 32]}}
+        training["epochs"] = int(name.split("/")[1])
+    else:
+        scenario = {"name": "cifar_shaped", "benchmark": "benchmarks.diagnostics_cost:cifar_shaped",
+                    "kwargs": {"images": args.resnet_images, "test_images": args.resnet_test_images}}
+        model = {"name": "cifar_resnet", "kwargs": {"depth": 18}}
+        training["epochs"] = 1
+    return {"name": f"diagnostics_cost_{name.replace('/', '_')}", "seeds": 1, "reference": "Naive",
+            "scenarios": [scenario], "model": model, "training": training, "strategies": ["Naive"],
+            "metrics": METRICS}
+
+
+def _reset_peak() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_mb() -> float:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure(job, setting: str, run: str, *, images: bool = False) -> dict:
+    """One run of ``job``: its seconds, per-metric seconds and peak memory."""
+    reset = _reset_peak()
+    with tempfile.TemporaryDirectory() as folder:
+        row = run_job(job, log_dir=folder if images else None)
+    if row["status"] != "ok":
+        raise RuntimeError(f"{setting}/{run}: {row['status']}: {row.get('error')}")
+    metrics = {SHORT.get(k, k): v for k, v in row["callback_s"].items() if k in SHORT}
+    out = {"setting": setting, "run": run, "train_s": row["train_s"], "diagnostics_s": row["diagnostics_s"],
+           "ratio": row["diagnostics_s"] / row["train_s"], "wall_s": row["wall_s"], "acc": row["acc"],
+           "peak_mb": _peak_mb(), "peak_since_start": not reset,
+           **{f"{name}_s": seconds for name, seconds in metrics.items()}}
+    print(json.dumps(out), flush=True)
+    return out
+
+
+def run_setting(name: str, args) -> list[dict]:
+    """Every run of one setting (the demo: without diagnostics first, so that the first run with
+    them pays their first-call warm-ups; the others: with them first)."""
+    study = load_study(setting_config(name, args), seeds=1, data_root=args.data_root)
+    job = [j for j in plan_test_jobs(study, {}) if j.strategy.name == "Naive"][0]
+    without = None if is_skipped(args.skip, *name.split("/"), "without") else dataclasses.replace(job, metrics=())
+    if name != "demo":  # the long runs: the one with diagnostics first (its ratio is the result)
+        return [measure(job, name, "with"), *([measure(without, name, "without")] if without else [])]
+    runs = [measure(without, name, "without")] if without else []
+    return runs + [measure(job, name, "with"), measure(job, name, "with (warm)"),
+                   measure(job, name, "with images", images=True)]
+
+
+def report(saved: dict) -> str:
+    rows = saved["runs"]
+    names = [n for n in SHORT.values() if any(f"{n}_s" in r for r in rows)]
+    head = ["setting", "run", "training (s)", "diagnostics (s)", "diagnostics / training",
+            *[f"{n} (s, % of training)" for n in names], "peak RSS (MB)", "accuracy"]
+    lines = [f"`{saved.get('command')}`", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["setting"], r["run"], f"{r['train_s']:.2f}", f"{r['diagnostics_s']:.2f}", f"{r['ratio']:.3f}"]
+        cells += [f"{r[f'{n}_s']:.2f} ({100 * r[f'{n}_s'] / r['train_s']:.1f} %)" if f"{n}_s" in r else "–"
+                  for n in names]
+        cells += [f"{r['peak_mb']:.0f}" + ("*" if r["peak_since_start"] else ""), f"{r['acc']:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    if any(r["peak_since_start"] for r in rows):
+        lines += ["", "\\* the process's peak so far (its high-water mark could not be reset)"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    parser = benchmark_parser("diagnostics_cost", __doc__.splitlines()[0],
+                              skip_help=", ".join(SETTINGS) + " (each with /without)")
+    parser.add_argument("--resnet-images", type=int, default=5000, help="training images per experience")
+    parser.add_argument("--resnet-test-images", type=int, default=1000, help="test images per experience")
+    args = parse_args(parser, argv)
+    if args.report:
+        return {"report": print_report(args.report, report)}
+    if args.data_root is None and not is_skipped(args.skip, "fashion"):
+        parser.error("the fashion settings need --data-root (a folder holding FashionMNIST/raw); "
+                     "or --skip fashion")
+    runs: list[dict] = []
+    with Timer() as total, torch_threads(args.threads):
+        for name in SETTINGS:
+            if not is_skipped(args.skip, *name.split("/")):
+                runs += run_setting(name, args)
+    out = write_results(args.out, args, config={"settings": [s for s in SETTINGS if not is_skipped(args.skip, *s.split("/"))],
+                                                "metrics": METRICS, "threads": args.threads,
+                                                "resnet_images": args.resnet_images,
+                                                "resnet_test_images": args.resnet_test_images},
+                        rows=runs, summary=[], wall_seconds=total.seconds, extra={"runs": runs})
+    text = print_report(out / "results.json", report, out_dir=out)
+    print(f"wrote {out}/results.json, results.csv, report.md ({total.seconds:.0f}s)")
+    return {"runs": runs, "report": text}
+
+
+if __name__ == "__main__":
+    main()
