@@ -348,3 +348,43 @@ def test_online_gdumb_with_the_replaced_model_fix_keeps_two_groups_on_each_new_m
         for step in probe.steps[before:]:
             assert_in_effect(step, expected_groups(strategy.model, user, [0.25, 0.5, 1.0]))
     assert len({id(m) for m in models}) == 8  # a new model at every sub-experience
+
+
+# --------------------------------------------------------------------------- SLCA's two rates
+
+
+def test_slca_schedule_trains_as_plain_sgd_with_a_slow_backbone_group_and_a_head_group():
+    """``schedule="slca"`` against SLCA's optimizer written by hand (no plugin): the backbone's
+    layers at lr * 0.01, the head at lr, momentum kept; the same minibatches give the same weights
+    (the same arithmetic in the same order: equal up to the float rounding of lr * factor)."""
+    from avalanche.training.supervised import Naive
+
+    def run(plugins, optimizer_of):
+        model = mlp()
+        strategy = Naive(model=model, optimizer=optimizer_of(model), criterion=nn.CrossEntropyLoss(),
+                         train_mb_size=4, train_epochs=1, eval_mb_size=64, plugins=plugins, evaluator=evaluator())
+        for experience in benchmark().train_stream:
+            torch.manual_seed(1)  # the same minibatch order in both runs
+            strategy.train(experience, num_workers=0)
+        return model
+
+    def by_hand(model):
+        head = list(model[5].parameters())
+        body = [p for n, p in model.named_parameters() if not n.startswith("5.")]
+        return torch.optim.SGD([{"params": body, "lr": 0.05 * 0.01}, {"params": head, "lr": 0.05}], momentum=0.9)
+
+    plugin = LayerAdaptiveLRPlugin("slca")
+    with_plugin = run([plugin], lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9))
+    reference = run([], by_hand)
+    assert plugin.history[0]["lr"] == pytest.approx([0.0005, 0.0005, 0.05], rel=1e-12)
+    for (name, p), q in zip(with_plugin.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=name)
+    assert not torch.equal(mlp()[1].weight, with_plugin[1].weight)  # the backbone did move
+
+
+def test_slca_backbone_factor_outside_its_range_is_refused():
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="backbone_factor"):
+            LayerAdaptiveLRPlugin("slca", backbone_factor=bad)
+    with pytest.raises(ValueError, match="min_lr_ratio"):
+        LayerAdaptiveLRPlugin("slca", backbone_factor=1e-4)

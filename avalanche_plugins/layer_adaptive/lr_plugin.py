@@ -10,6 +10,10 @@ groups (backbone at lr × 0.01, head at lr), every layer ℓ gets its own rate
   move less; the least sensitive layer gets ``base_lr``). This inverse rule is this package's
   reconstruction of "the smoothed profile" for learning rates. The first experience, with no
   profile yet, trains every layer at its base rate (``f_ℓ = 1``).
+* ``slca``: SLCA's slow learner itself (Zhang et al., ICCV 2023), as the baseline the depth-weighted
+  schedules are compared with: ``lr_ℓ = base_lr · backbone_factor`` for every layer but the last, whose
+  rate is ``base_lr`` (the head; ``backbone_factor`` 0.01 as in SLCA). Only SLCA's first half: its
+  classifier alignment (re-training the head on sampled class-wise feature statistics) is not here.
 
 **The user's parameter groups.** The rates scale the optimizer's own groups: a layer ℓ whose
 parameters sit in a user group of rate ``r`` trains at ``r · f_ℓ``, with ``f_ℓ = lr_ℓ / base_lr``
@@ -87,8 +91,10 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
     """Per-layer learning rates (see module docstring; ``smoothed`` measures ``s_ℓ`` of
     ``strategy._criterion`` as it reduces, :mod:`avalanche_plugins.core.reductions`: scale-free here).
 
-    :param schedule: ``geometric`` or ``smoothed``.
+    :param schedule: ``geometric``, ``smoothed`` or ``slca`` (module docstring).
     :param alpha: ratio of the geometric schedule (> 0).
+    :param backbone_factor: the ``slca`` schedule's rate of every layer but the last, as a fraction of
+        the base rate (in ``(0, 1]``; parameters outside every layer keep the base rate).
     :param base_lr: the largest per-layer rate (the fastest layer: the last one for ``alpha < 1``,
         the first for ``alpha > 1``, the least sensitive one for smoothed), for every parameter
         group; default None: each of the optimizer's groups' own lr at the start of the experience
@@ -127,12 +133,16 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
     def __init__(self, schedule: str = "geometric", alpha: float = 0.5, base_lr: float | None = None, *,
                  curvature: str = "fisher", spectrum_samples: int | None = None, spectrum_max_iter: int = 100, spectrum_tol: float = 1e-3,
                  seed: int = 0, min_lr_ratio: float = 1e-3, output_transform=None,
-                 curvature_options: CurvatureOptions | None = None):
+                 curvature_options: CurvatureOptions | None = None, backbone_factor: float = 0.01):
         super().__init__()
         check_output_transform(output_transform)
         self.output_transform = output_transform
-        check_choice("schedule", schedule, ("geometric", "smoothed"))
+        check_choice("schedule", schedule, ("geometric", "smoothed", "slca"))
         check_positive("alpha", alpha)
+        check_positive("backbone_factor", backbone_factor)
+        if backbone_factor > 1:
+            raise ValueError(f"backbone_factor must be in (0, 1] (a fraction of the head's rate), got {backbone_factor!r}")
+        self.backbone_factor = float(backbone_factor)
         if base_lr is not None:
             check_positive("base_lr", base_lr)
         measuring = options_from(CurvatureOptions, curvature_options, "curvature_options", dict(
@@ -142,6 +152,9 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
         if min_lr_ratio > 1:
             raise ValueError(f"min_lr_ratio must be in [0, 1] (a fraction of base_lr), got {min_lr_ratio!r}")
         self.min_lr_ratio = float(min_lr_ratio)
+        if schedule == "slca" and backbone_factor < min_lr_ratio:
+            raise ValueError(f"backbone_factor={backbone_factor} is below min_lr_ratio={min_lr_ratio}, which would "
+                             "raise it to the floor: lower min_lr_ratio or raise backbone_factor")
         self.schedule, self.alpha, self.base_lr = schedule, alpha, base_lr
         vars(self).update(dataclasses.asdict(measuring))
         self.last_spectrum: list[float] | None = None
@@ -157,8 +170,13 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
         Example:
             >>> LayerAdaptiveLRPlugin("geometric", alpha=0.5).relative_rates(3).tolist()
             [0.25, 0.5, 1.0]
+            >>> LayerAdaptiveLRPlugin("slca").relative_rates(3).tolist()
+            [0.01, 0.01, 1.0]
         """
-        if self.schedule == "geometric":
+        if self.schedule == "slca":
+            relative = np.full(n_layers, self.__dict__.get("backbone_factor", 0.01))
+            relative[-1] = 1.0
+        elif self.schedule == "geometric":
             weights = layer_weights("geometric", n_layers, alpha=self.alpha)
             relative = weights / weights.max()
         elif self.last_spectrum is None or len(self.last_spectrum) != n_layers:
