@@ -26,7 +26,7 @@ def stream_accuracy(strategy, experiences, *, batch_size: int = 256, cache: dict
 
     ``cache``: a dict kept by the caller across calls on the same experiences (a metric
     evaluating them at every cycle): each experience's evaluation batches are read once through
-    its dataset and kept there (up to :data:`CACHE_FLOATS` floats in all), so a later call only
+    its dataset and kept there (up to ``CACHE_FLOATS`` floats in all), so a later call only
     runs the model; the batches are the same, so is the accuracy (a random evaluation transform
     is drawn once)."""
     correct = total = 0

@@ -89,7 +89,7 @@ CHUNK_FLOATS = 1 << 20
 
 
 def evaluation_chunk(stage_floats: int) -> int:
-    """Samples per chunk of the stitched models' evaluation: :data:`CHUNK_FLOATS` over the floats
+    """Samples per chunk of the stitched models' evaluation: ``CHUNK_FLOATS`` over the floats
     of one sample's largest stage activation, at least 16 (the counts do not depend on it).
 
     >>> evaluation_chunk(32 * 14 * 14), evaluation_chunk(100), evaluation_chunk(64 * 32 * 32)
