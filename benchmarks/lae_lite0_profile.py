@@ -1,0 +1,197 @@
+"""The per-layer curvature profile of an ImageNet-pretrained EfficientNet-Lite0 (issue 40).
+
+"Layers Matter" (Moser et al., 2026) reports ``κ = max_ℓ s_ℓ / min_ℓ s_ℓ`` = 22–195 on
+ImageNet-pretrained backbones, the curvature decaying with depth. This measures the same profile on
+the zoo's ``efficientnet_lite0`` (ImageNet-1k weights, a fresh 10-way head, Fashion-MNIST's grey
+images replicated to RGB and resized to ``--input-size`` px) on the first experience of
+class-incremental Split Fashion-MNIST (the seed's class order), at the pretrained weights and after
+fine-tuning on that experience (the recipe's training: SGD lr 0.003, momentum 0.9, batch 16,
+``--epochs`` over ``--train-per-class`` images per class), with both measures of ``s_ℓ``:
+
+* ``fisher``: the top eigenvalue of each layer's Fisher (Gauss–Newton) block on ``--samples``
+  samples (sampled labels, debiased; :func:`~avalanche_plugins.layer_adaptive.layer_fisher_eigenvalues`);
+* ``hessian``: the top eigenvalue of each layer's exact Hessian block on ``--hessian-samples``
+  samples by block Lanczos (:func:`~avalanche_plugins.layer_adaptive.layer_top_eigenvalues`).
+
+Reported per (measure, phase), over seeds: κ, the geometric fit α̂ and its R², the layer where the
+profile peaks and its relative depth. Resumable (``OUT/jobs.jsonl``); writes ``OUT/results.json``,
+``OUT/table.md`` and ``OUT/profile.png``. Needs the data (``avalanche-study data fashion_mnist``) and
+the ``pretrained`` extra::
+
+    python -m benchmarks.lae_lite0_profile --data-root DATA --seeds 3 --workers 2
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from benchmarks._cli import benchmark_parser, make_executor, parse_args
+
+PHASES = ("pretrained", "fine_tuned")
+MEASURES = ("fisher", "hessian")
+
+
+@dataclass(frozen=True)
+class Job:
+    seed: int
+    data_root: str | None
+    samples: int = 256
+    hessian_samples: int = 16  # 0: no exact blocks for this seed (they cost about 100x the Fisher blocks)
+    hessian_iter: int = 10
+    hessian_tol: float = 1e-2
+    input_size: int = 64
+    train_per_class: int = 200
+    epochs: int = 1
+
+
+def _samples(dataset, n: int, seed: int):
+    idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:n].tolist()
+    return torch.stack([dataset[i][0] for i in idx]), torch.as_tensor([int(dataset[i][1]) for i in idx])
+
+
+def _fine_tune(model, experience, job: Job) -> None:
+    from avalanche.training.supervised import Naive
+
+    from avalanche_plugins.study.harness.training import accuracy_evaluator
+
+    strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.003, momentum=0.9),
+                     criterion=nn.CrossEntropyLoss(), train_mb_size=16, train_epochs=job.epochs, eval_mb_size=250,
+                     device="cpu", evaluator=accuracy_evaluator())
+    strategy.train(experience, num_workers=0)
+
+
+def _measure(model, x, y, job: Job) -> dict:
+    from avalanche_plugins.layer_adaptive import layer_fisher_eigenvalues, layer_top_eigenvalues
+
+    out = {}
+    start = time.perf_counter()
+    fisher = layer_fisher_eigenvalues(model, nn.CrossEntropyLoss(), x[: job.samples], y[: job.samples], seed=job.seed)
+    out["fisher"] = {"layers": list(fisher.names), "s": [float(v) for v in fisher.top],
+                     "seconds": time.perf_counter() - start}
+    if not job.hessian_samples:
+        return out
+    start = time.perf_counter()
+    n = job.hessian_samples
+    hessian = layer_top_eigenvalues(model, nn.CrossEntropyLoss(), x[:n], y[:n], max_iter=job.hessian_iter,
+                                    tol=job.hessian_tol, seed=job.seed)
+    out["hessian"] = {"layers": list(hessian.names), "s": [float(v) for v in hessian.top],
+                      "converged": [bool(c) for c in hessian.converged], "iterations": list(hessian.iterations),
+                      "seconds": time.perf_counter() - start}
+    return out
+
+
+def run_job(job: Job) -> dict:
+    """Both measures of ``s_ℓ`` at the pretrained weights and after fine-tuning on experience 0."""
+    from avalanche_plugins.study.harness.data import make_stream
+    from avalanche_plugins.study.harness.models import build_model
+
+    stream = make_stream("fashion_mnist", "split", n_experiences=5, data_root=job.data_root, seed=job.seed,
+                         train_per_class=job.train_per_class)
+    experience = stream.benchmark.train_stream[0]
+    x, y = _samples(experience.dataset.eval(), max(job.samples, job.hessian_samples), job.seed)
+    torch.manual_seed(job.seed)
+    model = build_model("efficientnet_lite0", stream.input_shape, stream.n_classes, input_norm="fashion_mnist",
+                        input_size=job.input_size, bn_momentum=0.1)
+    row = {"classes": sorted({int(c) for c in y}), "pretrained": _measure(model, x, y, job)}
+    _fine_tune(model, experience, job)
+    model.eval()
+    with torch.no_grad():
+        row["train_accuracy"] = float((model(x).argmax(1) == y).float().mean())
+    row["fine_tuned"] = _measure(model, x, y, job)
+    return row
+
+
+def profile_summary(s) -> dict:
+    """κ, the geometric fit and the peak of one profile ``s`` (layers in forward order).
+
+    Example:
+        >>> d = profile_summary([8.0, 4.0, 2.0, 1.0])
+        >>> d["kappa"], round(d["alpha_hat"], 6), d["peak"], d["peak_depth"]
+        (8.0, 2.0, 0, 0.0)
+    """
+    from avalanche_plugins.layer_adaptive.hessian import condition_number, geometric_fit
+
+    s = np.asarray(s, dtype=float)
+    fit = geometric_fit(s)
+    peak = int(np.argmax(s))
+    return {"kappa": condition_number(s), "alpha_hat": fit.alpha, "r2": fit.r2, "peak": peak,
+            "peak_depth": peak / max(len(s) - 1, 1)}
+
+
+def _mean_std(values) -> str:
+    values = np.asarray(values, dtype=float)
+    return f"{values.mean():.3g} ± {values.std(ddof=1):.2g}" if len(values) > 1 else f"{values.mean():.3g}"
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: per (measure, phase) κ, α̂, R², the peak layer, over the seeds."""
+    lines = ["| measure | phase | seeds | κ | α̂ | R² | peak layer (relative depth) | seconds |",
+             "|---|---|---|---|---|---|---|---|"]
+    for measure in MEASURES:
+        for phase in PHASES:
+            found = [(r[phase][measure], profile_summary(r[phase][measure]["s"])) for r in rows if measure in r[phase]]
+            if not found:
+                continue
+            peaks = ", ".join(f"{m['layers'][d['peak']]} ({d['peak_depth']:.2f})" for m, d in found)
+            lines.append(f"| {measure} | {phase} | {len(found)} | {_mean_std([d['kappa'] for _, d in found])} | "
+                         f"{_mean_std([d['alpha_hat'] for _, d in found])} | {_mean_std([d['r2'] for _, d in found])} | "
+                         f"{peaks} | {_mean_std([m['seconds'] for m, _ in found])} |")
+    return "\n".join(lines)
+
+
+def figure(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=False)
+    for ax, measure in zip(axes, MEASURES):
+        for phase, style in zip(PHASES, ("-", "--")):
+            for i, r in enumerate(rows):
+                if measure not in r[phase]:
+                    continue
+                s = r[phase][measure]["s"]
+                ax.semilogy(range(1, len(s) + 1), s, style, color=f"C{i}", alpha=0.8,
+                            label=f"seed {r['seed']}, {phase.replace('_', ' ')}")
+        ax.set(title=f"{measure} blocks", xlabel="layer ℓ (forward order)", ylabel="s_ℓ")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("EfficientNet-Lite0 (ImageNet-1k) on Split Fashion-MNIST experience 1: per-layer curvature")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    from avalanche_plugins.study.harness.jobs import run_jobs
+
+    parser = benchmark_parser("lae_lite0_profile", __doc__.split("\n")[0])
+    parser.add_argument("--samples", type=int, default=256, help="samples of the Fisher blocks")
+    parser.add_argument("--hessian-samples", type=int, default=16, help="samples of the exact Hessian blocks")
+    parser.add_argument("--hessian-iter", type=int, default=10, help="Lanczos steps per layer at most")
+    parser.add_argument("--hessian-seeds", type=int, default=1, help="the first N seeds also get the exact blocks")
+    parser.add_argument("--input-size", type=int, default=64)
+    args = parse_args(parser, argv)
+    out = Path(args.out)
+    jobs = [Job(seed, args.data_root, args.samples, args.hessian_samples if seed < args.hessian_seeds else 0,
+                args.hessian_iter, input_size=args.input_size) for seed in range(args.seeds)]
+    rows = run_jobs(run_job, jobs, cache=out / "jobs.jsonl", executor=make_executor(args), desc="profiles")
+    rows = [{**row, "seed": job.seed, "job": asdict(job)} for job, row in zip(jobs, rows)]
+    out.mkdir(parents=True, exist_ok=True)
+    text = table(rows)
+    (out / "results.json").write_text(json.dumps({"command": args.command, "rows": rows}, indent=1))
+    (out / "table.md").write_text(f"`{args.command}`\n\n{text}\n")
+    figure(rows, out / "profile.png")
+    print(text)
+    print(f"wrote {out / 'results.json'}, {out / 'table.md'}, {out / 'profile.png'}")
+
+
+if __name__ == "__main__":
+    main()
