@@ -43,7 +43,7 @@ NUMERICAL_MODULES = frozenset({
     "test_properties", "test_structural_plasticity", "test_input_checks", "test_fallbacks",
     "test_curvature_peers", "test_plasticity_diagnostics", "test_plasticity_variants", "test_lr_plugin_groups",
     "test_mask_state", "test_efficientnet", "test_fashion_mnist", "test_loss_reductions", "test_stream_refusals",
-    "test_diagnostics_overhead", "test_diagnostics_reference",
+    "test_diagnostics_overhead", "test_diagnostics_reference", "test_distributed",
 })
 
 

@@ -6,6 +6,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from avalanche_plugins.core.layers import discover_layers, example_input
+from avalanche_plugins.core.parallel import unwrap_model
 
 __all__ = ["TransientCache", "experience_tensors", "experience_batches", "experience_example", "experience_layer_map",
            "metric_name", "preserved_rng"]
@@ -94,13 +95,13 @@ def experience_example(strategy):
     batches = experience_batches(strategy, batch_size=2)
     x, _, t = next(batches)
     batches.close()  # restores the RNG state now
-    return example_input(strategy.model, x, torch.as_tensor(t))
+    return example_input(unwrap_model(strategy.model), x, torch.as_tensor(t))
 
 
 def experience_layer_map(strategy):
-    """:func:`~avalanche_plugins.core.layers.discover_layers` of ``strategy.model`` on
-    :func:`experience_example`."""
-    return discover_layers(strategy.model, experience_example(strategy))
+    """:func:`~avalanche_plugins.core.layers.discover_layers` of ``strategy.model`` (inside a DDP
+    wrapper: of the wrapped model) on :func:`experience_example`."""
+    return discover_layers(unwrap_model(strategy.model), experience_example(strategy))
 
 
 def metric_name(name: str, strategy, *, add_experience: bool = True, add_task: bool = True) -> str:

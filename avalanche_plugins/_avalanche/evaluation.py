@@ -10,6 +10,7 @@ import torch
 
 from avalanche_plugins._avalanche.data import experience_batches
 from avalanche_plugins.core.calls import eval_mode, model_forward
+from avalanche_plugins.core.parallel import unwrap_model
 
 __all__ = ["quiet_evaluator", "stream_accuracy"]
 
@@ -30,7 +31,7 @@ def stream_accuracy(strategy, experiences, *, batch_size: int = 256, cache: dict
     runs the model; the batches are the same, so is the accuracy (a random evaluation transform
     is drawn once)."""
     correct = total = 0
-    model = strategy.model
+    model = unwrap_model(strategy.model)  # not DDP's forward: no collective from one rank's evaluation
     with eval_mode(model):
         for experience in experiences:
             for x, y, t in _evaluation_batches(strategy, experience, batch_size, cache):

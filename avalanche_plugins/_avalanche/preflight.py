@@ -4,7 +4,9 @@ A plugin or metric that measures something after an experience would otherwise m
 unsupported model only then, after an experience of training has been spent. :func:`preflight`
 runs, at the first ``before_training_exp`` (after Avalanche's model adaptation, before any
 iteration), on the strategy's model and :data:`PREFLIGHT_SAMPLES` samples of the first
-experience:
+experience (under Avalanche's distributed training, after
+:func:`~avalanche_plugins._avalanche.distributed.check_distributed`, and on the model inside the
+DDP wrapper):
 
 1. the **output type**: the model's output must be a logits tensor, or ``output_transform`` must
    turn it into one (:func:`~avalanche_plugins.core.outputs.logits_of`);
@@ -50,9 +52,11 @@ import torch
 
 from avalanche_plugins._avalanche.boundaries import Boundary
 from avalanche_plugins._avalanche.data import experience_batches, preserved_rng
+from avalanche_plugins._avalanche.distributed import check_distributed
 from avalanche_plugins.core.calls import eval_mode, model_forward
 from avalanche_plugins.core.layers import discover_layers, example_input
 from avalanche_plugins.core.outputs import describe_output, logits_of, transformed_output
+from avalanche_plugins.core.parallel import unwrap_model
 
 __all__ = ["PREFLIGHT_SAMPLES", "PreflightProbe", "check_experiences", "describe_error", "first_samples", "preflight",
            "stream_experiences", "warn_fewer_samples", "with_output_transform"]
@@ -115,7 +119,8 @@ def preflight(owner, strategy, probe: PreflightProbe | None = None, *, output_tr
     :raises ValueError, TypeError, NotImplementedError, RuntimeError: naming ``owner``'s class, the
         module or argument at fault and what to do.
     """
-    model = strategy.model
+    check_distributed(owner, strategy)  # under torchrun: refused, or the model's wrapper checked
+    model = unwrap_model(strategy.model)
     if getattr(owner, "_preflight_checked", None) == id(model):
         return
     component = type(owner).__name__
@@ -152,7 +157,7 @@ def with_output_transform(callback):
     @functools.wraps(callback)
     def wrapper(self, strategy, *args, **kwargs):
         transform = getattr(self, "output_transform", None)
-        context = contextlib.nullcontext() if transform is None else transformed_output(strategy.model, transform)
+        context = contextlib.nullcontext() if transform is None else transformed_output(unwrap_model(strategy.model), transform)
         with context:
             return callback(self, strategy, *args, **kwargs)
 

@@ -25,6 +25,7 @@ from avalanche.evaluation import PluginMetric
 from avalanche.evaluation.metric_results import MetricValue
 
 from avalanche_plugins._avalanche.data import metric_name, preserved_rng
+from avalanche_plugins._avalanche.distributed import check_distributed
 
 __all__ = ["RecordingMetric"]
 
@@ -39,10 +40,18 @@ class RecordingMetric(PluginMetric[TResult], Generic[TResult]):
     """
 
     result_key: str | None = None
+    #: works under Avalanche's distributed training (:mod:`avalanche_plugins._avalanche.distributed`);
+    #: a subclass that does sets it True, one that does not is refused there before training
+    supports_distributed: bool = False
 
     def __init__(self):
         super().__init__()
         self.history: list = []
+
+    def before_training(self, strategy):
+        """Under torchrun: refuse before training unless the metric supports it (Avalanche checks
+        only ``strategy.plugins``, not the evaluator's metrics)."""
+        check_distributed(self, strategy)
 
     def result(self) -> TResult | None:
         """The headline value of the last record (None before the first)."""

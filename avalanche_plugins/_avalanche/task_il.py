@@ -9,6 +9,10 @@ evaluated experience first (the task identity is given at test time):
 Logged as ``Top1_TaskIL_Acc_Exp/eval_phase/<stream>/TaskNNN/ExpNNN`` after each evaluated
 experience, so a study reads a second accuracy matrix ``R_TIL[i, j]`` from the same run (the
 study runner attaches it to every run whose experiences have disjoint classes and one shared head).
+
+Under Avalanche's distributed training each rank evaluates its share of the experience: the counts
+are summed over the ranks (the ``DistributedSampler``'s repeats left out), so every rank logs the
+accuracy over the whole experience.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ import torch
 from avalanche.evaluation import PluginMetric
 from avalanche.evaluation.metric_results import MetricValue
 from avalanche.evaluation.metric_utils import get_metric_name
+
+from avalanche_plugins._avalanche.distributed import check_distributed, shared_samples
+from avalanche_plugins.core.parallel import sum_over_ranks
 
 __all__ = ["TaskILAccuracyMetric"]
 
@@ -31,9 +38,12 @@ class TaskILAccuracyMetric(PluginMetric[float]):
         1.0
     """
 
+    supports_distributed = True  # the ranks' counts summed (module docstring)
+
     def __init__(self):
         super().__init__()
         self.correct = self.total = 0
+        self._seen = 0
 
     def reset(self) -> None:
         self.correct = self.total = 0
@@ -51,14 +61,25 @@ class TaskILAccuracyMetric(PluginMetric[float]):
     def __str__(self) -> str:
         return "Top1_TaskIL_Acc_Exp"
 
+    def before_training(self, strategy) -> None:
+        check_distributed(self, strategy)
+
+    def before_eval(self, strategy) -> None:
+        check_distributed(self, strategy)
+
     def before_eval_exp(self, strategy) -> None:
         self.reset()
+        self._seen = 0
 
     def after_eval_iteration(self, strategy) -> None:
         classes = strategy.experience.classes_in_this_experience
-        self.update(strategy.mb_output, strategy.mb_y, classes)
+        own = shared_samples(strategy, self._seen, len(strategy.mb_y))  # all True in one process
+        self._seen += len(strategy.mb_y)
+        self.update(strategy.mb_output[own.to(strategy.mb_output.device)], strategy.mb_y[own.to(strategy.mb_y.device)],
+                    classes)
 
     def after_eval_exp(self, strategy):
+        self.correct, self.total = sum_over_ranks([self.correct, self.total])
         value = self.result()
         if value is None:
             return None

@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 from PIL.Image import Image
 
 from avalanche_plugins._avalanche.boundaries import evaluated_experience_id
+from avalanche_plugins._avalanche.distributed import check_logger_rank
 from avalanche_plugins._avalanche.figures import as_image
 
 __all__ = ["TidyCSVLogger", "parse_metric_name"]
@@ -101,6 +102,9 @@ class TidyCSVLogger(BaseLogger):
     writes them again) and appends. The CSV of an interrupted and resumed run is therefore the
     uninterrupted run's, row for row.
 
+    Under Avalanche's distributed training, build it on the main process only (every rank's values
+    are the same): on another rank it raises ``DistributedTrainingError`` saying so.
+
     Example::
 
         from avalanche.evaluation.metrics import accuracy_metrics, forgetting_metrics
@@ -118,6 +122,7 @@ class TidyCSVLogger(BaseLogger):
 
     def __init__(self, path, *, context: Mapping | None = None, images: bool = True,
                  append: bool = False, max_elements: int = 10_000):
+        check_logger_rank("TidyCSVLogger")  # under torchrun: rank 0 only, with our message (Avalanche's names no fix)
         super().__init__()
         if not isinstance(path, (str, os.PathLike)) or os.path.isdir(path):
             raise ValueError(f"path: expected a CSV file path, got {path!r}")

@@ -11,7 +11,8 @@ For every experience after the first:
   (``strategy._criterion``, as its per-sample mean; a ``reduction='sum'`` criterion's SGD step is
   ``train_mb_size`` times larger, folded into the step size) and, unless given, its optimizer's
   step size, the number of steps
-  the experience will take (``train_epochs × ⌈|dataset| / train_mb_size⌉``) and the optimizer
+  the experience will take (``train_epochs × ⌈|dataset| / train_mb_size⌉``; under torchrun the
+  group's, ``train_mb_size`` times the world size) and the optimizer
   kind (``"adam"`` for ``Adam``/``AdamW``, else ``"sgd"``; SGD momentum ``μ`` is folded into the
   step size as ``lr / (1 − μ)``, its steady-state effective step). It also stores the old set's
   logits and their ECE;
@@ -64,6 +65,7 @@ from avalanche_plugins._avalanche.boundaries import (
     enter_boundary,
 )
 from avalanche_plugins._avalanche.data import experience_tensors
+from avalanche_plugins._avalanche.distributed import global_batch_size, plain_model
 from avalanche_plugins._avalanche.preflight import (
     check_experiences,
     preflight,
@@ -127,6 +129,8 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
         ads.history[-1]["ads"], ads.history[-1]["realised_shift"]
     """
 
+    supports_distributed = True  # under torchrun: whole-experience reads, the group's step count (_avalanche.distributed)
+
     def __init__(self, calibration_size: int = 64, *, lr: float | None = None, steps: int | None = None,
                  optimizer: str | None = None, path: str = "logit", probe_steps: int = 10,
                  n_bins: int = 15, seed: int = 0, output_transform=None):
@@ -175,7 +179,8 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
         if steps is None:  # online: the original experience's samples (the sub-experiences' sum)
             boundary = current_boundary(self, strategy)
             n = len(boundary.origin.dataset) if boundary.online else len(strategy.adapted_dataset)
-            steps = max(1, strategy.train_epochs * math.ceil(n / strategy.train_mb_size))
+            # the group's steps under torchrun: W ranks step together on W minibatches
+            steps = max(1, strategy.train_epochs * math.ceil(n / global_batch_size(strategy)))
         return lr, steps, kind
 
     def _old_set(self, seed: int):
@@ -214,7 +219,7 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
 
     def measure(self, strategy) -> dict:
         """ADS of ``strategy.model`` for the incoming experience; returns the (pending) record."""
-        model = strategy.model
+        model = plain_model(strategy)
         exp_counter = current_boundary(self, strategy).index
         seed = self.seed + exp_counter
         start = time.perf_counter()
@@ -267,7 +272,7 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
                 start = time.perf_counter()
                 record, before = self._pending["record"], self._pending["logits"]
                 cal = self.calibration
-                after = model_outputs(strategy.model, cal["old_inputs"], cal["old_task_labels"], 1024)
+                after = model_outputs(plain_model(strategy), cal["old_inputs"], cal["old_task_labels"], 1024)
                 record["realised_shift"] = output_shift(before, after)
                 record["ece_after"] = self._ece(after, cal["old_targets"])
                 record["seconds"]["after"] = time.perf_counter() - start

@@ -9,6 +9,7 @@ from __future__ import annotations
 from avalanche.evaluation.metric_results import MetricValue
 
 from avalanche_plugins._avalanche.data import experience_tensors, metric_name
+from avalanche_plugins._avalanche.distributed import plain_model
 from avalanche_plugins._avalanche.figures import figure_image, profile_figure, wants_images
 from avalanche_plugins.layer_adaptive.curvature import layer_curvature
 from avalanche_plugins.layer_adaptive.hessian import LayerSpectrum
@@ -41,7 +42,7 @@ def measure_profile(strategy, *, method: str, n_samples: int, chunk_size: int | 
     options = {} if chunk_size is None else {"chunk_size": chunk_size}
     if method == "hessian":
         options.update(max_iter=max_iter, tol=tol)
-    spectrum = layer_curvature(strategy.model, strategy._criterion, x, y, method=method, task_labels=t,
+    spectrum = layer_curvature(plain_model(strategy), strategy._criterion, x, y, method=method, task_labels=t,
                                seed=seed, **options)
     setattr(strategy, _CACHE, (key, spectrum))
     return spectrum

@@ -37,6 +37,7 @@ from avalanche_plugins._avalanche.data import (
     experience_layer_map,
     experience_tensors,
 )
+from avalanche_plugins._avalanche.distributed import global_batch_size, plain_model
 from avalanche_plugins._avalanche.loop import require_callbacks
 from avalanche_plugins._avalanche.preflight import preflight, with_output_transform
 from avalanche_plugins.core.checks import (
@@ -71,7 +72,7 @@ class EWCProfile(LayerProfile):
     lambdas: list[float] = field(default_factory=list)
 
 
-class LayerAdaptiveEWCPlugin(SupervisedPlugin):
+class LayerAdaptiveEWCPlugin(SupervisedPlugin, supports_distributed=True):
     """EWC with per-layer strengths ``λ_ℓ = ewc_lambda · w_ℓ`` (see module docstring).
 
     :param ewc_lambda: overall strength λ (>= 0).
@@ -202,12 +203,12 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
 
     def before_training(self, strategy, **kwargs):
         if self.fisher in ("empirical", "expected"):  # per-sample gradients: refuse before training
-            check_no_recurrent(strategy.model, f"LayerAdaptiveEWCPlugin(fisher={self.fisher!r})")
+            check_no_recurrent(plain_model(strategy), f"LayerAdaptiveEWCPlugin(fisher={self.fisher!r})")
 
     def before_backward(self, strategy, **kwargs):
         self._penalised = True
         if self._curvature and self.ewc_lambda > 0:
-            strategy.loss += self.penalty(strategy.model)
+            strategy.loss += self.penalty(plain_model(strategy))
 
     def after_training_iteration(self, strategy, **kwargs):
         # the runtime guard behind require_callbacks (a loop whose source cannot be read)
@@ -226,7 +227,7 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
 
     def _consolidate(self, strategy, exp_id: int, num_workers: int) -> None:
         """Measure (profile, Fisher) on the experience just trained and fold its quadratic in."""
-        model = strategy.model
+        model = plain_model(strategy)
         timings = {}
         spectrum = None
         if self.schedule in ("measured", "smoothed") or self.log_profile:
@@ -260,10 +261,12 @@ class LayerAdaptiveEWCPlugin(SupervisedPlugin):
 
     # ------------------------------------------------------------------ internals
     def _importances(self, strategy, num_workers: int) -> dict[str, torch.Tensor]:
-        model, criterion = strategy.model, strategy._criterion
+        model, criterion = plain_model(strategy), strategy._criterion
         if self.fisher == "batched":
-            # one RNG draw, like EWCPlugin, so uniform+batched follows EWCPlugin's random stream
-            batches = experience_batches(strategy, num_workers=num_workers, preserve_rng=False)
+            # one RNG draw, like EWCPlugin, so uniform+batched follows EWCPlugin's random stream;
+            # under torchrun the group's minibatch (every rank reads the whole experience)
+            batches = experience_batches(strategy, batch_size=global_batch_size(strategy), num_workers=num_workers,
+                                         preserve_rng=False)
             return batched_fisher(model, criterion, batches)
         # Per-sample estimators read the same (train-transform) data as Avalanche's EWC.
         x, y, t = experience_tensors(strategy, n_samples=self.fisher_samples, seed=self.seed, eval_transforms=False)

@@ -76,6 +76,7 @@ from avalanche.core import SupervisedPlugin
 
 from avalanche_plugins._avalanche.boundaries import at_origin, current_boundary, enter_boundary
 from avalanche_plugins._avalanche.data import experience_layer_map
+from avalanche_plugins._avalanche.distributed import plain_model
 from avalanche_plugins._avalanche.preflight import preflight, with_output_transform
 from avalanche_plugins.core.checks import check_choice, check_positive
 from avalanche_plugins.core.optim import restore_param_groups, split_param_groups
@@ -87,7 +88,7 @@ from avalanche_plugins.layer_adaptive.schedules import layer_weights
 __all__ = ["LayerAdaptiveLRPlugin"]
 
 
-class LayerAdaptiveLRPlugin(SupervisedPlugin):
+class LayerAdaptiveLRPlugin(SupervisedPlugin, supports_distributed=True):
     """Per-layer learning rates (see module docstring; ``smoothed`` measures ``s_ℓ`` of
     ``strategy._criterion`` as it reduces, :mod:`avalanche_plugins.core.reductions`: scale-free here).
 
@@ -250,7 +251,7 @@ class LayerAdaptiveLRPlugin(SupervisedPlugin):
         optimizer = strategy.optimizer
         layer_map, remeasured = self._layer_map(strategy)
         index_of, _ = layer_map.attach_parameters()
-        slot_of = {id(p): index_of[name] for name, p in strategy.model.named_parameters() if name in index_of}
+        slot_of = {id(p): index_of[name] for name, p in plain_model(strategy).named_parameters() if name in index_of}
         relative = self.relative_rates(len(layer_map))
         self._first_lr = float(optimizer.param_groups[0]["lr"]) if optimizer.param_groups else None
         split = split_param_groups(optimizer, slot_of, relative.tolist(), base=self.base_lr)

@@ -90,6 +90,8 @@ class LayerSensitivityMetric(RecordingMetric[dict]):
                                      loggers=[InteractiveLogger(), TensorboardLogger()])
     """
 
+    supports_distributed = True  # under torchrun: whole-experience reads, unwrapped model (_avalanche.distributed)
+
     def __init__(self, n_samples: int | None = None, chunk_size: int | None = None, max_iter: int = 100,
                  tol: float = 1e-3, seed: int = 0, *, curvature: str = "fisher", output_transform=None):
         super().__init__()

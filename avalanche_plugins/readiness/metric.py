@@ -107,6 +107,7 @@ from avalanche.evaluation.metric_results import MetricValue
 
 from avalanche_plugins._avalanche.boundaries import at_origin, enter_boundary
 from avalanche_plugins._avalanche.data import experience_tensors
+from avalanche_plugins._avalanche.distributed import plain_model
 from avalanche_plugins._avalanche.preflight import (
     check_experiences,
     preflight,
@@ -210,6 +211,8 @@ class OptimizationReadinessMetric(RecordingMetric[float]):
         readiness.history[-1]["readiness"], readiness.history[-1]["ground_truth"]["gain"]
     """
 
+    supports_distributed = True  # under torchrun: whole-experience reads, unwrapped model (_avalanche.distributed)
+
     def __init__(self, n_samples: int = 1024, batch_size: int = 4, n_batches: int = 128,
                  estimator: str = "sampled", baselines: bool = False, n_probe: int = 256,
                  ground_truth_k: int | None = None, ground_truth_lr: float = 0.01,
@@ -292,7 +295,7 @@ class OptimizationReadinessMetric(RecordingMetric[float]):
 
     def measure(self, strategy) -> dict:
         """Measure on ``strategy.model`` and the current experience; returns the history record."""
-        model, loss_fn = strategy.model, strategy._criterion
+        model, loss_fn = plain_model(strategy), strategy._criterion
         exp_counter = strategy.clock.train_exp_counter
         seed = self.seed + exp_counter
         x, y, t = experience_tensors(strategy, n_samples=self.n_samples, seed=seed)

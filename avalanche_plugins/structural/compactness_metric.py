@@ -6,6 +6,8 @@ from avalanche.evaluation import PluginMetric
 from avalanche.evaluation.metric_results import MetricValue
 from avalanche.evaluation.metric_utils import get_metric_name
 
+from avalanche_plugins._avalanche.distributed import check_distributed
+
 __all__ = ["CompactnessMetric"]
 
 
@@ -13,6 +15,8 @@ class CompactnessMetric(PluginMetric[float]):
     """Fraction of hidden units active (``masks.compactness()``) of the given Grow / Prune /
     FixedMask plugin after every training epoch, as ``Compactness/train_phase/...`` (the study
     runner attaches one to every run with such a plugin)."""
+
+    supports_distributed = True  # reads the plugin's masks, equal on every rank
 
     def __init__(self, plugin):
         super().__init__()
@@ -26,6 +30,9 @@ class CompactnessMetric(PluginMetric[float]):
 
     def __str__(self):
         return "Compactness"
+
+    def before_training(self, strategy):
+        check_distributed(self, strategy)
 
     def after_training_epoch(self, strategy):
         masks = getattr(self.plugin, "masks", None)

@@ -44,6 +44,7 @@ ends with the experience brings no edit.
 from __future__ import annotations
 
 from avalanche_plugins.core.checks import check_choice, check_int
+from avalanche_plugins.core.parallel import global_count, world_size
 
 __all__ = ["CYCLE_SCOPES", "CYCLE_UNITS", "SAMPLE_UNITS", "CycleClock", "check_sample_cycle", "cycle_settings",
            "minibatch_samples", "own_batch_size", "trajectory_average"]
@@ -199,16 +200,18 @@ class CycleClock:
         """What the current iteration adds to the clock (module docstring)."""
         if self.unit == "iterations":
             return 1
+        # samples are the group's under torchrun: W ranks train a minibatch of the same size each
         if self.unit == "minibatch_samples" or not self._excludes_replay:
-            return minibatch_samples(strategy)
+            return global_count(minibatch_samples(strategy))
         clock = getattr(strategy, "clock", None)
         key = (getattr(clock, "train_exp_counter", None), getattr(clock, "train_exp_epochs", None))
         if key != self._epoch_key:  # a new epoch (or experience): it brings the experience's samples
-            self._epoch_key, self._left, self._own_batch = key, _experience_size(strategy), own_batch_size(strategy)
+            share = -(-_experience_size(strategy) // world_size())  # a rank's share of the experience
+            self._epoch_key, self._left, self._own_batch = key, share, own_batch_size(strategy)
         n = minibatch_samples(strategy)
         own = max(0, min(n, self._left, self._own_batch if self._own_batch is not None else n))
         self._left -= own
-        return own
+        return global_count(own)
 
     def end_iteration(self, samples: int = 1) -> bool:
         """Count one iteration of ``samples`` training samples; True if it completed a cycle (or
@@ -236,8 +239,9 @@ def trajectory_average(accuracies) -> float:
 
 def check_sample_cycle(component: str, clock: CycleClock, strategy) -> None:
     """Before training: a sample clock's cycle must hold at least one minibatch (``train_mb_size``),
-    else one minibatch would end several cycles at once."""
+    else one minibatch would end several cycles at once (the group's minibatch under torchrun)."""
     mb_size = getattr(strategy, "train_mb_size", None)
+    mb_size = global_count(mb_size) if isinstance(mb_size, int) else mb_size
     if clock.unit in SAMPLE_UNITS and isinstance(mb_size, int) and clock.length < mb_size:
         raise ValueError(f"{component}: cycle_length={clock.length} samples is shorter than one minibatch "
                          f"(train_mb_size={mb_size}), so one minibatch would end several cycles: choose "

@@ -67,6 +67,8 @@ class CycleAccuracyMetric(RecordingMetric[float]):
     ``history`` holds ``(train iteration, accuracy)`` per cycle; ``taa`` its mean.
     """
 
+    supports_distributed = True  # under torchrun: whole test experiences, the group's sample clock (_avalanche.distributed)
+
     def __init__(self, test_stream, epochs_per_cycle: int | None = None, *, cycle_scope: str = "stream",
                  cycle_unit: str = "epochs", cycle_length: int | None = None,
                  cumulative: bool = True, eval_mb_size: int = 256):
@@ -145,6 +147,7 @@ class NewbornGradientMetric(RecordingMetric[float]):
     """
 
     result_key = "grad_ratio"  # result(): the last growth cycle's gradient ratio
+    supports_distributed = False  # refused under torchrun: distributed_refusal
 
     def __init__(self, grow_plugin):
         super().__init__()
@@ -157,6 +160,12 @@ class NewbornGradientMetric(RecordingMetric[float]):
 
     def __str__(self) -> str:
         return "NewbornGradientRatio"
+
+    @staticmethod
+    def distributed_refusal() -> str:
+        return ("the newborn and incumbent activations it logs are means over each rank's own training "
+                "minibatches, which differ between ranks; run it in one process (GrowPlugin itself runs under "
+                "torchrun with track_newborn=False)")
 
     def after_training_epoch(self, strategy):
         values = []

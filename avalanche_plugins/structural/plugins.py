@@ -75,6 +75,11 @@ from avalanche.training.supervised import Naive
 
 from avalanche_plugins._avalanche.boundaries import at_origin, current_boundary, enter_boundary
 from avalanche_plugins._avalanche.data import experience_example, experience_tensors
+from avalanche_plugins._avalanche.distributed import (
+    check_distributed,
+    global_batch_size,
+    plain_model,
+)
 from avalanche_plugins._avalanche.evaluation import quiet_evaluator, stream_accuracy
 from avalanche_plugins._avalanche.loop import require_callbacks
 from avalanche_plugins._avalanche.preflight import describe_error
@@ -99,7 +104,7 @@ __all__ = ["FixedMaskPlugin", "PrunePlugin", "GrowPlugin",
            "TicketResult", "retrain_ticket"]
 
 
-class _MaskedTraining(SupervisedPlugin):
+class _MaskedTraining(SupervisedPlugin, supports_distributed=True):
     """Creates the :class:`UnitMasks` at the first experience and keeps parameters exact.
 
     Before every experience it checks that the strategy's loop calls the callbacks the masks need
@@ -127,23 +132,24 @@ class _MaskedTraining(SupervisedPlugin):
 
     def before_training_exp(self, strategy, **kwargs):
         name = type(self).__name__
+        check_distributed(self, strategy)  # under torchrun (avalanche_plugins._avalanche.distributed)
         boundary = enter_boundary(self, strategy, name, needs_access=self._edits)
         require_callbacks(name, strategy, self._required_callbacks(),
                           "the masked units' parameters are re-imposed around every optimizer step")
         self._refuse(strategy, boundary)  # before the masks exist: a refused run leaves the model as it was
         if self.masks is None:
             try:
-                self.masks = UnitMasks(strategy.model, experience_example(strategy), activation=self.activation)
+                self.masks = UnitMasks(plain_model(strategy), experience_example(strategy), activation=self.activation)
             except Exception as error:  # no maskable layer, dict inputs, a model's own assert (ICaRL), ...
                 kind = type(error) if isinstance(error, (ValueError, TypeError)) else RuntimeError
                 raise kind(f"{name} refuses this model before training: {describe_error(error)}"
                            + ("" if kind is type(error) else f" ({type(error).__name__})")) from error
             self._masks_created(strategy)
-        elif self.masks.model is not strategy.model:
+        elif self.masks.model is not plain_model(strategy):
             self._rebind(strategy, boundary)
         else:
             # after Avalanche's model adaptation (a grown or added head), before any step
-            self.masks.sync(experience_example(strategy) if is_multitask(strategy.model) else None)
+            self.masks.sync(experience_example(strategy) if is_multitask(plain_model(strategy)) else None)
 
     def _refuse(self, strategy, boundary) -> None:
         """Checks of the settings against the strategy, before any mask or training (subclasses)."""
@@ -153,7 +159,7 @@ class _MaskedTraining(SupervisedPlugin):
         applied (masked units output exactly 0 from the first step), unit ages and the last growth
         carried over; the masked entries are frozen at the new model's values."""
         old = self.masks
-        new = UnitMasks(strategy.model, experience_example(strategy), activation=self.activation)
+        new = UnitMasks(plain_model(strategy), experience_example(strategy), activation=self.activation)
         if new.sizes() != old.sizes():
             raise ValueError(f"{type(self).__name__}: {type(strategy).__name__} replaced the model by one whose "
                              f"maskable layers differ ({old.sizes()} -> {new.sizes()}), so the masks cannot "
@@ -186,7 +192,7 @@ def _clock_epoch_ends(boundary, strategy) -> bool:
     return not boundary.online or (boundary.last and strategy.clock.train_exp_epochs == strategy.train_epochs - 1)
 
 
-class FixedMaskPlugin(_MaskedTraining):
+class FixedMaskPlugin(_MaskedTraining, supports_distributed=True):
     """Train with a fixed unit mask ``{layer name: bool tensor}`` (a ticket; no edits).
 
     :param mask: the mask, or a :class:`UnitMasks` whose current masks are copied.
@@ -203,7 +209,7 @@ class FixedMaskPlugin(_MaskedTraining):
         self.masks.set_masks(self.mask)
 
 
-class _EditingPlugin(_MaskedTraining):
+class _EditingPlugin(_MaskedTraining, supports_distributed=True):
     """Shared cycle logic of Prune and Grow."""
 
     def __init__(self, target_compactness, epochs_per_cycle, score, threshold, cycle_scope,
@@ -293,7 +299,7 @@ class _EditingPlugin(_MaskedTraining):
             "active": self.masks.active_counts(), "compactness": self.masks.compactness()})
 
 
-class PrunePlugin(_EditingPlugin):
+class PrunePlugin(_EditingPlugin, supports_distributed=True):
     """Iterative unit pruning with rewinding, until ``target_compactness`` (module docstring).
 
     :param target_compactness: fraction of hidden units kept at the end, in (0, 1].
@@ -338,7 +344,7 @@ class PrunePlugin(_EditingPlugin):
         self._iterations = 0
 
     def _snapshot(self, strategy) -> None:
-        self.rewind_state = {k: v.detach().clone() for k, v in strategy.model.state_dict().items()}
+        self.rewind_state = {k: v.detach().clone() for k, v in plain_model(strategy).state_dict().items()}
 
     def _masks_created(self, strategy):
         self.targets = layer_counts(self.masks.sizes(), self.target_compactness)
@@ -352,11 +358,11 @@ class PrunePlugin(_EditingPlugin):
             clock, first_prune = self.clock, None
             if clock.unit == "iterations":
                 first_prune, how = clock.length, "iterations"
-            elif clock.unit in ("samples", "minibatch_samples"):
-                first_prune = math.ceil(clock.length / strategy.train_mb_size)
-                how = f"minibatches of train_mb_size={strategy.train_mb_size} to reach {clock.length} samples"
+            elif clock.unit in ("samples", "minibatch_samples"):  # the group's minibatches under torchrun
+                first_prune = math.ceil(clock.length / global_batch_size(strategy))
+                how = f"minibatches of {global_batch_size(strategy)} samples to reach {clock.length} samples"
             elif clock.epochs_per_cycle <= strategy.train_epochs and not boundary.online:
-                per_epoch = math.ceil(len(strategy.adapted_dataset) / strategy.train_mb_size)
+                per_epoch = math.ceil(len(strategy.adapted_dataset) / global_batch_size(strategy))
                 first_prune = clock.epochs_per_cycle * per_epoch
                 how = f"{clock.epochs_per_cycle} epoch(s) of {per_epoch} minibatches"
             if first_prune is not None and self.rewind_to > first_prune:
@@ -384,7 +390,7 @@ class PrunePlugin(_EditingPlugin):
         self._record(strategy, removed)
 
 
-class GrowPlugin(_EditingPlugin):
+class GrowPlugin(_EditingPlugin, supports_distributed=True):
     """Grow from a sparse seed mask to ``target_compactness``, in place (module docstring).
 
     :param target_compactness: fraction of hidden units active at the end, in (0, 1].
@@ -448,6 +454,13 @@ class GrowPlugin(_EditingPlugin):
                 check_fresh_optimizer(strategy.optimizer)
             except ValueError as error:
                 raise ValueError(f"GrowPlugin refuses the optimizer before training: {error}") from None
+
+    def distributed_refusal(self) -> str | None:
+        """Why this plugin refuses torchrun (None: it runs there)."""
+        if self.track_newborn:
+            return ("track_newborn=True measures newborn/incumbent activations on each rank's own training "
+                    "minibatches, which differ between ranks; build it with track_newborn=False, or run in one process")
+        return None
 
     def _required_callbacks(self) -> list[str]:
         tracked = ["before_forward", "after_forward", "after_backward"] if self.track_newborn else []

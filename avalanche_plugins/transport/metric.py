@@ -59,12 +59,14 @@ from avalanche_plugins._avalanche.boundaries import (
     evaluated_experience_id,
 )
 from avalanche_plugins._avalanche.data import metric_name
+from avalanche_plugins._avalanche.distributed import check_distributed, plain_model, shared_samples
 from avalanche_plugins._avalanche.figures import figure_image, wants_images
 from avalanche_plugins._avalanche.preflight import check_experiences, preflight
 from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.core.calls import eval_mode, iterate_batches, model_forward
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
 from avalanche_plugins.core.outputs import describe_output
+from avalanche_plugins.core.parallel import sum_over_ranks
 from avalanche_plugins.transport import (
     FAMILIES,
     LAYOUTS,
@@ -148,6 +150,8 @@ class TransportKeyMetric(RecordingMetric[dict]):
         tk.history[-1]   # {"experience": 0, "after": 2, "acc": {...}, "recovery": {...}}
     """
 
+    supports_distributed = True  # under torchrun: counts summed over the ranks (_avalanche.distributed)
+
     def __init__(self, stages, families=("identity", "channel", "cross_channel"), n_anchors: int = 100,
                  controls: bool = True, experiences=None, ridge: float = 1e-4, seed: int = 0,
                  gauss_newton_iterations: int = 0, layouts=None, stage_transforms=None):
@@ -200,13 +204,14 @@ class TransportKeyMetric(RecordingMetric[dict]):
     # --- training side -------------------------------------------------------------------------
 
     def before_training(self, strategy):
+        check_distributed(self, strategy)
         if self._auto:  # chosen at the first training experience, on its data
             return None
-        modules = dict(strategy.model.named_modules())
+        modules = dict(plain_model(strategy).named_modules())
         unknown = [stage for stage in self.stages if stage not in modules]
         if unknown:  # before any training, not at the first evaluation
             names = [name for name in modules if name]
-            raise ValueError(f"TransportKeyMetric: stages {unknown} name no submodule of {type(strategy.model).__name__}; "
+            raise ValueError(f"TransportKeyMetric: stages {unknown} name no submodule of {type(plain_model(strategy)).__name__}; "
                              f"submodules are {names[:25]}{' ...' if len(names) > 25 else ''}")
         return None
 
@@ -279,7 +284,7 @@ class TransportKeyMetric(RecordingMetric[dict]):
         experience's first inputs (loading them under :meth:`measuring`: the RNG stream stays)."""
         with self.measuring(strategy):
             x, t = example_inputs(strategy.experience.dataset)
-        self.stages = auto_stages(strategy.model, x.to(strategy.device), t.to(strategy.device))
+        self.stages = auto_stages(plain_model(strategy), x.to(strategy.device), t.to(strategy.device))
         if self._layout is not None:
             self.layouts = {stage: self._layout for stage in self.stages}
 
@@ -299,7 +304,7 @@ class TransportKeyMetric(RecordingMetric[dict]):
             task = int(strategy.experience.task_label)
         except (AttributeError, AssertionError, ValueError):  # no (or several) task labels: task 0
             task = 0
-        snapshot = copy.deepcopy(strategy.model).eval()
+        snapshot = copy.deepcopy(plain_model(strategy)).eval()
         for p in snapshot.parameters():
             p.requires_grad_(False)
         self.snapshots[exp_id] = {"model": snapshot, "x": x.to(strategy.device), "y": y,
@@ -314,7 +319,7 @@ class TransportKeyMetric(RecordingMetric[dict]):
         snap = None if exp_id is None else self.snapshots.get(int(exp_id))
         if snap is None or self._last_trained <= exp_id:
             return None
-        model = strategy.model
+        model = plain_model(strategy)
         variants: dict[str, dict[str, torch.nn.Module]] = {}
         residuals: dict[str, float] = {}
         widest = 1  # the largest stage activation of one sample
@@ -355,11 +360,16 @@ class TransportKeyMetric(RecordingMetric[dict]):
         x, y = strategy.mb_x, strategy.mb_y
         # streams built from plain (x, y) datasets carry no task labels: every sample is task 0
         t = strategy.mbatch[2] if len(strategy.mbatch) >= 3 else torch.zeros_like(y)
+        output, t = strategy.mb_output, torch.as_tensor(t)
+        own = shared_samples(strategy, active.setdefault("seen", 0), int(y.shape[0]))
+        active["seen"] += int(y.shape[0])
+        if not bool(own.all()):  # under torchrun: this rank's share, the sampler's repeats left out
+            x, y, output = x[own.to(x.device)], y[own.to(y.device)], output[own.to(output.device)]
+            t = t[own.to(t.device)] if t.dim() else t
         active["n"] += int(y.shape[0])
-        active["correct_updated"] += int((strategy.mb_output.argmax(-1) == y).sum())
-        t = torch.as_tensor(t)
+        active["correct_updated"] += int((output.argmax(-1) == y).sum())
         for s in iterate_batches(int(y.shape[0]), active["chunk"]):  # cache-sized chunks
-            self._count_correct(strategy.model, active, x[s], y[s], t[s] if t.dim() else t)
+            self._count_correct(plain_model(strategy), active, x[s], y[s], t[s] if t.dim() else t)
         return None
 
     def _count_correct(self, model, active: dict, x, y, t) -> None:
@@ -377,7 +387,10 @@ class TransportKeyMetric(RecordingMetric[dict]):
 
     def after_eval_exp(self, strategy):
         active, self._active = self._active, None
-        if active is None or active["n"] == 0:
+        if active is None:
+            return None
+        self._sum_over_ranks(active)
+        if active["n"] == 0:
             return None
         n = active["n"]
         acc_a, acc_ab = active["correct_checkpoint"] / n, active["correct_updated"] / n
@@ -399,6 +412,16 @@ class TransportKeyMetric(RecordingMetric[dict]):
             values.append(MetricValue(self, metric_name("TransportKeyProfile", strategy),
                                       figure_image(self._figure(record)), x_plot))
         return values
+
+    @staticmethod
+    def _sum_over_ranks(active: dict) -> None:
+        """Under torchrun, every count of ``active`` summed over the ranks (their shares of the
+        test experience; the names are the same on every rank); nothing in one process."""
+        names = [f"stage={stage}/{name}" for stage, variants in active["variants"].items() for name in variants]
+        counts = sum_over_ranks([active["n"], active["correct_checkpoint"], active["correct_updated"],
+                                 *(active["correct"].get(name, 0) for name in names)])
+        active["n"], active["correct_checkpoint"], active["correct_updated"] = counts[:3]
+        active["correct"] = dict(zip(names, counts[3:]))
 
     def _figure(self, record):
         from matplotlib.figure import Figure
