@@ -47,6 +47,17 @@ def fails(job: Fit):
     raise ValueError(f"bad job {job.seed}")
 
 
+def dies_on_seed_1(job: Fit) -> dict:
+    """A worker process that dies (as under the out-of-memory killer) on seed 1's job."""
+    if job.seed == 1:
+        os._exit(3)
+    return {"seed": job.seed, "status": "ok"}
+
+
+def lost(job: Fit, cause: str) -> dict:
+    return {"seed": job.seed, "status": "error", "error": cause}
+
+
 JOBS = [Fit(s) for s in (3, 0, 2, 1)] + [Fit(0, width=3)]
 
 
@@ -91,6 +102,31 @@ def test_every_ray_task_is_seeded_and_errors_reach_the_caller(executor):
     assert values == [expected] * 4  # each task starts from the executor's seed (0)
     with pytest.raises(ValueError, match="bad job 5"):
         run_jobs(fails, [Fit(5)], executor=executor, progress=False)
+
+
+@pytest.mark.slow
+def test_a_job_whose_worker_dies_becomes_a_lost_row_and_the_others_finish(executor, monkeypatch):
+    # Ray retries a crashed worker's task (3 times by default), then the executor's lost_row
+    # stands in for it: the other jobs' rows are kept, not lost with one ray.get error
+    monkeypatch.setattr(executor, "lost_row", lost)
+    rows = run_jobs(dies_on_seed_1, [Fit(0), Fit(1), Fit(2)], executor=executor, progress=False)
+    assert [r["status"] for r in rows] == ["ok", "error", "ok"]
+    assert rows[1]["error"].startswith("WorkerCrashedError: "), rows[1]["error"]
+    monkeypatch.setattr(executor, "lost_row", None)  # without it, Ray's error reaches the caller
+    with pytest.raises(ray.exceptions.WorkerCrashedError):
+        run_jobs(dies_on_seed_1, [Fit(1)], executor=executor, progress=False)
+
+
+def test_a_local_worker_that_dies_gives_lost_rows_not_an_error():
+    pool = LocalExecutor(2, lost_row=lost)
+    rows = run_jobs(dies_on_seed_1, [Fit(1), Fit(0)], executor=pool, progress=False)
+    assert rows[0] == {"seed": 1, "status": "error", "error": rows[0]["error"]}
+    assert rows[0]["error"].startswith("BrokenProcessPool: "), rows[0]["error"]
+    assert rows[1]["status"] in ("ok", "error")  # it may have been queued behind the broken pool
+    from concurrent.futures.process import BrokenProcessPool
+
+    with pytest.raises(BrokenProcessPool):
+        run_jobs(dies_on_seed_1, [Fit(1)], executor=LocalExecutor(2), progress=False)
 
 
 @pytest.mark.slow

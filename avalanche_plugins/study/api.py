@@ -39,6 +39,7 @@ from avalanche_plugins.study.runner import (
     FILES,
     StudyJob,
     failed_outside_the_method,
+    lost_row,
     run_job,
     write_files,
 )
@@ -84,9 +85,11 @@ def make_study_executor(executor: str = "local", *, workers: int = 1, threads: i
                         isolate: bool = True, wait_limit: float | None = None):
     """The job executor (:func:`~avalanche_plugins.study.harness.jobs.make_executor`): a local pool of
     ``workers`` processes, or Ray (started locally with ``workers × threads`` CPUs, or joined at ``address``;
-    ``wait_limit``: seconds jobs may wait with no node able to run one before the study stops)."""
+    ``wait_limit``: seconds jobs may wait with no node able to run one before the study stops); a job
+    the executor loses (a dead worker or node, Ray's retries used up) becomes a failed row
+    (:func:`~avalanche_plugins.study.runner.lost_row`), not an error that stops the study."""
     return make_executor(executor, workers=workers, threads=threads, address=address, isolate=isolate,
-                         wait_limit=wait_limit)
+                         wait_limit=wait_limit, lost_row=lost_row)
 
 
 class FilesToOut:

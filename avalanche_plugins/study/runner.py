@@ -27,7 +27,7 @@ from avalanche_plugins.study.specs import MetricSpec, ModelSpec, RunSpec, Scenar
 from avalanche_plugins.study.stats import SCORES, run_scores
 
 __all__ = ["CONTEXT", "FILES", "OUTSIDE_THE_METHOD", "StudyJob", "accuracy_matrix", "failed_outside_the_method",
-           "read_files", "run_job", "write_files"]
+           "lost_row", "read_files", "run_job", "write_files"]
 
 # statuses of a run that failed for a reason outside the method (an import, the config, the data, a
 # metric's or plugin's callback): rerun on the next run of the study, and a non-zero exit status.
@@ -152,12 +152,10 @@ def _run_job(job: StudyJob, log_dir: str | None) -> dict:
     """:func:`run_job` writing the run's files under ``log_dir`` (None: a scratch folder, no images)."""
     from avalanche_plugins.study.watch import CallbackFailed, Diverged
 
-    row = {"scenario": job.scenario.name, "strategy": job.strategy.name, "setting": job.setting,
-           "seed": job.seed, "split": job.split}
     add_import_paths(job.paths)
     facts: dict = {}  # the stream's setting, experiences and classes, once it is built (provenance)
     try:
-        return {**row, **_train(job, log_dir, facts), "stream": facts, "status": "ok"}
+        return {**_context(job), **_train(job, log_dir, facts), "stream": facts, "status": "ok"}
     except Diverged as error:
         status, cause = "diverged", str(error)
     except CallbackFailed as error:
@@ -166,10 +164,35 @@ def _run_job(job: StudyJob, log_dir: str | None) -> dict:
         status, cause = "error", f"{type(error).__name__}: {error}"
     if job.scenario.online and "access_task_boundaries=True" in cause:  # say it in the config's terms
         cause += f" (scenario {job.scenario.name}: set online.access_task_boundaries: true)"
-    return {**row, **{m: float("nan") for m in SCORES}, "wall_s": float("nan"), "train_s": float("nan"),
-            "diagnostics_s": float("nan"), "peak_memory_mb": float("nan"), "callback_s": {},
-            "accuracy_matrix": [], "til_matrix": [], "baseline_accuracy": [], "metrics": [],
-            "stream": facts, "status": status, "error": cause}
+    return _failed_row(job, status, cause, facts)
+
+
+def _context(job: StudyJob) -> dict:
+    return {"scenario": job.scenario.name, "strategy": job.strategy.name, "setting": job.setting,
+            "seed": job.seed, "split": job.split}
+
+
+def _failed_row(job: StudyJob, status: str, cause: str, facts: dict | None = None) -> dict:
+    return {**_context(job), **{m: float("nan") for m in SCORES}, "wall_s": float("nan"),
+            "train_s": float("nan"), "diagnostics_s": float("nan"), "peak_memory_mb": float("nan"),
+            "callback_s": {}, "accuracy_matrix": [], "til_matrix": [], "baseline_accuracy": [], "metrics": [],
+            "stream": facts or {}, "status": status, "error": cause}
+
+
+def lost_row(job: StudyJob, cause: str) -> dict:
+    """The row of a job its executor lost (a Ray task whose retries were used up on a dead node or
+    worker, a local worker process killed): failed outside the method (status ``"error"``), so
+    the study exits non-zero and a rerun runs it again.
+
+    Example:
+        >>> from avalanche_plugins.study.specs import ModelSpec, RunSpec, ScenarioSpec, TrainingSpec
+        >>> job = StudyJob("s", ScenarioSpec("digits", "split_digits"), ModelSpec("mlp"), TrainingSpec(),
+        ...                RunSpec("Naive", "Naive"), "default", (), (), 0, "test")
+        >>> row = lost_row(job, "NodeDiedError: the node running it died")
+        >>> row["status"], failed_outside_the_method(row), row["error"]
+        ('error', True, 'job lost by the executor: NodeDiedError: the node running it died')
+    """
+    return _failed_row(job, "error", f"job lost by the executor: {cause}")
 
 
 def add_import_paths(paths) -> None:

@@ -37,6 +37,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
@@ -343,15 +344,20 @@ class LocalExecutor:
     ``isolate=True``: every job runs alone in a fresh process (``workers`` at a time), forked
     from a server that has imported :data:`PRELOAD` once, so a job's peak memory is its own (not
     the high-water mark of the jobs before it) and starting one costs a fork, not the imports.
+
+    ``lost_row(job, cause)``: the row of a job whose worker process died (the pool broke, e.g. the
+    kernel's out-of-memory killer); None: the pool's ``BrokenProcessPool`` reaches the caller.
     """
 
     def __init__(self, workers: int = 1, *, threads: int = 1, seed: int = 0,
-                 warmup: Callable[[], None] | None = None, isolate: bool = False):
+                 warmup: Callable[[], None] | None = None, isolate: bool = False,
+                 lost_row: Callable[[object, str], object] | None = None):
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an int >= 1, got {workers!r}")
         if not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be an int >= 1, got {threads!r}")
         self.workers, self.initargs, self.isolate = workers, (threads, seed, warmup), isolate
+        self.lost_row = lost_row
 
     def _pool(self, jobs: Sequence) -> ProcessPoolExecutor:
         if not self.isolate:
@@ -374,7 +380,26 @@ class LocalExecutor:
         with self._pool(jobs) as pool:
             futures = {pool.submit(fn, job): job for job in jobs}
             for future in as_completed(futures):
-                yield futures[future], future.result()
+                try:
+                    ran = future.result()
+                except BrokenProcessPool as error:
+                    if self.lost_row is None:
+                        raise
+                    ran = self.lost_row(futures[future], lost_cause(error))
+                yield futures[future], ran
+
+
+def lost_cause(error: BaseException, limit: int = 300) -> str:
+    """``"Type: first line of the message"`` of an executor's error (a Ray error's message is a
+    whole remote traceback; its first line names what happened).
+
+    Example:
+        >>> lost_cause(RuntimeError("the node died\\n  traceback ..."))
+        'RuntimeError: the node died'
+    """
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 _warmed_up: set = set()  # per Ray worker process: the warm-ups already run
@@ -429,12 +454,17 @@ class RayExecutor:
     ``wait_limit`` where that is sooner), with how long and which jobs wait; after ``wait_limit``
     seconds of it (None: no limit) it raises :class:`NoNodeCanRun`, naming the lost nodes and
     the jobs not done (the rows already yielded are the caller's: :func:`run_jobs` has cached them).
+
+    ``lost_row(job, cause)``: the row of a job Ray could not run to the end (its retries used up on
+    lost nodes or crashed workers, a task that raised, a working directory that failed to unpack),
+    so one lost job neither stops the study nor loses the others; None: Ray's error reaches the caller.
     """
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, threads: int = 1,
                  warmup: Callable[[], None] | None = None, *, seed: int = 0, runtime_env: dict | None = None,
                  object_store_memory: int | None = 512 * 2**20, isolate: bool = False,
-                 wait_limit: float | None = None, wait_report: float = 60.0):
+                 wait_limit: float | None = None, wait_report: float = 60.0,
+                 lost_row: Callable[[object, str], object] | None = None):
         if wait_limit is not None and not (isinstance(wait_limit, (int, float)) and wait_limit > 0):
             raise ValueError(f"wait_limit must be a number of seconds > 0 or None, got {wait_limit!r}")
         if not (isinstance(wait_report, (int, float)) and wait_report > 0):
@@ -450,7 +480,7 @@ class RayExecutor:
                              "`threads` CPUs")
         self.address, self.num_cpus, self.threads, self.seed, self.warmup = address, num_cpus, threads, seed, warmup
         self.runtime_env, self.object_store_memory, self.isolate = runtime_env, object_store_memory, isolate
-        self.wait_limit, self.wait_report = wait_limit, wait_report
+        self.wait_limit, self.wait_report, self.lost_row = wait_limit, wait_report, lost_row
         self.started = False  # whether this executor started (and so shuts down) Ray
 
     @staticmethod
@@ -519,7 +549,13 @@ class RayExecutor:
                     starved.check(_ray_capacity(ray, self.threads), list(pending.values()))
                 for ref in ready:
                     job = pending.pop(ref)
-                    yield job, ray.get(ref)
+                    try:
+                        ran = ray.get(ref)
+                    except ray.exceptions.RayError as error:
+                        if self.lost_row is None:
+                            raise
+                        ran = self.lost_row(job, lost_cause(error))
+                    yield job, ran
         finally:  # an error, or the caller stopped early: drop what has not run
             for ref in pending:
                 with contextlib.suppress(Exception):
@@ -594,12 +630,15 @@ EXECUTORS = ("local", "ray")
 
 
 def make_executor(kind: str = "local", *, workers: int = 1, threads: int = 1, address: str | None = None,
-                  warmup: Callable[[], None] | None = None, isolate: bool = False, wait_limit: float | None = None):
+                  warmup: Callable[[], None] | None = None, isolate: bool = False, wait_limit: float | None = None,
+                  lost_row: Callable[[object, str], object] | None = None):
     """A :class:`LocalExecutor` with ``workers`` processes (``kind="local"``), or a
     :class:`RayExecutor` (``kind="ray"``) joining ``address`` or started locally with
     ``workers × threads`` CPUs; ``threads`` torch threads per job, ``warmup`` run once per worker
     process, ``isolate``: every job in a fresh process (per-job peak memory), ``wait_limit``
-    (Ray only): seconds jobs may wait with no node able to run one (:class:`RayExecutor`).
+    (Ray only): seconds jobs may wait with no node able to run one (:class:`RayExecutor`),
+    ``lost_row(job, cause)``: the row of a job the executor lost (a dead worker or node) instead of
+    its error.
 
     Example:
         >>> type(make_executor("local", workers=2)).__name__
@@ -611,10 +650,10 @@ def make_executor(kind: str = "local", *, workers: int = 1, threads: int = 1, ad
     if kind == "local":
         if address is not None or wait_limit is not None:
             raise ValueError("address and wait_limit are only used with executor 'ray'")
-        return LocalExecutor(workers, threads=threads, warmup=warmup, isolate=isolate)
+        return LocalExecutor(workers, threads=threads, warmup=warmup, isolate=isolate, lost_row=lost_row)
     if kind == "ray":
         return RayExecutor(address=address, num_cpus=None if address else workers * threads, threads=threads,
-                           warmup=warmup, isolate=isolate, wait_limit=wait_limit)
+                           warmup=warmup, isolate=isolate, wait_limit=wait_limit, lost_row=lost_row)
     raise ValueError(f"executor must be one of {EXECUTORS}, got {kind!r}")
 
 
