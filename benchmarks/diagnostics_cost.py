@@ -3,8 +3,9 @@
 Issue 41. Each run is a study job (:func:`avalanche_plugins.study.runner.run_job`) in this
 process, on ``--threads`` torch threads: training seconds are the job's ``train_s`` (its wall time,
 training and the evaluations after every experience, minus the time inside the diagnostics'
-callbacks), diagnostics seconds its ``callback_s`` per metric; "without" is the same job with no
-metric attached. Peak memory is the process's resident high-water mark over that run
+callbacks), diagnostics seconds its ``callback_s`` per metric, figures seconds its ``figures_s``
+(closing the loggers after training, where the tidy logger draws and writes the run's figures:
+neither training nor a metric's callback); "without" is the same job with no metric attached. Peak memory is the process's resident high-water mark over that run
 (``VmHWM``, reset before each run through ``/proc/self/clear_refs``; ``ru_maxrss`` where that is
 unavailable, then a high-water mark of the process so far). Settings (``--skip`` names):
 
@@ -120,7 +121,8 @@ def measure(job, setting: str, run: str, *, images: bool = False) -> dict:
         raise RuntimeError(f"{setting}/{run}: {row['status']}: {row.get('error')}")
     metrics = {SHORT.get(k, k): v for k, v in row["callback_s"].items() if k in SHORT}
     out = {"setting": setting, "run": run, "train_s": row["train_s"], "diagnostics_s": row["diagnostics_s"],
-           "ratio": row["diagnostics_s"] / row["train_s"], "wall_s": row["wall_s"], "acc": row["acc"],
+           "ratio": row["diagnostics_s"] / row["train_s"], "wall_s": row["wall_s"], "figures_s": row["figures_s"],
+           "acc": row["acc"],
            "peak_mb": _peak_mb(), "peak_since_start": not reset,
            **{f"{name}_s": seconds for name, seconds in metrics.items()}}
     print(json.dumps(out), flush=True)
@@ -143,11 +145,12 @@ def run_setting(name: str, args) -> list[dict]:
 def report(saved: dict) -> str:
     rows = saved["runs"]
     names = [n for n in SHORT.values() if any(f"{n}_s" in r for r in rows)]
-    head = ["setting", "run", "training (s)", "diagnostics (s)", "diagnostics / training",
+    head = ["setting", "run", "training (s)", "diagnostics (s)", "diagnostics / training", "figures (s)",
             *[f"{n} (s, % of training)" for n in names], "peak RSS (MB)", "accuracy"]
     lines = [f"`{saved.get('command')}`", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["setting"], r["run"], f"{r['train_s']:.2f}", f"{r['diagnostics_s']:.2f}", f"{r['ratio']:.3f}"]
+        cells = [r["setting"], r["run"], f"{r['train_s']:.2f}", f"{r['diagnostics_s']:.2f}", f"{r['ratio']:.3f}",
+                 f"{r['figures_s']:.2f}" if "figures_s" in r else "–"]
         cells += [f"{r[f'{n}_s']:.2f} ({100 * r[f'{n}_s'] / r['train_s']:.1f} %)" if f"{n}_s" in r else "–"
                   for n in names]
         cells += [f"{r['peak_mb']:.0f}" + ("*" if r["peak_since_start"] else ""), f"{r['acc']:.3f}"]

@@ -115,16 +115,22 @@ def test_readiness_default_pass_size_gives_the_values_of_passes_of_16():
             assert math.isclose(getattr(default, field), getattr(sixteen, field), rel_tol=1e-5), (estimator, field)
 
 
-@pytest.mark.parametrize("collect_all, images, rendered", [(False, False, 0), (False, True, 1), (True, False, 1)])
-def test_the_profile_figure_is_rendered_only_when_something_takes_images(tmp_path, monkeypatch, collect_all, images,
-                                                                        rendered):
+@pytest.mark.parametrize("collect_all, images, defer, rendered",
+                         [(False, False, False, 0), (False, True, False, 1), (True, False, False, 0),
+                          (True, True, False, 1), (True, True, True, 1)])
+def test_the_profile_figure_is_drawn_only_when_a_logger_reads_it(tmp_path, monkeypatch, collect_all, images, defer,
+                                                                 rendered):
     figures = []
     original = curvature_metric.profile_figure
     monkeypatch.setattr(curvature_metric, "profile_figure", lambda *a, **k: figures.append(a) or original(*a, **k))
     metric = LayerSensitivityMetric(n_samples=32)
-    logger = TidyCSVLogger(tmp_path / "run.csv", images=images)
+    logger = TidyCSVLogger(tmp_path / "run.csv", images=images, defer_images=defer)
     strategy, stream = _strategy([metric], collect_all=collect_all, loggers=[logger])
     strategy.train(stream.benchmark.train_stream[0])
+    assert len(figures) == (0 if defer else rendered)  # a deferred image is drawn when the logger closes
     logger.close()
     assert len(figures) == rendered and len(metric.history) == 1
-    assert (tmp_path / "run_images").exists() == (rendered and images)
+    assert (tmp_path / "run_images").exists() == bool(rendered and images)
+    if collect_all and not images:  # kept by the evaluator, undrawn: drawn (once) when something reads it
+        kept = [v for name, v in strategy.evaluator.get_all_metrics().items() if "LayerSensitivityProfile" in name]
+        assert kept and kept[0][1][0].convert("RGB").size == kept[0][1][0].size and len(figures) == 1

@@ -398,3 +398,44 @@ def test_wandb_logger_fixed_runs_offline_and_logs_values_and_images(tmp_path, mo
             assert history[f"{key}/_type"] == ["image-file"]
             assert (run_dir / "files" / history[f"{key}/path"][0]).is_file()
     assert len(list((run_dir / "files" / "media" / "images").rglob("*.png"))) == 4  # each once
+
+
+def _deferred(drawn: list):
+    from avalanche_plugins._avalanche.figures import (
+        DeferredFigure,
+        profile_figure,
+        profile_figure_size,
+    )
+
+    def draw(names, values, title):
+        drawn.append(title)
+        return profile_figure(names, values, title)
+
+    names = ["layers.0", "head"]
+    return DeferredFigure(draw, names, [1.0, 0.01], f"fig {len(drawn)}", figsize=profile_figure_size(names))
+
+
+def test_deferred_images_are_drawn_and_written_when_the_logger_closes(tmp_path):
+    drawn: list = []
+    figures = [_deferred(drawn), _deferred(drawn)]
+    logger = TidyCSVLogger(tmp_path / "run.csv", defer_images=True)
+    for figure in figures:  # the same name and step twice: two files
+        logger.log_single_metric("Profile/train_phase/train_stream/Task000", figure, 3)
+    logger.flush("after_training_exp")
+    with open(tmp_path / "run.csv", newline="") as f:
+        files = [row["file"] for row in csv.DictReader(f)]
+    assert len(set(files)) == 2 and drawn == [] and not any((tmp_path / name).exists() for name in files)
+    logger.close()
+    assert len(drawn) == 2
+    for name, figure in zip(files, figures):
+        with Image.open(tmp_path / name) as saved:
+            assert saved.size == figure.size and np.array_equal(np.asarray(saved), np.asarray(figure))
+
+
+def test_a_deferred_figure_is_drawn_once_and_pickles_as_its_pixels():
+    drawn: list = []
+    figure = _deferred(drawn)
+    size = figure.size
+    restored = pickle.loads(pickle.dumps(figure))  # pickling reads the pixels: drawn here, once
+    assert drawn == ["fig 0"] and restored.size == size == figure.size
+    assert np.array_equal(np.asarray(restored), np.asarray(figure)) and drawn == ["fig 0"]

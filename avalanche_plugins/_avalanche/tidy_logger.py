@@ -84,7 +84,10 @@ class TidyCSVLogger(BaseLogger):
       elements (larger ones are skipped with a warning); strings are written as they are.
     * Images (``PIL`` images, ``matplotlib`` figures, ``TensorImage``) are saved as PNGs in the
       folder ``<csv stem>_images`` next to the CSV; ``file`` holds the path relative to the CSV's
-      folder and ``value`` is empty. ``images=False`` skips them (no row).
+      folder and ``value`` is empty. ``images=False`` skips them (no row). ``defer_images=True``
+      writes the image files when the logger closes (the rows at once): a metric's
+      :class:`~avalanche_plugins._avalanche.figures.DeferredFigure` is then drawn after training,
+      not inside the callback that logged it; only for a logger that is surely closed (the study's).
     * ``step``: the value's x position (Avalanche's: training iterations); ``callback``: the
       strategy callback that emitted it.
     * ``context``: fixed columns written first on every row (e.g. scenario, strategy, seed).
@@ -121,7 +124,7 @@ class TidyCSVLogger(BaseLogger):
     """
 
     def __init__(self, path, *, context: Mapping | None = None, images: bool = True,
-                 append: bool = False, max_elements: int = 10_000):
+                 append: bool = False, max_elements: int = 10_000, defer_images: bool = False):
         check_logger_rank("TidyCSVLogger")  # under torchrun: rank 0 only, with our message (Avalanche's names no fix)
         super().__init__()
         if not isinstance(path, (str, os.PathLike)) or os.path.isdir(path):
@@ -141,6 +144,9 @@ class TidyCSVLogger(BaseLogger):
         self.context = dict(context)
         self.columns = (*self.context, *COLUMNS)
         self.images = bool(images)
+        self.defer_images = bool(defer_images)
+        self._images_to_write: list = []  # (path, image) of defer_images, written by close()
+        self._image_names: set = set()
         self.max_elements = max_elements
         self.image_dir = self.path.with_name(f"{self.path.stem}_images")
         self._pending: list[dict] = []
@@ -214,6 +220,7 @@ class TidyCSVLogger(BaseLogger):
     def close(self) -> None:
         """Write pending rows and close the file (idempotent). A logger that never wrote a row
         leaves an existing file as it is (creating it, header only, when there is none)."""
+        self._write_deferred_images()
         if self._file is None and self._pending == [] and self._check_header():
             return
         self._open()
@@ -296,11 +303,20 @@ class TidyCSVLogger(BaseLogger):
         stem = _UNSAFE.sub("_", f"{name}/{key}" if key else name).strip("_")
         target = self.image_dir / f"{stem}_step{step}.png"
         n = 1
-        while target.exists():
+        while target.exists() or target in self._image_names:
             target = self.image_dir / f"{stem}_step{step}_{n}.png"
             n += 1
-        as_image(value).save(target, format="png")
+        if self.defer_images:
+            self._image_names.add(target)
+            self._images_to_write.append((target, value))
+        else:
+            as_image(value).save(target, format="png")
         return target.relative_to(self.path.parent).as_posix()
+
+    def _write_deferred_images(self) -> None:
+        for target, value in self._images_to_write:
+            as_image(value).save(target, format="png")
+        self._images_to_write, self._image_names = [], set()
 
     def _warn(self, name: str, message: str) -> None:
         metric = parse_metric_name(name)["metric"]

@@ -10,7 +10,12 @@ from avalanche.evaluation.metric_results import MetricValue
 
 from avalanche_plugins._avalanche.data import experience_tensors, metric_name
 from avalanche_plugins._avalanche.distributed import plain_model
-from avalanche_plugins._avalanche.figures import figure_image, profile_figure, wants_images
+from avalanche_plugins._avalanche.figures import (
+    DeferredFigure,
+    profile_figure,
+    profile_figure_size,
+    wants_images,
+)
 from avalanche_plugins.layer_adaptive.curvature import layer_curvature
 from avalanche_plugins.layer_adaptive.hessian import LayerSpectrum
 from avalanche_plugins.layer_adaptive.profile import LayerProfile
@@ -84,8 +89,9 @@ def sensitivity_values(origin, strategy, profile: LayerProfile, x: int) -> list[
         values.append(MetricValue(origin, metric_name("LayerSensitivityAlphaHat", strategy), float(profile.alpha_hat), x))
     if not wants_images(strategy):
         return values
-    fig = profile_figure(profile.layer_names, profile.spectrum,
-                         f"s_l after experience {profile.experience} "
-                         + ("(every layer dead)" if profile.kappa is None else f"(kappa={profile.kappa:.3g})"))
-    values.append(MetricValue(origin, metric_name("LayerSensitivityProfile", strategy), figure_image(fig), x))
+    title = (f"s_l after experience {profile.experience} "
+             + ("(every layer dead)" if profile.kappa is None else f"(kappa={profile.kappa:.3g})"))
+    names, spectrum = list(profile.layer_names), [float(v) for v in profile.spectrum]
+    figure = DeferredFigure(profile_figure, names, spectrum, title, figsize=profile_figure_size(names))
+    values.append(MetricValue(origin, metric_name("LayerSensitivityProfile", strategy), figure, x))
     return values

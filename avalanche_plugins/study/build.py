@@ -123,7 +123,7 @@ def build_evaluator(metric_specs, stream, model, plugins, *, tidy_path, context:
     configured = configured_metrics(metric_specs, run, factory=lambda name: metric_factory(name, "metric"),
                                     value=_value)
     metrics = [*always_metrics(task_il), *configured, *run_analyses(run)]
-    tidy = TidyCSVLogger(tidy_path, context=context, images=images)
+    tidy = TidyCSVLogger(tidy_path, context=context, images=images, defer_images=True)  # drawn after training
     all_loggers = [tidy, *_extra_loggers(loggers, log_dir, run_name, project)]
     return EvaluationPlugin(*metrics, loggers=all_loggers, collect_all=False), all_loggers, configured
 

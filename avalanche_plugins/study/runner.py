@@ -174,7 +174,8 @@ def _context(job: StudyJob) -> dict:
 
 def _failed_row(job: StudyJob, status: str, cause: str, facts: dict | None = None) -> dict:
     return {**_context(job), **{m: float("nan") for m in SCORES}, "wall_s": float("nan"),
-            "train_s": float("nan"), "diagnostics_s": float("nan"), "peak_memory_mb": float("nan"),
+            "train_s": float("nan"), "diagnostics_s": float("nan"), "figures_s": float("nan"),
+            "peak_memory_mb": float("nan"),
             "callback_s": {}, "accuracy_matrix": [], "til_matrix": [], "baseline_accuracy": [], "metrics": [],
             "stream": facts or {}, "status": status, "error": cause}
 
@@ -273,6 +274,7 @@ def _train(job: StudyJob, log_dir: str | None, facts: dict) -> dict:
         benchmark = stream.benchmark
         model.to(strategy.device)
         baseline = [_initial_accuracy(strategy, experience) for experience in benchmark.test_stream]
+        _import_autograd_machinery()
         try:
             with Timer() as timer, quiet_deprecations():
                 for experiences in _training_units(benchmark.train_stream, job.scenario, job.seed):
@@ -280,7 +282,8 @@ def _train(job: StudyJob, log_dir: str | None, facts: dict) -> dict:
                         strategy.train(experience, num_workers=0)
                     strategy.eval(benchmark.test_stream, num_workers=0)
         finally:
-            _close(loggers)
+            with Timer() as closing:  # the tidy logger draws and writes the run's figures here
+                _close(loggers)
         with open(tidy_path, newline="") as f:
             rows = list(csv.DictReader(f))
     n = len(benchmark.train_stream)
@@ -291,9 +294,19 @@ def _train(job: StudyJob, log_dir: str | None, facts: dict) -> dict:
         raise RuntimeError(f"{job.run_name}: the accuracy matrix has holes: {acc.tolist()}")
     diagnostics = sum(ledger[label] for label in timed_metrics)
     return {**scores, "wall_s": timer.seconds, "train_s": timer.seconds - diagnostics, "diagnostics_s": diagnostics,
+            "figures_s": closing.seconds,
             "callback_s": dict(ledger), "peak_memory_mb": _peak_memory_mb(job.training.device),
             "accuracy_matrix": acc.tolist(), "til_matrix": til.tolist(), "baseline_accuracy": baseline,
             "metrics": rows}
+
+
+def _import_autograd_machinery() -> None:
+    """Import what the first ``torch.autograd.grad`` and the first ``torch.func.jvp`` of a process
+    import (``torch._dynamo``, 0.5–1.5 s on a 2-core CPU; ``torch._decomp.decompositions_for_jvp``,
+    0.1 s) before the run's clock starts: a once-per-process cost, not the first job's training or
+    its first metric's (issue 41: it made the first job of each worker look 3× slower)."""
+    import torch._decomp.decompositions_for_jvp  # noqa: F401
+    import torch._dynamo  # noqa: F401
 
 
 def _training_units(train_stream, scenario: ScenarioSpec, seed: int):

@@ -25,13 +25,13 @@ __all__ = ["COLUMN_TITLES", "accuracy_matrix_tables", "diagnostics_tables", "fai
            "markdown_tables"]
 
 COLUMN_TITLES = {"acc": "ACC ↑", "acc_til": "ACC task-IL ↑", "bwt": "BWT ↑", "forgetting": "Forgetting ↓",
-                 "fwt": "FWT ↑", "train_s": "time (s)", "diagnostics_s": "diagnostics (s)",
+                 "fwt": "FWT ↑", "train_s": "time (s)", "diagnostics_s": "diagnostics (s)", "figures_s": "figures (s)",
                  "peak_memory_mb": "peak memory (MB)"}
 _LATEX_TITLES = {"acc": r"ACC $\uparrow$", "acc_til": r"ACC task-IL $\uparrow$", "bwt": r"BWT $\uparrow$",
                  "forgetting": r"Forgetting $\downarrow$", "fwt": r"FWT $\uparrow$", "train_s": "Time (s)",
-                 "diagnostics_s": "Diagnostics (s)", "peak_memory_mb": "Peak memory (MB)"}
+                 "diagnostics_s": "Diagnostics (s)", "figures_s": "Figures (s)", "peak_memory_mb": "Peak memory (MB)"}
 _ORDER = ("acc", "acc_til", "bwt", "forgetting", "fwt")
-_DIGITS = {"train_s": 1, "diagnostics_s": 1, "peak_memory_mb": 0}
+_DIGITS = {"train_s": 1, "diagnostics_s": 1, "figures_s": 1, "peak_memory_mb": 0}
 _LATEX_ESCAPES = {"\\": r"\textbackslash{}", **{c: "\\" + c for c in "&%$#_{}"}}
 _DAGGER = {False: "†", True: r"$^\dagger$"}
 

@@ -60,7 +60,12 @@ from avalanche_plugins._avalanche.boundaries import (
 )
 from avalanche_plugins._avalanche.data import metric_name
 from avalanche_plugins._avalanche.distributed import check_distributed, plain_model, shared_samples
-from avalanche_plugins._avalanche.figures import figure_image, wants_images
+from avalanche_plugins._avalanche.figures import (
+    DeferredFigure,
+    fixed_margins,
+    label_extent,
+    wants_images,
+)
 from avalanche_plugins._avalanche.preflight import check_experiences, preflight
 from avalanche_plugins._avalanche.recording import RecordingMetric
 from avalanche_plugins.core.calls import eval_mode, iterate_batches, model_forward
@@ -112,6 +117,28 @@ def _check_stage_transforms(stage_transforms) -> dict:
             raise TypeError(f"stage_transforms[{stage!r}] must be an index, a key or a function from the stage's "
                             f"output to its activations, got {type(select).__name__}")
     return dict(stage_transforms)
+
+
+def recovery_figure_size(stages) -> tuple[float, float]:
+    """The size in inches of :func:`recovery_figure`'s chart of ``stages``."""
+    return max(3.5, 0.9 * len(stages) + 2), 2.4 + label_extent(stages, 7, 30)
+
+
+def recovery_figure(stages, curves: dict, title: str):
+    """Recovery per stage, one line per variant (``curves``: variant -> one value per stage)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=recovery_figure_size(stages))
+    ax = fig.subplots()
+    for family, ys in curves.items():
+        ax.plot(range(len(stages)), ys, marker="o", label=family)
+    ax.set_xticks(range(len(stages)))
+    ax.set_xticklabels(stages, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("recovery")
+    ax.set_title(title, fontsize=8)
+    ax.legend(fontsize=7)
+    fixed_margins(fig, left=0.75, bottom=label_extent(stages, 7, 30))
+    return fig
 
 
 class TransportKeyMetric(RecordingMetric[dict]):
@@ -410,7 +437,7 @@ class TransportKeyMetric(RecordingMetric[dict]):
                 values.append(MetricValue(self, f"{rec_base}/{name}", rec[name], x_plot))
         if wants_images(strategy):  # rendering costs more than the evaluation on a small model
             values.append(MetricValue(self, metric_name("TransportKeyProfile", strategy),
-                                      figure_image(self._figure(record)), x_plot))
+                                      self._figure(record), x_plot))
         return values
 
     @staticmethod
@@ -424,19 +451,11 @@ class TransportKeyMetric(RecordingMetric[dict]):
         active["correct"] = dict(zip(names, counts[3:]))
 
     def _figure(self, record):
-        from matplotlib.figure import Figure
-
-        fig = Figure(figsize=(max(3.5, 0.9 * len(self.stages) + 2), 3.0))
-        ax = fig.subplots()
+        """The recovery of every variant per stage, drawn when a logger reads it."""
         refined = [f"{f}+gauss_newton" for f in self.families if f != "identity" and self.gauss_newton_iterations]
-        for family in (*self.families, *refined):
-            ys = [record["recovery"].get(f"stage={s}/family={family}", math.nan) for s in self.stages]
-            ax.plot(range(len(self.stages)), ys, marker="o", label=family)
-        ax.set_xticks(range(len(self.stages)))
-        ax.set_xticklabels(self.stages, rotation=30, ha="right", fontsize=7)
-        ax.set_ylabel("recovery")
-        ax.set_title(f"exp {record['experience']} after exp {record['after']}: "
-                     f"acc_A={record['acc_checkpoint']:.2f}, acc_AB={record['acc_updated']:.2f}", fontsize=8)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        return fig
+        curves = {family: [record["recovery"].get(f"stage={s}/family={family}", math.nan) for s in self.stages]
+                  for family in (*self.families, *refined)}
+        title = (f"exp {record['experience']} after exp {record['after']}: "
+                 f"acc_A={record['acc_checkpoint']:.2f}, acc_AB={record['acc_updated']:.2f}")
+        return DeferredFigure(recovery_figure, list(self.stages), curves, title,
+                              figsize=recovery_figure_size(self.stages))
