@@ -18,6 +18,7 @@ from avalanche_plugins.transport import (
     stitch,
     stitched_accuracy,
 )
+from avalanche_plugins.transport.metric import evaluation_stride
 from tests.fixtures import build_model, digits_stream, evaluator
 
 STAGES = ["trunk.features.0", "trunk.features.1"]
@@ -96,6 +97,31 @@ def test_metric_logs_stitched_accuracy_and_recovery_and_leaves_training_alone(tm
     for (name, a), b in zip(strategy.model.state_dict().items(), plain.model.state_dict().values()):
         assert torch.equal(a, b), name
 
+
+
+def test_eval_samples_evaluates_every_stride_th_sample_of_the_experience(tmp_path):
+    metric = TransportKeyMetric(stages=STAGES, n_anchors=20, experiences=[0], controls=False, eval_samples=50)
+    strategy, stream, _ = run(metric, tmp_path, io.StringIO())
+    last = strategy.evaluator.get_last_metrics()
+    test = stream.benchmark.test_stream[0].dataset.eval()
+    stride = evaluation_stride(len(test), 50)
+    assert stride > 1
+    kept = range(0, len(test), stride)  # the evaluation order: the dataset's (no shuffling)
+    x, y, t = (torch.stack([test[i][k] if k == 0 else torch.as_tensor(test[i][k]) for i in kept]) for k in (0, 1, 2))
+    snap, model = metric.snapshots[0], strategy.model
+    with torch.no_grad():
+        model.eval()
+        u = stage_activations(model, STAGES[0], snap["x"], snap["task"])
+        v = stage_activations(snap["model"], STAGES[0], snap["x"], snap["task"])
+    key = fit_transport_key(u, v, "channel", ridge=1e-4)
+    expected = {f"{PREFIX}/stage={STAGES[0]}/family=channel": stitched_accuracy(stitch(model, snap["model"], STAGES[0], key), x, y, t),
+                "TransportKeyAccCheckpoint/eval_phase/test_stream/Task000/Exp000": stitched_accuracy(snap["model"], x, y, t),
+                "TransportKeyAccUpdated/eval_phase/test_stream/Task000/Exp000": stitched_accuracy(model, x, y, t)}
+    for name, value in expected.items():  # counts over len(kept) samples: equal up to float32 logits' ties
+        assert last[name] == pytest.approx(value, abs=0.5 / len(kept)), name
+    assert metric.history[-1]["samples"] == len(kept) < len(test)
+    with pytest.raises(ValueError, match="eval_samples"):
+        TransportKeyMetric(stages=STAGES, eval_samples=0)
 
 def test_anchors_read_through_a_random_transform_leave_the_run_unchanged():
     """The training data draw noise from torch's global RNG at every read, in training and
