@@ -21,7 +21,12 @@ from torch import nn
 
 import avalanche_plugins.layer_adaptive.curvature_metric as curvature_metric
 import avalanche_plugins.transport.metric as transport_metric
-from avalanche_plugins import LayerSensitivityMetric, TidyCSVLogger, TransportKeyMetric
+from avalanche_plugins import (
+    CycleAccuracyMetric,
+    LayerSensitivityMetric,
+    TidyCSVLogger,
+    TransportKeyMetric,
+)
 from avalanche_plugins._avalanche.data import experience_tensors
 from avalanche_plugins._avalanche.evaluation import stream_accuracy
 from avalanche_plugins.readiness import optimization_readiness
@@ -103,6 +108,30 @@ def test_the_cycle_accuracy_reads_each_test_experience_once(monkeypatch):
     assert stream_accuracy(strategy, seen, batch_size=64, cache=cache) == reference
     assert len(reads) == n_reads
 
+
+
+def test_samples_per_experience_evaluates_every_stride_th_sample_the_same_each_time():
+    strategy, stream = _strategy()
+    strategy.train(stream.benchmark.train_stream[0])
+    seen = stream.benchmark.test_stream[:2]
+    correct = total = 0
+    with torch.no_grad():
+        strategy.model.eval()
+        for experience in seen:  # a direct count on every ceil(n / 25)-th sample of each
+            data = experience.dataset.eval()
+            kept = range(0, len(data), -(-len(data) // 25))
+            x = torch.stack([data[i][0] for i in kept])
+            y = torch.as_tensor([data[i][1] for i in kept])
+            correct += int((strategy.model(x).argmax(1) == y).sum())
+            total += len(kept)
+    cache: dict = {}
+    subsampled = stream_accuracy(strategy, seen, batch_size=16, cache=cache, samples_per_experience=25)
+    assert subsampled == correct / total and total < sum(len(e.dataset) for e in seen)
+    assert stream_accuracy(strategy, seen, batch_size=16, cache=cache, samples_per_experience=25) == subsampled
+    assert stream_accuracy(strategy, seen, batch_size=16, samples_per_experience=10_000) == \
+        stream_accuracy(strategy, seen, batch_size=16)
+    with pytest.raises(ValueError, match="eval_samples"):
+        CycleAccuracyMetric(stream.benchmark.test_stream, 1, eval_samples=0)
 
 def test_readiness_default_pass_size_gives_the_values_of_passes_of_16():
     torch.manual_seed(0)

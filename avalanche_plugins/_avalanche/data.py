@@ -13,17 +13,18 @@ __all__ = ["TransientCache", "experience_tensors", "experience_batches", "experi
 
 
 def experience_batches(strategy, *, dataset=None, batch_size=None, num_workers: int = 0,
-                       preserve_rng: bool = True):
+                       preserve_rng: bool = True, collate_fn=None):
     """Minibatches ``(x, y, task_labels)`` of the current experience's dataset on the strategy's
     device, non-shuffled, exactly as Avalanche's ``EWCPlugin`` builds them.
 
     Creating a DataLoader iterator draws one number from torch's global RNG even without
     shuffling; ``preserve_rng=True`` restores the RNG afterwards so measuring never changes the
     training run's random stream. ``False`` mimics Avalanche's own plugins (one draw).
+    ``collate_fn``: the batches' collate function (default: the dataset's own, if any).
     """
     data = strategy.experience.dataset if dataset is None else dataset
     loader = DataLoader(data, batch_size=batch_size or strategy.train_mb_size,
-                        collate_fn=getattr(data, "collate_fn", None), num_workers=num_workers)
+                        collate_fn=collate_fn or getattr(data, "collate_fn", None), num_workers=num_workers)
     state = torch.get_rng_state() if preserve_rng else None
     try:
         for batch in loader:
@@ -75,10 +76,11 @@ def experience_tensors(strategy, *, n_samples: int | None = None, seed: int = 0,
     for dataset, read_key, tensors in reads:
         if dataset is source and read_key == key:
             return tuple(t.clone() for t in tensors)
-    if idx is not None:
-        data = data.subset(idx) if hasattr(data, "subset") else torch.utils.data.Subset(data, idx)
+    collate = getattr(data, "collate_fn", None)
+    if idx is not None:  # not Avalanche's subset(): it builds an indexed dataset, 1.5x the read's time
+        data = torch.utils.data.Subset(data, idx)
     xs, ys, ts = [], [], []
-    for x, y, t in experience_batches(strategy, dataset=data, batch_size=512):
+    for x, y, t in experience_batches(strategy, dataset=data, batch_size=512, collate_fn=collate):
         xs.append(x)
         ys.append(y)
         ts.append(torch.as_tensor(t))

@@ -21,7 +21,8 @@ CACHE_FLOATS = 1 << 28
 
 
 @torch.no_grad()
-def stream_accuracy(strategy, experiences, *, batch_size: int = 256, cache: dict | None = None) -> float:
+def stream_accuracy(strategy, experiences, *, batch_size: int = 256, cache: dict | None = None,
+                    samples_per_experience: int | None = None) -> float:
     """Top-1 accuracy of ``strategy.model`` over the union of ``experiences``' datasets (eval
     transforms; sample-weighted), on the strategy's device, in eval mode.
 
@@ -29,12 +30,16 @@ def stream_accuracy(strategy, experiences, *, batch_size: int = 256, cache: dict
     evaluating them at every cycle): each experience's evaluation batches are read once through
     its dataset and kept there (up to ``CACHE_FLOATS`` floats in all), so a later call only
     runs the model; the batches are the same, so is the accuracy (a random evaluation transform
-    is drawn once)."""
+    is drawn once).
+
+    ``samples_per_experience``: evaluate every ``⌈n / samples_per_experience⌉``-th sample of an
+    experience of ``n`` (all of them when ``n`` is not larger, or for None), the same samples at
+    every call."""
     correct = total = 0
     model = unwrap_model(strategy.model)  # not DDP's forward: no collective from one rank's evaluation
     with eval_mode(model):
         for experience in experiences:
-            for x, y, t in _evaluation_batches(strategy, experience, batch_size, cache):
+            for x, y, t in _evaluation_batches(strategy, experience, batch_size, cache, samples_per_experience):
                 pred = model_forward(model, x, t).argmax(1)
                 correct += int((pred == y).sum())
                 total += int(y.numel())
@@ -43,16 +48,21 @@ def stream_accuracy(strategy, experiences, *, batch_size: int = 256, cache: dict
     return correct / total
 
 
-def _evaluation_batches(strategy, experience, batch_size: int, cache: dict | None):
-    """``experience``'s evaluation batches ``(x, y, task labels)`` on the strategy's device, from
-    ``cache`` when it holds them (keyed by the dataset object, the batch size and the device)."""
+def _evaluation_batches(strategy, experience, batch_size: int, cache: dict | None, samples: int | None = None):
+    """``experience``'s evaluation batches ``(x, y, task labels)`` on the strategy's device (every
+    ``⌈n / samples⌉``-th sample), from ``cache`` when it holds them (keyed by the dataset object,
+    the batch size, the stride and the device)."""
     data = experience.dataset
-    key = (id(data), batch_size, str(strategy.device))
+    stride = 1 if samples is None or len(data) <= samples else -(-len(data) // samples)
+    key = (id(data), batch_size, stride, str(strategy.device))
     if cache is not None and key in cache and cache[key][0] is data:
         return cache[key][1]
     view = data.eval() if hasattr(data, "eval") else data
+    collate = getattr(view, "collate_fn", None)
+    if stride > 1:
+        view = torch.utils.data.Subset(view, range(0, len(view), stride))
     batches = [(x, y, torch.as_tensor(t).to(x.device))
-               for x, y, t in experience_batches(strategy, dataset=view, batch_size=batch_size)]
+               for x, y, t in experience_batches(strategy, dataset=view, batch_size=batch_size, collate_fn=collate)]
     if cache is not None:
         held = sum(x.numel() for _, entry in cache.values() for x, _, _ in entry)
         if held + sum(x.numel() for x, _, _ in batches) <= CACHE_FLOATS:

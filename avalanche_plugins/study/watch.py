@@ -19,6 +19,7 @@ Both are callables stored on the instances (no closures), so a plugin stays pick
 
 from __future__ import annotations
 
+import dis
 import time
 
 import torch
@@ -172,8 +173,30 @@ def time_callbacks(objects, ledger: dict) -> dict:
         labels[label] = obj
         ledger.setdefault(label, 0.0)
         for name in CALLBACKS:
-            if not callable(getattr(obj, name, None)):
+            if not callable(getattr(obj, name, None)) or _does_nothing(getattr(type(obj), name, None)):
                 continue
             setattr(obj, name, _TimedCallback(getattr(obj, name), label, name, ledger))
     return labels
+
+
+_NOTHING = {"RESUME", "NOP", "LOAD_CONST", "RETURN_VALUE", "RETURN_CONST"}
+
+
+def _does_nothing(function) -> bool:
+    """Whether ``function`` is a callback that only returns None (Avalanche's ``pass`` defaults of
+    every callback a plugin or metric does not override): left unwrapped, since timing a thousand
+    empty calls per run costs more than they do (issue 41).
+
+    >>> def empty(self, strategy, **kwargs):
+    ...     "A docstring."
+    >>> def busy(self, strategy, **kwargs):
+    ...     return strategy
+    >>> _does_nothing(empty), _does_nothing(busy), _does_nothing(None)
+    (True, False, False)
+    """
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return False
+    return all(i.opname in _NOTHING and (i.opname not in ("LOAD_CONST", "RETURN_CONST") or i.argval is None)
+               for i in dis.get_instructions(code))
 

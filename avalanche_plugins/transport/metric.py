@@ -86,7 +86,12 @@ from avalanche_plugins.transport import (
     stitch,
 )
 from avalanche_plugins.transport.stages import AUTO, auto_stages, example_inputs
-from avalanche_plugins.transport.stitch import select_activations, stage_output, stitch_many
+from avalanche_plugins.transport.stitch import (
+    select_activations,
+    stage_output,
+    stages_activations,
+    stitch_many,
+)
 
 __all__ = ["TransportKeyMetric", "evaluation_chunk", "evaluation_stride"]
 
@@ -434,8 +439,10 @@ class TransportKeyMetric(RecordingMetric[dict]):
         snapshot = self.snapshots[active["experience"]]["model"]
         active["correct_checkpoint"] += int((model_forward(snapshot, x, t).argmax(-1) == y).sum())
         with eval_mode(model):
+            stages = list(active["variants"])  # one early forward for every stage, shared by its keys
+            activations = stages_activations(model, stages, x, t, {stage: self._select(stage) for stage in stages})
             for stage, variants in active["variants"].items():
-                u = stage_activations(model, stage, x, t, self._select(stage))  # shared by the stage's keys
+                u = activations[stage]
                 for name, stitched in variants.items():
                     out = stitched.forward_from_stage(stitched.key(u), x, t)
                     full = f"stage={stage}/{name}"

@@ -19,7 +19,7 @@ from torch import nn
 from avalanche_plugins.core.calls import eval_mode, is_multitask, model_forward
 from avalanche_plugins.core.split import split_model
 
-__all__ = ["stitch_many", "StitchedModel", "replace_selected", "select_activations", "stage_activations", "stage_layout", "stage_output",
+__all__ = ["stitch_many", "StitchedModel", "replace_selected", "select_activations", "stage_activations", "stages_activations", "stage_layout", "stage_output",
            "stitch", "stitched_accuracy"]
 
 # Modules whose output fixes how a 3-D activation (N, ·, ·) is laid out.
@@ -117,6 +117,42 @@ def stage_output(model: nn.Module, stage: str, x: torch.Tensor, task_labels=None
     if not captured:
         raise ValueError(f"stage={stage!r} was not run by the forward pass")
     return captured[0]
+
+
+def stages_activations(model: nn.Module, stages, x: torch.Tensor, task_labels=None, selects=None) -> dict:
+    """``{stage: f_{≤stage}(x)}`` for every stage of ``stages`` from one forward pass, stopped once
+    the last of them has run (each stage's first output, as :func:`stage_activations` gives it,
+    through ``selects[stage]``): the layers below a deep stage run once, not once per stage.
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+        >>> x = torch.randn(5, 4)
+        >>> both = stages_activations(net, ["0", "1"], x)
+        >>> torch.equal(both["1"], stage_activations(net, "1", x)), both["0"].shape
+        (True, torch.Size([5, 8]))
+    """
+    stages, selects = list(stages), selects or {}
+    captured: dict = {}
+
+    def hook_for(stage):
+        def hook(module, inputs, output):
+            captured.setdefault(stage, output)
+            if len(captured) == len(stages):
+                raise _StopForward
+        return hook
+
+    handles = [_module(model, stage).register_forward_hook(hook_for(stage)) for stage in stages]
+    try:
+        model_forward(model, x, task_labels)
+    except _StopForward:
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    missing = [stage for stage in stages if stage not in captured]
+    if missing:
+        raise ValueError(f"stage={missing[0]!r} was not run by the forward pass")
+    return {stage: select_activations(captured[stage], selects.get(stage), stage) for stage in stages}
 
 
 def stage_activations(model: nn.Module, stage: str, x: torch.Tensor, task_labels=None, select=None) -> torch.Tensor:
