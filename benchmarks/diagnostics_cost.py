@@ -145,16 +145,22 @@ def run_setting(name: str, args) -> list[dict]:
 def report(saved: dict) -> str:
     rows = saved["runs"]
     names = [n for n in SHORT.values() if any(f"{n}_s" in r for r in rows)]
-    head = ["setting", "run", "training (s)", "diagnostics (s)", "diagnostics / training", "figures (s)",
+    without = {r["setting"]: r["train_s"] for r in rows if r["run"] == "without"}
+    head = ["setting", "run", "training (s)", "diagnostics (s)", "diagnostics / training",
+            "diagnostics / training without", "figures (s)",
             *[f"{n} (s, % of training)" for n in names], "peak RSS (MB)", "accuracy"]
     lines = [f"`{saved.get('command')}`", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["setting"], r["run"], f"{r['train_s']:.2f}", f"{r['diagnostics_s']:.2f}", f"{r['ratio']:.3f}",
+                 f"{r['diagnostics_s'] / without[r['setting']]:.3f}" if r["setting"] in without else "–",
                  f"{r['figures_s']:.2f}" if "figures_s" in r else "–"]
         cells += [f"{r[f'{n}_s']:.2f} ({100 * r[f'{n}_s'] / r['train_s']:.1f} %)" if f"{n}_s" in r else "–"
                   for n in names]
         cells += [f"{r['peak_mb']:.0f}" + ("*" if r["peak_since_start"] else ""), f"{r['acc']:.3f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "diagnostics / training: within the run; diagnostics / training without: against the training "
+              "seconds of the same setting's run without diagnostics (the first run of a setting in the process "
+              "also pays first-call costs of its model's kernels in its training)"]
     if any(r["peak_since_start"] for r in rows):
         lines += ["", "\\* the process's peak so far (its high-water mark could not be reset)"]
     return "\n".join(lines)

@@ -153,8 +153,8 @@ def _caption(entries: Sequence[Mapping], columns, reference: str, tests: bool, l
     pm, ci = (r"$\pm$", r"95\,\%") if latex else ("±", "95 %")
     text = (f"Mean {pm} std over {_plural(n, 'seed')}; [{ci} percentile-bootstrap interval of the mean, "
             f"resamples of the seeds enumerated exactly] for the scores; time: training and evaluation "
-            f"without the diagnostics; diagnostics: time in the attached metrics' callbacks; peak memory of "
-            f"the process that ran the job alone.")
+            f"without the diagnostics; diagnostics: time in the attached metrics' callbacks; figures: drawing "
+            f"and writing the run's figures after training; peak memory of the process that ran the job alone.")
     if tests:
         m = len([e for e in entries if e["strategy"] != reference and not e["all_failed"]])
         text += (f" p: two-sided paired t-test against {_escape(reference, latex)} over seeds, Holm-corrected "

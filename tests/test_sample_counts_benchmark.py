@@ -1,0 +1,23 @@
+"""benchmarks.sample_counts: the distance of a sample count's values to the whole experience's."""
+
+import math
+
+import pytest
+
+from benchmarks.sample_counts import ALL, compare, report
+
+
+def _run(seed, k, values, seconds):
+    return {"seed": seed, "eval_samples": k, "train_s": 10.0, "metric_s": seconds, "values": values}
+
+
+def test_compare_measures_each_run_against_its_seeds_whole_experience():
+    full = {("CycleAccuracy", "", "0", "5"): 0.50, ("TAA", "", "0", "5"): 0.40}
+    half = {("CycleAccuracy", "", "0", "5"): 0.53, ("TAA", "", "0", "5"): 0.39}
+    rows = compare([_run(0, ALL, full, 2.0), _run(0, 500, half, 0.5)], "CycleAccuracyMetric")
+    assert rows[0]["CycleAccuracy_max"] == 0.0 and rows[0]["share"] == 0.2
+    assert rows[1]["CycleAccuracy_mean"] == pytest.approx(0.03) and rows[1]["TAA_max"] == pytest.approx(0.01)
+    assert rows[1]["share"] == 0.05 and rows[1]["missing"] == 0
+    text = report({"command": "cmd", "config": {"metric": "CycleAccuracyMetric"}, "runs": rows})
+    line = next(line for line in text.splitlines() if line.startswith("| 500 |"))
+    assert "5.0 %" in line and f"{math.sqrt(0.25 / 500):.4f} (500 samples)" in line
