@@ -174,7 +174,7 @@ def test_a_study_on_a_two_node_cluster_runs_on_the_worker_and_gives_the_local_ro
     remote = json.loads((tmp_path / "remote" / "results.json").read_text())["runs"]
     assert len(remote) == 4 and {r["node_ip"] for r in remote} == {worker_ip}  # the head has no CPU to run one
     local = run_study(STUDY, out=tmp_path / "local", progress=False).rows
-    where = ("wall_s", "train_s", "diagnostics_s", "callback_s", "peak_memory_mb", "node_ip")
+    where = ("wall_s", "train_s", "diagnostics_s", "figures_s", "callback_s", "peak_memory_mb", "node_ip")
 
     def numbers(rows):
         return sorted(({k: v for k, v in r.items() if k not in where} for r in rows),

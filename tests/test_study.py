@@ -305,7 +305,7 @@ def test_ray_study_gives_the_local_rows(tiny_study, user_module, tmp_path, monke
                        skip={"Naive"}, isolate=False)  # reused Ray workers: the rows, not the memory, are compared
 
     def numbers(rows):
-        costs = ("wall_s", "train_s", "diagnostics_s", "callback_s", "peak_memory_mb",  # measured, not computed
+        costs = ("wall_s", "train_s", "diagnostics_s", "figures_s", "callback_s", "peak_memory_mb",  # measured
                  "node_ip")  # where it ran
         return [{k: v for k, v in r.items() if k not in costs} for r in rows]
 

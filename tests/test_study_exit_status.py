@@ -210,3 +210,18 @@ def test_a_stopped_wait_exits_1_saying_a_rerun_resumes_and_wait_limit_needs_ray(
         make_executor("local", wait_limit=5.0)
     with pytest.raises(ValueError, match="wait_limit"):
         RayExecutor(wait_limit=0)
+
+
+def test_a_loaded_study_takes_seeds_and_refuses_quick_and_data_root_before_running(tmp_path):
+    from avalanche_plugins.study.api import load_study, run_study
+
+    config = {"name": "loaded", "seeds": 3, "scenarios": [{"name": "s", "benchmark": "split_digits", "n_experiences": 2}],
+              "model": {"name": "mlp", "kwargs": {"hidden": [8]}}, "training": {"epochs": 1, "batch_size": 64},
+              "strategies": ["Naive"]}
+    study = load_study(config)
+    for kwargs in ({"quick": True}, {"data_root": tmp_path}, {"seeds": 0}):
+        with pytest.raises(ValueError, match="load_study|positive int"):
+            run_study(study, out=tmp_path / "refused", progress=False, **kwargs)
+    assert not (tmp_path / "refused" / "jobs.jsonl").exists()  # refused before any job
+    result = run_study(study, out=tmp_path / "one", seeds=1, progress=False, isolate=False)
+    assert [row["seed"] for row in result.rows] == [0] and result.study.seeds == 1

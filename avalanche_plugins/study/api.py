@@ -19,7 +19,7 @@ import contextlib
 import csv
 import functools
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from avalanche_plugins.study.config import Study, read_study
@@ -218,8 +218,9 @@ def run_study(config, *, out, quick: bool = False, seeds: int | None = None, exe
               skip=(), progress: bool = True, command: str | None = None, echo: bool = False,
               isolate: bool = True, wait_limit: float | None = None) -> StudyResult:
     """Run a study (a config path, a mapping or a loaded :class:`Study`) into ``out``; see the
-    module docstring. ``seeds`` replaces the config's seed count; ``quick`` applies its ``quick:``
-    overrides; ``executor`` is ``"local"`` (``workers`` processes) or ``"ray"`` (``address``).
+    module docstring. ``seeds`` replaces the config's seed count (a loaded study's too); ``quick``
+    applies its ``quick:`` overrides (``quick`` and ``data_root`` with a loaded study: a
+    ``ValueError`` before anything runs, pass them to :func:`load_study`); ``executor`` is ``"local"`` (``workers`` processes) or ``"ray"`` (``address``).
     ``isolate`` (default): every job in a fresh process, so its peak memory is its own; ``False``
     reuses worker processes (faster to start, memory then includes the jobs before).
     ``command``: the command line that started the study, recorded in ``results.json``;
@@ -228,7 +229,8 @@ def run_study(config, *, out, quick: bool = False, seeds: int | None = None, exe
     job the study says so on stderr, and ``wait_limit`` (seconds, None: no limit) stops it with
     :class:`~avalanche_plugins.study.harness.jobs.NoNodeCanRun` naming the lost nodes and the jobs not
     done (finished rows stay in ``jobs.jsonl``: a rerun resumes)."""
-    study = config if isinstance(config, Study) else load_study(config, quick=quick, seeds=seeds, data_root=data_root)
+    study = _with_overrides(config, quick, seeds, data_root) if isinstance(config, Study) else \
+        load_study(config, quick=quick, seeds=seeds, data_root=data_root)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     pool = make_study_executor(executor, workers=workers, threads=threads, address=address, isolate=isolate,
@@ -246,6 +248,22 @@ def run_study(config, *, out, quick: bool = False, seeds: int | None = None, exe
                              desc="runs (test)", progress=progress,
                              retry=failed_outside_the_method) + _tuning_failures(study, chosen)
     return write_outputs(study, out, test_rows, tuning_rows, chosen, total.seconds, command=command, echo=echo)
+
+
+def _with_overrides(study: Study, quick: bool, seeds: int | None, data_root) -> Study:
+    """A loaded study with ``seeds`` applied; ``quick`` and ``data_root`` change what reading the
+    config resolves (its ``quick:`` overrides, the scenarios' data), so with a loaded study they are
+    refused, not ignored."""
+    given = [name for name, value in (("quick", quick), ("data_root", data_root)) if value not in (False, None)]
+    if given:
+        raise ValueError(f"run_study: {' and '.join(given)} apply when a config is read; pass them to "
+                         f"load_study(config, {', '.join(f'{g}=...' for g in given)}) or give run_study the "
+                         "config itself, not a loaded Study")
+    if seeds is None:
+        return study
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"run_study: seeds must be a positive int, got {seeds!r}")
+    return replace(study, seeds=seeds)
 
 
 def write_outputs(study: Study, out: Path, test_rows, tuning_rows, chosen, wall_seconds: float, *,
