@@ -23,6 +23,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from avalanche_plugins.core.calls import sample_stride
 from avalanche_plugins.study.api import load_study, plan_test_jobs
 from avalanche_plugins.study.harness.jobs import Timer, torch_threads
 from avalanche_plugins.study.harness.results import print_report, write_results
@@ -85,7 +86,7 @@ def report(saved: dict) -> str:
              "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for k in sorted({r["eval_samples"] for r in rows}, key=lambda v: (v != ALL, -v)):
         part = [r for r in rows if r["eval_samples"] == k]
-        m = TEST_IMAGES if k == ALL else -(-TEST_IMAGES // -(-TEST_IMAGES // k))  # n / ⌈n / k⌉ samples
+        m = len(range(0, TEST_IMAGES, sample_stride(TEST_IMAGES, None if k == ALL else k)))  # samples evaluated
         cells = ["all" if k == ALL else str(k), str(len(part)), f"{np.mean([r['metric_s'] for r in part]):.2f}",
                  f"{100 * np.mean([r['share'] for r in part]):.1f} %"]
         for prefix in titles:

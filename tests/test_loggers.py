@@ -439,3 +439,25 @@ def test_a_deferred_figure_is_drawn_once_and_pickles_as_its_pixels():
     restored = pickle.loads(pickle.dumps(figure))  # pickling reads the pixels: drawn here, once
     assert drawn == ["fig 0"] and restored.size == size == figure.size
     assert np.array_equal(np.asarray(restored), np.asarray(figure)) and drawn == ["fig 0"]
+
+
+def test_a_deferred_figure_whose_drawing_fails_stays_undrawn_and_draws_at_the_next_read():
+    from avalanche_plugins._avalanche.figures import (
+        DeferredFigure,
+        profile_figure,
+        profile_figure_size,
+    )
+
+    calls: list = []
+
+    def flaky(names, values, title):
+        calls.append(title)
+        if len(calls) == 1:
+            raise RuntimeError("no font")
+        return profile_figure(names, values, title)
+
+    figure = DeferredFigure(flaky, ["a"], [1.0], "t", figsize=profile_figure_size(["a"]))
+    with pytest.raises(RuntimeError, match="no font"):
+        figure.load()
+    assert not figure.drawn
+    assert figure.convert("RGB").size == figure.size and figure.drawn and len(calls) == 2

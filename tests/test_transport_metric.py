@@ -11,6 +11,7 @@ from avalanche.training.supervised import Naive
 from torch import nn
 
 from avalanche_plugins import TransportKeyMetric
+from avalanche_plugins.core.calls import sample_stride
 from avalanche_plugins.transport import (
     fit_transport_key,
     gauss_newton_key,
@@ -18,7 +19,6 @@ from avalanche_plugins.transport import (
     stitch,
     stitched_accuracy,
 )
-from avalanche_plugins.transport.metric import evaluation_stride
 from tests.fixtures import build_model, digits_stream, evaluator
 
 STAGES = ["trunk.features.0", "trunk.features.1"]
@@ -104,7 +104,7 @@ def test_eval_samples_evaluates_every_stride_th_sample_of_the_experience(tmp_pat
     strategy, stream, _ = run(metric, tmp_path, io.StringIO())
     last = strategy.evaluator.get_last_metrics()
     test = stream.benchmark.test_stream[0].dataset.eval()
-    stride = evaluation_stride(len(test), 50)
+    stride = sample_stride(len(test), 50)
     assert stride > 1
     kept = range(0, len(test), stride)  # the evaluation order: the dataset's (no shuffling)
     x, y, t = (torch.stack([test[i][k] if k == 0 else torch.as_tensor(test[i][k]) for i in kept]) for k in (0, 1, 2))

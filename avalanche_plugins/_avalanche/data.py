@@ -8,23 +8,22 @@ from torch.utils.data import DataLoader
 from avalanche_plugins.core.layers import discover_layers, example_input
 from avalanche_plugins.core.parallel import unwrap_model
 
-__all__ = ["TransientCache", "experience_tensors", "experience_batches", "experience_example", "experience_layer_map",
-           "metric_name", "preserved_rng"]
+__all__ = ["TransientCache", "dataset_subset", "experience_tensors", "experience_batches", "experience_example",
+           "experience_layer_map", "metric_name", "preserved_rng"]
 
 
 def experience_batches(strategy, *, dataset=None, batch_size=None, num_workers: int = 0,
-                       preserve_rng: bool = True, collate_fn=None):
+                       preserve_rng: bool = True):
     """Minibatches ``(x, y, task_labels)`` of the current experience's dataset on the strategy's
     device, non-shuffled, exactly as Avalanche's ``EWCPlugin`` builds them.
 
     Creating a DataLoader iterator draws one number from torch's global RNG even without
     shuffling; ``preserve_rng=True`` restores the RNG afterwards so measuring never changes the
     training run's random stream. ``False`` mimics Avalanche's own plugins (one draw).
-    ``collate_fn``: the batches' collate function (default: the dataset's own, if any).
     """
     data = strategy.experience.dataset if dataset is None else dataset
     loader = DataLoader(data, batch_size=batch_size or strategy.train_mb_size,
-                        collate_fn=collate_fn or getattr(data, "collate_fn", None), num_workers=num_workers)
+                        collate_fn=getattr(data, "collate_fn", None), num_workers=num_workers)
     state = torch.get_rng_state() if preserve_rng else None
     try:
         for batch in loader:
@@ -32,6 +31,12 @@ def experience_batches(strategy, *, dataset=None, batch_size=None, num_workers: 
     finally:
         if state is not None:
             torch.set_rng_state(state)
+
+
+def dataset_subset(data, indices):
+    """The samples ``indices`` of ``data``: Avalanche's ``subset`` (keeping its transforms and
+    collate function) for an Avalanche dataset, ``torch.utils.data.Subset`` for any other."""
+    return data.subset(indices) if hasattr(data, "subset") else torch.utils.data.Subset(data, indices)
 
 
 _READS = "_avalanche_plugins_experience_reads"  # the strategy's last reads: [(dataset, key, tensors)]
@@ -76,11 +81,10 @@ def experience_tensors(strategy, *, n_samples: int | None = None, seed: int = 0,
     for dataset, read_key, tensors in reads:
         if dataset is source and read_key == key:
             return tuple(t.clone() for t in tensors)
-    collate = getattr(data, "collate_fn", None)
-    if idx is not None:  # not Avalanche's subset(): it builds an indexed dataset, 1.5x the read's time
-        data = torch.utils.data.Subset(data, idx)
+    if idx is not None:
+        data = dataset_subset(data, idx)
     xs, ys, ts = [], [], []
-    for x, y, t in experience_batches(strategy, dataset=data, batch_size=512, collate_fn=collate):
+    for x, y, t in experience_batches(strategy, dataset=data, batch_size=512):
         xs.append(x)
         ys.append(y)
         ts.append(torch.as_tensor(t))

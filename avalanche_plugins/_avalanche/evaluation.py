@@ -8,8 +8,8 @@ import warnings
 
 import torch
 
-from avalanche_plugins._avalanche.data import experience_batches
-from avalanche_plugins.core.calls import eval_mode, model_forward
+from avalanche_plugins._avalanche.data import dataset_subset, experience_batches
+from avalanche_plugins.core.calls import eval_mode, model_forward, sample_stride
 from avalanche_plugins.core.parallel import unwrap_model
 
 __all__ = ["quiet_evaluator", "stream_accuracy"]
@@ -53,16 +53,15 @@ def _evaluation_batches(strategy, experience, batch_size: int, cache: dict | Non
     ``⌈n / samples⌉``-th sample), from ``cache`` when it holds them (keyed by the dataset object,
     the batch size, the stride and the device)."""
     data = experience.dataset
-    stride = 1 if samples is None or len(data) <= samples else -(-len(data) // samples)
+    stride = sample_stride(len(data), samples)
     key = (id(data), batch_size, stride, str(strategy.device))
     if cache is not None and key in cache and cache[key][0] is data:
         return cache[key][1]
     view = data.eval() if hasattr(data, "eval") else data
-    collate = getattr(view, "collate_fn", None)
     if stride > 1:
-        view = torch.utils.data.Subset(view, range(0, len(view), stride))
+        view = dataset_subset(view, list(range(0, len(view), stride)))
     batches = [(x, y, torch.as_tensor(t).to(x.device))
-               for x, y, t in experience_batches(strategy, dataset=view, batch_size=batch_size, collate_fn=collate)]
+               for x, y, t in experience_batches(strategy, dataset=view, batch_size=batch_size)]
     if cache is not None:
         held = sum(x.numel() for _, entry in cache.values() for x, _, _ in entry)
         if held + sum(x.numel() for x, _, _ in batches) <= CACHE_FLOATS:

@@ -20,7 +20,8 @@ import math
 
 from PIL import Image
 
-__all__ = ["DeferredFigure", "as_image", "figure_image", "fixed_margins", "label_extent", "profile_figure", "profile_figure_size", "wants_images"]
+__all__ = ["DeferredFigure", "as_image", "figure_image", "fixed_margins", "label_extent", "profile_figure",
+           "profile_figure_size", "wants_images"]
 
 DPI = 80  # the images' resolution: a 3-inch figure is 240 pixels wide
 
@@ -28,7 +29,6 @@ DPI = 80  # the images' resolution: a 3-inch figure is 240 pixels wide
 def figure_image(fig, dpi: int = DPI):
     """The figure rendered to PNG, as a ``PIL.Image`` (decoded only when a logger reads it)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from PIL import Image
 
     buffer = io.BytesIO()
     FigureCanvasAgg(fig)  # attaches an Agg canvas to a pyplot-free Figure
@@ -61,7 +61,6 @@ def as_image(value):
     """A ``PIL`` image of ``value`` (``PIL`` image, ``matplotlib`` ``Figure`` or ``TensorImage``),
     or None when ``value`` is none of these."""
     from matplotlib.figure import Figure
-    from PIL import Image
 
     if isinstance(value, Image.Image):
         return value
@@ -152,8 +151,8 @@ class DeferredFigure(Image.Image):
     def load(self):
         if not self.drawn:
             draw, args, dpi = self._draw
-            self._draw = None
             pixels = figure_image(draw(*args), dpi=dpi)
             pixels.load()
             self.im, self._mode, self._size = pixels.im, pixels.mode, pixels.size
+            self._draw = None  # after the drawing: one that raised is tried again at the next read
         return super().load()

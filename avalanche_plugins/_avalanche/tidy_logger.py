@@ -146,7 +146,6 @@ class TidyCSVLogger(BaseLogger):
         self.images = bool(images)
         self.defer_images = bool(defer_images)
         self._images_to_write: list = []  # (path, image) of defer_images, written by close()
-        self._image_names: set = set()
         self.max_elements = max_elements
         self.image_dir = self.path.with_name(f"{self.path.stem}_images")
         self._pending: list[dict] = []
@@ -303,11 +302,11 @@ class TidyCSVLogger(BaseLogger):
         stem = _UNSAFE.sub("_", f"{name}/{key}" if key else name).strip("_")
         target = self.image_dir / f"{stem}_step{step}.png"
         n = 1
-        while target.exists() or target in self._image_names:
+        pending = {path for path, _ in self._images_to_write}
+        while target.exists() or target in pending:
             target = self.image_dir / f"{stem}_step{step}_{n}.png"
             n += 1
         if self.defer_images:
-            self._image_names.add(target)
             self._images_to_write.append((target, value))
         else:
             as_image(value).save(target, format="png")
@@ -316,7 +315,7 @@ class TidyCSVLogger(BaseLogger):
     def _write_deferred_images(self) -> None:
         for target, value in self._images_to_write:
             as_image(value).save(target, format="png")
-        self._images_to_write, self._image_names = [], set()
+        self._images_to_write = []
 
     def _warn(self, name: str, message: str) -> None:
         metric = parse_metric_name(name)["metric"]

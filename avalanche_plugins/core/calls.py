@@ -12,7 +12,8 @@ from avalanche_plugins.core.checks import check_output_targets
 
 __all__ = ["is_multitask", "model_forward", "stateless_forward", "iterate_batches", "eval_mode",
            "split_params", "task_groups", "task_batches", "chunk_weight", "check_task_labels", "first_tensor",
-           "batch_loss", "sample_loss", "grouped_loss_and_grad", "math_attention", "VMAP_FLOATS", "vmap_chunk"]
+           "batch_loss", "sample_loss", "grouped_loss_and_grad", "math_attention", "VMAP_FLOATS", "vmap_chunk",
+           "sample_stride"]
 
 #: floats (parameters' gradients plus activations, per sample) one vectorised gradient pass of
 #: :func:`vmap_chunk` holds: 32 MiB in float32. On a 2-core CPU the demo's MLP computes OR 8×
@@ -63,6 +64,17 @@ def first_tensor(obj):
             if found is not None:
                 return found
     return None
+
+
+def sample_stride(n: int, samples: int | None) -> int:
+    """Every how many of ``n`` samples to take so that about ``samples`` of them, spread evenly,
+    remain: ``⌈n / samples⌉`` (1: all of them, when ``n ≤ samples`` or ``samples`` is None); the
+    ``range(0, n, stride)`` so chosen holds ``⌈n / stride⌉ ≤ samples`` samples.
+
+    >>> sample_stride(2000, 500), sample_stride(1500, 1000), sample_stride(300, 1000), sample_stride(9, None)
+    (4, 2, 1, 1)
+    """
+    return 1 if samples is None or n <= samples else -(-n // samples)
 
 
 def iterate_batches(n: int, batch_size: int | None):

@@ -69,7 +69,7 @@ from avalanche_plugins._avalanche.figures import (
 )
 from avalanche_plugins._avalanche.preflight import check_experiences, preflight
 from avalanche_plugins._avalanche.recording import RecordingMetric
-from avalanche_plugins.core.calls import eval_mode, iterate_batches, model_forward
+from avalanche_plugins.core.calls import eval_mode, iterate_batches, model_forward, sample_stride
 from avalanche_plugins.core.checks import check_choice, check_int, check_positive
 from avalanche_plugins.core.outputs import describe_output
 from avalanche_plugins.core.parallel import rank, sum_over_ranks, world_size
@@ -93,7 +93,7 @@ from avalanche_plugins.transport.stitch import (
     stitch_many,
 )
 
-__all__ = ["TransportKeyMetric", "evaluation_chunk", "evaluation_stride"]
+__all__ = ["TransportKeyMetric", "evaluation_chunk"]
 
 #: floats of stage activations one chunk of the stitched evaluation holds (4 MiB in float32): an
 #: evaluation batch of a conv net (1,000 Fashion-MNIST images: 25 MB per activation) runs about
@@ -123,17 +123,6 @@ def _check_stage_transforms(stage_transforms) -> dict:
             raise TypeError(f"stage_transforms[{stage!r}] must be an index, a key or a function from the stage's "
                             f"output to its activations, got {type(select).__name__}")
     return dict(stage_transforms)
-
-
-def evaluation_stride(n: int, eval_samples: int | None) -> int:
-    """Every how many samples of an evaluated experience of ``n`` the stitched models see:
-    ``⌈n / eval_samples⌉`` (1: all of them, also for ``eval_samples=None``), so about
-    ``eval_samples`` samples spread evenly over the experience are evaluated.
-
-    >>> evaluation_stride(2000, 500), evaluation_stride(1500, 1000), evaluation_stride(300, 1000), evaluation_stride(9, None)
-    (4, 2, 1, 1)
-    """
-    return 1 if eval_samples is None or n <= eval_samples else -(-n // eval_samples)
 
 
 def recovery_figure_size(stages) -> tuple[float, float]:
@@ -182,7 +171,7 @@ class TransportKeyMetric(RecordingMetric[dict]):
         stages (docs/RESULTS.md) for about ``K + 1`` backward passes of the late layers per step.
     :param eval_samples: how many samples of an evaluated experience the stitched models (and
         ``acc_A``, ``acc_AB``) are counted on: every ``⌈n / eval_samples⌉``-th sample in the
-        evaluation order (:func:`evaluation_stride`; under torchrun, of the whole experience over
+        evaluation order (:func:`~avalanche_plugins.core.calls.sample_stride`; under torchrun, of the whole experience over
         the ranks), all of them when ``n ≤ eval_samples`` or ``eval_samples=None``. Evaluating the
         stitched models is most of the metric's cost (stages × variants forwards of the late
         layers). The default 500 has an accuracy standard error of at most 2.2 points; on Split
@@ -407,7 +396,7 @@ class TransportKeyMetric(RecordingMetric[dict]):
         self._active = {"experience": int(exp_id), "variants": variants, "residuals": residuals,
                         "correct": {}, "n": 0, "correct_checkpoint": 0, "correct_updated": 0,
                         "chunk": evaluation_chunk(widest),
-                        "stride": evaluation_stride(len(strategy.adapted_dataset), self.eval_samples)}
+                        "stride": sample_stride(len(strategy.adapted_dataset), self.eval_samples)}
         return None
 
     @torch.no_grad()

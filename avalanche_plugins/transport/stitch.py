@@ -98,41 +98,10 @@ def replace_selected(output, select, h: torch.Tensor):
     return items if isinstance(output, list) else tuple(items)
 
 
-def stage_output(model: nn.Module, stage: str, x: torch.Tensor, task_labels=None):
-    """What submodule ``stage`` returns when ``model`` runs on ``x`` (a tensor, or a tuple / dict
-    for a module such as an LSTM); the rest of the forward pass is skipped."""
-    captured = []
-
-    def hook(module, inputs, output):
-        captured.append(output)
-        raise _StopForward
-
-    handle = _module(model, stage).register_forward_hook(hook)
-    try:
-        model_forward(model, x, task_labels)
-    except _StopForward:
-        pass
-    finally:
-        handle.remove()
-    if not captured:
-        raise ValueError(f"stage={stage!r} was not run by the forward pass")
-    return captured[0]
-
-
-def stages_activations(model: nn.Module, stages, x: torch.Tensor, task_labels=None, selects=None) -> dict:
-    """``{stage: f_{≤stage}(x)}`` for every stage of ``stages`` from one forward pass, stopped once
-    the last of them has run (each stage's first output, as :func:`stage_activations` gives it,
-    through ``selects[stage]``): the layers below a deep stage run once, not once per stage.
-
-    Example:
-        >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
-        >>> x = torch.randn(5, 4)
-        >>> both = stages_activations(net, ["0", "1"], x)
-        >>> torch.equal(both["1"], stage_activations(net, "1", x)), both["0"].shape
-        (True, torch.Size([5, 8]))
-    """
-    stages, selects = list(stages), selects or {}
-    captured: dict = {}
+def _stage_outputs(model: nn.Module, stages, x: torch.Tensor, task_labels=None) -> dict:
+    """``{stage: what submodule stage returns}`` (its first call) for every stage of ``stages``,
+    from one forward pass of ``model`` on ``x`` stopped once the last of them has run."""
+    stages, captured = list(dict.fromkeys(stages)), {}
 
     def hook_for(stage):
         def hook(module, inputs, output):
@@ -152,7 +121,30 @@ def stages_activations(model: nn.Module, stages, x: torch.Tensor, task_labels=No
     missing = [stage for stage in stages if stage not in captured]
     if missing:
         raise ValueError(f"stage={missing[0]!r} was not run by the forward pass")
-    return {stage: select_activations(captured[stage], selects.get(stage), stage) for stage in stages}
+    return captured
+
+
+def stage_output(model: nn.Module, stage: str, x: torch.Tensor, task_labels=None):
+    """What submodule ``stage`` returns when ``model`` runs on ``x`` (a tensor, or a tuple / dict
+    for a module such as an LSTM); the rest of the forward pass is skipped."""
+    return _stage_outputs(model, [stage], x, task_labels)[stage]
+
+
+def stages_activations(model: nn.Module, stages, x: torch.Tensor, task_labels=None, selects=None) -> dict:
+    """``{stage: f_{≤stage}(x)}`` for every stage of ``stages`` from one forward pass, stopped once
+    the last of them has run (each stage's first output, as :func:`stage_activations` gives it,
+    through ``selects[stage]``): the layers below a deep stage run once, not once per stage.
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+        >>> x = torch.randn(5, 4)
+        >>> both = stages_activations(net, ["0", "1"], x)
+        >>> torch.equal(both["1"], stage_activations(net, "1", x)), both["0"].shape
+        (True, torch.Size([5, 8]))
+    """
+    selects = selects or {}
+    outputs = _stage_outputs(model, stages, x, task_labels)
+    return {stage: select_activations(outputs[stage], selects.get(stage), stage) for stage in outputs}
 
 
 def stage_activations(model: nn.Module, stage: str, x: torch.Tensor, task_labels=None, select=None) -> torch.Tensor:

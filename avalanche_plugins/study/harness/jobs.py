@@ -383,10 +383,15 @@ class LocalExecutor:
                 try:
                     ran = future.result()
                 except BrokenProcessPool as error:
-                    if self.lost_row is None:
-                        raise
-                    ran = self.lost_row(futures[future], lost_cause(error))
+                    ran = _lost(self.lost_row, futures[future], error)
                 yield futures[future], ran
+
+
+def _lost(lost_row, job, error: BaseException):
+    """``lost_row(job, cause)`` for a job its executor lost, or ``error`` raised when there is none."""
+    if lost_row is None:
+        raise error
+    return lost_row(job, lost_cause(error))
 
 
 def lost_cause(error: BaseException, limit: int = 300) -> str:
@@ -552,9 +557,7 @@ class RayExecutor:
                     try:
                         ran = ray.get(ref)
                     except ray.exceptions.RayError as error:
-                        if self.lost_row is None:
-                            raise
-                        ran = self.lost_row(job, lost_cause(error))
+                        ran = _lost(self.lost_row, job, error)
                     yield job, ran
         finally:  # an error, or the caller stopped early: drop what has not run
             for ref in pending:
