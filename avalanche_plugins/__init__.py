@@ -6,7 +6,8 @@ One subpackage per result, each split into plain-PyTorch estimators and thin Ava
 * :mod:`avalanche_plugins.core` — the layer map, stateless model calls, argument checks, one
   functional optimizer step, rank statistics (torch only).
 * :mod:`avalanche_plugins.layer_adaptive` — per-layer Hessian spectrum, Fisher, λ_ℓ schedules;
-  :class:`LayerAdaptiveEWCPlugin`, :class:`LayerAdaptiveLRPlugin`, :class:`LayerSensitivityMetric`.
+  :class:`LayerAdaptiveEWCPlugin`, :class:`LayerAdaptiveLRPlugin`, :class:`LayerSensitivityMetric`,
+  :class:`ClassifierAlignmentPlugin` (SLCA's classifier alignment).
 * :mod:`avalanche_plugins.structural` — unit masks, grow/prune edits and scores;
   :class:`GrowPlugin`, :class:`PrunePlugin`, :class:`FixedMaskPlugin`, cycle/newborn metrics.
 * :mod:`avalanche_plugins.readiness` — Optimization Readiness, k-step gain, label-agnostic
@@ -39,6 +40,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from avalanche_plugins._avalanche.task_il import TaskILAccuracyMetric
     from avalanche_plugins._avalanche.tidy_logger import TidyCSVLogger
     from avalanche_plugins.ads.metric import ArchitectureDrivenShiftMetric
+    from avalanche_plugins.layer_adaptive.alignment_plugin import ClassifierAlignmentPlugin
     from avalanche_plugins.layer_adaptive.ewc_plugin import LayerAdaptiveEWCPlugin
     from avalanche_plugins.layer_adaptive.lr_plugin import LayerAdaptiveLRPlugin
     from avalanche_plugins.layer_adaptive.sensitivity_metric import LayerSensitivityMetric
@@ -56,6 +58,7 @@ __version__ = "0.2.0"
 
 _EXPORTS = {
     "ArchitectureDrivenShiftMetric": "avalanche_plugins.ads.metric",
+    "ClassifierAlignmentPlugin": "avalanche_plugins.layer_adaptive.alignment_plugin",
     "CycleAccuracyMetric": "avalanche_plugins.structural.metrics",
     "FixedMaskPlugin": "avalanche_plugins.structural.plugins",
     "GrowPlugin": "avalanche_plugins.structural.plugins",

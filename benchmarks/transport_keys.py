@@ -19,8 +19,16 @@ late layers and head through a key fitted on class-balanced task-A anchors:
 * controls for the closed-form keys: permuted channels, globally shuffled pairs, pairs
   shuffled within class.
 
-Pairs: ``split`` (digits 0–4 then 5–9, two 5-way heads) and ``domain`` (MNIST then Permuted
-MNIST, two 10-way heads); MNIST from ``--data-root``, scikit-learn digits when absent. Models:
+* ``noise_at_residual``: the late layers' sensitivity to an error of the key's size: θ_A's own
+  stage activations of the test images plus isotropic Gaussian noise whose relative energy
+  ``‖ε‖² / ‖V − μ_v‖²`` equals the cross-channel key's fit residual, through θ_A's late layers. A
+  key far below this row fails by the direction of its error (it misses what the late layers read),
+  not by its size.
+
+Pairs: ``split`` (classes 0–4 then 5–9, two 5-way heads; task A is the first experience of a
+2-experience Split) and ``domain`` (the images then a pixel permutation of them, two 10-way heads);
+``--dataset``: MNIST (default with ``--data-root``) or Fashion-MNIST from ``--data-root``,
+scikit-learn digits when absent. Models:
 small CNN with BatchNorm, mini ResNet, tiny ViT. Every evaluation runs in eval mode (BatchNorm
 running statistics); ``bn_mode`` is recorded with each row.
 
@@ -42,7 +50,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from avalanche_plugins.study.harness.data import load_digits_arrays, load_mnist_arrays
+from avalanche_plugins.study.harness.data import load_digits_arrays, load_fashion_mnist_arrays, load_mnist_arrays
 from avalanche_plugins.study.harness.jobs import Timer, run_jobs, seed_everything
 from avalanche_plugins.study.harness.models import TaskHeadsNet, build_model
 from avalanche_plugins.study.harness.results import (
@@ -75,6 +83,7 @@ from benchmarks._cli import (
 )
 
 PAIRS = ("split", "domain")
+DATASETS = {"mnist": load_mnist_arrays, "fashion_mnist": load_fashion_mnist_arrays}
 MODELS = ("cnn", "resnet", "vit")
 STAGES = {"cnn": ["features.0", "features.1"], "resnet": ["stem", "layer1", "layer2", "layer3"],
           "vit": ["embed", "blocks.0", "blocks.1"]}
@@ -114,10 +123,11 @@ class Job:
     config: Config
 
 
-def task_data(pair: str, data_root, quick: bool):
-    """``{"A": (xtr, ytr, xte, yte), "B": ...}`` with labels 0..K-1 per task."""
+def task_data(pair: str, data_root, quick: bool, dataset: str = "mnist"):
+    """``{"A": (xtr, ytr, xte, yte), "B": ...}`` with labels 0..K-1 per task (``dataset`` from
+    ``data_root``; scikit-learn digits when ``data_root`` is None)."""
     if data_root is not None:
-        xtr, ytr, xte, yte = load_mnist_arrays(data_root)
+        xtr, ytr, xte, yte = DATASETS[dataset](data_root)
     else:
         xtr, ytr, xte, yte = load_digits_arrays()
     if quick:
@@ -159,6 +169,8 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: Config, wi
         v = stage_activations(theta_a, stage, xa)
         h_test = stage_activations(theta_ab, stage, xte)
     rows = []
+    if with_controls:  # the late layers' accuracy under an error of the cross-channel key's size
+        rows.append(_noise_at_residual(theta_a, stage, u, v, (xte, yte), cfg))
 
     def record(variant, key, seconds, **extra):
         stitched = stitch(theta_ab, theta_a, stage, key)
@@ -193,11 +205,26 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: Config, wi
     return rows
 
 
+def _noise_at_residual(theta_a, stage: str, u, v, test, cfg: Config) -> dict:
+    """θ_A's late layers on θ_A's own test activations plus Gaussian noise of relative energy equal
+    to the cross-channel key's anchor residual (``‖ε‖² = residual · ‖V − μ_v‖²`` per sample on
+    average): how much accuracy an error of the key's size costs in a random direction."""
+    xte, yte = test
+    residual = fit_transport_key(u, v, "cross_channel", ridge=cfg.ridge).residual
+    with torch.no_grad():
+        h = stage_activations(theta_a, stage, xte)
+        scale = (residual * (v - v.mean(0)).pow(2).mean()).sqrt()
+        noisy = h + scale * torch.randn(h.shape, generator=torch.Generator().manual_seed(0))
+    own = stitch(theta_a, theta_a, stage, TransportKey("identity", 1))
+    acc = batched_accuracy(lambda z, x: own.forward_from_stage(z, x), noisy, xte, targets=yte, batch_size=500)
+    return {"variant": "noise_at_residual", "acc": acc, "fit_s": float("nan"), "key_params": 0, "residual": residual}
+
+
 def run_job(job: Job) -> list[dict]:
     cfg = job.config
     start = time.perf_counter()
     seed_everything(job.seed)
-    data = task_data(job.pair, cfg.data_root, cfg.quick)
+    data = task_data(job.pair, cfg.data_root, cfg.quick, cfg.dataset)
     xtr_a, ytr_a, xte_a, yte_a = data["A"]
     xtr_b, ytr_b, _, _ = data["B"]
     xte_a, yte_a = xte_a[:cfg.max_test], yte_a[:cfg.max_test]
@@ -242,8 +269,9 @@ def run_job(job: Job) -> list[dict]:
 
 def config_for(args) -> Config:
     quick = args.quick
-    return Config(data_root=args.data_root, quick=quick, dataset="mnist" if args.data_root else "digits",
-                  epochs_b=3 if quick else 2, anchor_counts=(10, 100) if quick else (10, 50, 100, 500))
+    sizes = {k: v for k, v in (("max_train", args.max_train), ("max_test", args.max_test)) if v is not None}
+    return Config(data_root=args.data_root, quick=quick, dataset=args.dataset if args.data_root else "digits",
+                  epochs_b=3 if quick else 2, anchor_counts=(10, 100) if quick else (10, 50, 100, 500), **sizes)
 
 
 def tables(rows: list[dict], main_anchors: int) -> str:
@@ -263,7 +291,7 @@ def tables(rows: list[dict], main_anchors: int) -> str:
 
 
 REPORT_VARIANTS = ("identity", "channel", "cross_channel", "cross_channel+refine", "cross_channel+gauss_newton",
-                   "trained_stitch_short", "trained_stitch")
+                   "trained_stitch_short", "trained_stitch", "noise_at_residual")
 
 
 def docs_tables(rows: list[dict], main_anchors: int) -> str:
@@ -378,6 +406,10 @@ def main(argv=None) -> dict:
                               skip_help="PAIR/MODEL cells (e.g. domain/resnet) or a pair")
     parser.add_argument("--models", default=None, help=f"comma-separated subset of {','.join(MODELS)}")
     parser.add_argument("--pairs", default=None, help=f"comma-separated subset of {','.join(PAIRS)}")
+    parser.add_argument("--dataset", choices=tuple(DATASETS), default="mnist",
+                        help="the images under --data-root (MNIST/raw or FashionMNIST/raw); digits without it")
+    parser.add_argument("--max-train", type=int, default=None, help="training images per task (default 4000)")
+    parser.add_argument("--max-test", type=int, default=None, help="task-A test images (default 500)")
     args = parse_args(parser, argv)
     if args.report:
         return {"report": print_report(args.report, report)}

@@ -585,6 +585,14 @@ def _component_builders(test_stream, tmp, stage="2"):
             return [p], [], [], check
         return make
 
+    def alignment():
+        p = ap.ClassifierAlignmentPlugin(n_per_class=8, epochs=1)
+
+        def check(strategy, probe, n):
+            assert len(p.history) == n and p.statistics is not None, p.history
+            assert sorted(p.history[-1]["seen"]) == sorted(p.statistics.classes.tolist())
+        return [p], [], [], check
+
     def masks(kind, newborn=False):
         def make():
             p = (ap.GrowPlugin(0.75, seed_compactness=0.25, grow_fraction_per_cycle=0.25, track_newborn=newborn)
@@ -610,7 +618,7 @@ def _component_builders(test_stream, tmp, stage="2"):
 
     return {
         "LAE uniform": ewc("uniform"), "LAE smoothed": ewc("smoothed"),
-        "LR geometric": lr("geometric"), "LR smoothed": lr("smoothed"),
+        "LR geometric": lr("geometric"), "LR smoothed": lr("smoothed"), "ClassifierAlignment": alignment,
         "Grow": masks("grow"), "Prune": masks("prune"), "NewbornGradient": masks("grow", newborn=True),
         "LayerSensitivity": metric(lambda: ap.LayerSensitivityMetric(n_samples=16),
                                    lambda m, n: _expect(len(m.history) == n, "measured once per experience")),

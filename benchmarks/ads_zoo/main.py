@@ -18,15 +18,15 @@ from benchmarks._cli import (
 from benchmarks.ads_zoo.job import Job, run_job, warmup
 from benchmarks.ads_zoo.report import plot, report
 from benchmarks.ads_zoo.scoring import analyse
-from benchmarks.ads_zoo.settings import SCENARIOS, parse_overrides, scenario_config
+from benchmarks.ads_zoo.settings import DEFAULT_SCENARIOS, SCENARIOS, parse_overrides, scenario_config
 from benchmarks.ads_zoo.zoo import build_zoo, quick_zoo
 
 
 def main(argv=None) -> dict:
     parser = benchmark_parser("ads_zoo", package.__doc__.splitlines()[0],
                               skip_help="scenarios, SCENARIO/FAMILY (e.g. split_digits/vit) or SCENARIO/FAMILY/ARCH")
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS),
-                        help="comma-separated; the MNIST ones need --data-root (skipped without it)")
+    parser.add_argument("--scenarios", default=",".join(DEFAULT_SCENARIOS),
+                        help=f"comma-separated subset of {','.join(SCENARIOS)} (default {','.join(DEFAULT_SCENARIOS)}); the MNIST and Fashion-MNIST ones need --data-root (skipped without it)")
     parser.add_argument("--calibration", type=int, default=256, help="old / new samples given to ADS")
     parser.add_argument("--limit", type=int, default=0, help="first N architectures only (0: all)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="[SCENARIO.]FIELD=VALUE",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-SCENARIOS = ("split_mnist", "permuted_mnist", "split_digits")
+SCENARIOS = ("split_mnist", "permuted_mnist", "split_digits", "split_fashion_mnist")
+DEFAULT_SCENARIOS = SCENARIOS[:3]  # Fashion-MNIST on request: its data root differs from MNIST's
 
 
 @dataclass(frozen=True)

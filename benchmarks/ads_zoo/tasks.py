@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from avalanche_plugins.study.harness.data import load_digits_arrays, load_mnist_arrays
+from avalanche_plugins.study.harness.data import load_digits_arrays, load_fashion_mnist_arrays, load_mnist_arrays
 from benchmarks.ads_zoo.settings import SCENARIOS
 
 _DATA: dict = {}
@@ -18,6 +18,8 @@ def scenario_data(name: str, data_root, seed: int = 0) -> dict:
         xtr, ytr, xte, yte = load_digits_arrays(seed=0)
     elif name in ("split_mnist", "permuted_mnist"):
         xtr, ytr, xte, yte = load_mnist_arrays(data_root)
+    elif name == "split_fashion_mnist":
+        xtr, ytr, xte, yte = load_fashion_mnist_arrays(data_root)
     else:
         raise ValueError(f"scenario must be one of {SCENARIOS}, got {name!r}")
     if name == "permuted_mnist":

@@ -36,7 +36,8 @@ def _stream(dataset: str, scenario: str, n_experiences: int, data_root, subset: 
 
     full = make_stream(dataset, "permuted" if scenario == "random_labels" else scenario, n_experiences=1,
                        data_root=data_root, seed=0)
-    xtr, ytr, xte, yte = data.load_mnist_arrays(data_root)
+    arrays_of = data.load_fashion_mnist_arrays if dataset == "fashion_mnist" else data.load_mnist_arrays
+    xtr, ytr, xte, yte = arrays_of(data_root)
     if scenario == "random_labels":
         return replace(full, benchmark=_random_label_benchmark(xtr[:subset], n_experiences),
                        description=f"random-label MNIST ({n_experiences} experiences, first {subset} train images)")

@@ -75,6 +75,9 @@ def _parser():
                         help="Permuted MNIST on the first N training (N // 2 test) images of the subset (cost)")
     parser.add_argument("--permuted-methods", default="dense,prune,grow",
                         help="methods on the 'mlp permuted mnist E*' settings")
+    parser.add_argument("--fashion-subset", type=int, default=None,
+                        help="the 'split fashion_mnist' settings on the first N training (N // 2 test) images of "
+                             "Fashion-MNIST's 60,000 / 10,000 (cost; default: all)")
     parser.add_argument("--seed-list", default=None, help="explicit seeds (comma-separated; overrides --seeds)")
     parser.add_argument("--merge", default=None, metavar="JOBS_JSONL",
                         help="comma-separated job caches: write results.json/report from their rows (runs nothing)")
