@@ -50,7 +50,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from avalanche_plugins.study.harness.data import load_digits_arrays, load_fashion_mnist_arrays, load_mnist_arrays
+from avalanche_plugins.study.harness.data import (
+    load_digits_arrays,
+    load_fashion_mnist_arrays,
+    load_mnist_arrays,
+)
 from avalanche_plugins.study.harness.jobs import Timer, run_jobs, seed_everything
 from avalanche_plugins.study.harness.models import TaskHeadsNet, build_model
 from avalanche_plugins.study.harness.results import (

@@ -18,7 +18,12 @@ from benchmarks._cli import (
 from benchmarks.ads_zoo.job import Job, run_job, warmup
 from benchmarks.ads_zoo.report import plot, report
 from benchmarks.ads_zoo.scoring import analyse
-from benchmarks.ads_zoo.settings import DEFAULT_SCENARIOS, SCENARIOS, parse_overrides, scenario_config
+from benchmarks.ads_zoo.settings import (
+    DEFAULT_SCENARIOS,
+    SCENARIOS,
+    parse_overrides,
+    scenario_config,
+)
 from benchmarks.ads_zoo.zoo import build_zoo, quick_zoo
 
 

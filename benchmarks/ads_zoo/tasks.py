@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from avalanche_plugins.study.harness.data import load_digits_arrays, load_fashion_mnist_arrays, load_mnist_arrays
+from avalanche_plugins.study.harness.data import (
+    load_digits_arrays,
+    load_fashion_mnist_arrays,
+    load_mnist_arrays,
+)
 from benchmarks.ads_zoo.settings import SCENARIOS
 
 _DATA: dict = {}
