@@ -1,4 +1,4 @@
-"""What a diagnostic's evaluation sample count costs and changes (issue 41's trade-off).
+"""What a diagnostic's sample count costs and changes (issue 41's trade-off).
 
 ``TransportKeyMetric`` evaluates every stitched model (stages × families × controls) on the
 evaluated experience as its batches stream by, and ``CycleAccuracyMetric`` evaluates every seen
@@ -12,6 +12,13 @@ experience, the zoo's ``cnn``, Naive, 1 epoch per experience; ``--data-root`` ho
 how far its logged values are from those on the whole experience (mean and largest absolute
 difference over every value of a seed, then over seeds), beside the binomial standard error
 ``√(p(1 − p)/m)`` of an accuracy on ``m`` samples at ``p = 0.5``.
+
+The estimators whose cost is their own sample count (``OptimizationReadinessMetric``'s
+``n_samples``, with ``n_batches = n_samples / 2`` minibatches as at the demo's 256 / 128;
+``ArchitectureDrivenShiftMetric``'s ``calibration_size``; ``LayerSensitivityMetric``'s
+``n_samples``) are measured the same way against a larger reference count (``REFERENCE``), their
+differences *relative* to the reference value (``|v − v_ref| / |v_ref|``: readiness, shift and
+curvature have no common scale), ``--counts`` giving the values.
 """
 
 from __future__ import annotations
@@ -35,7 +42,34 @@ ALL = 0  # --eval-samples 0: the whole experience (eval_samples=None)
 TEST_IMAGES = 2000  # per experience of Split Fashion-MNIST (5 experiences of 2 classes)
 #: the logged values compared, per metric: {metric name prefix: column title}
 VALUES = {"TransportKeyMetric": {"TransportKeyAcc": "stitched acc", "TransportKeyRecovery": "recovery"},
-          "CycleAccuracyMetric": {"CycleAccuracy": "cycle acc", "TAA": "TAA"}}
+          "CycleAccuracyMetric": {"CycleAccuracy": "cycle acc", "TAA": "TAA"},
+          "OptimizationReadinessMetric": {"OptimizationReadiness": "OR"},
+          "ArchitectureDrivenShiftMetric": {"ADS": "ADS", "ADSLayerShift": "per-layer shift"},
+          "LayerSensitivityMetric": {"LayerSensitivity": "s_l", "LayerSensitivityKappa": "kappa"}}
+#: the keyword a metric's count sets; the metrics measured against the whole experience (ALL)
+COUNT_KWARG = {"TransportKeyMetric": "eval_samples", "CycleAccuracyMetric": "eval_samples",
+               "OptimizationReadinessMetric": "n_samples", "ArchitectureDrivenShiftMetric": "calibration_size",
+               "LayerSensitivityMetric": "n_samples"}
+#: the reference count of the estimators with no "whole experience": 4x the demo's argument
+REFERENCE = {"OptimizationReadinessMetric": 1024, "ArchitectureDrivenShiftMetric": 512, "LayerSensitivityMetric": 512}
+DEFAULT_COUNTS = {"OptimizationReadinessMetric": "256,128,64,32", "ArchitectureDrivenShiftMetric": "128,64,32,16",
+                  "LayerSensitivityMetric": "128,64,32,16"}
+
+
+def relative(metric: str) -> bool:
+    """Whether ``metric``'s differences are relative to the reference value (module docstring)."""
+    return metric in REFERENCE
+
+
+def count_kwargs(metric: str, count: int) -> dict:
+    """The keywords that set ``metric``'s sample count to ``count`` (``ALL``: the whole experience).
+
+    >>> count_kwargs("OptimizationReadinessMetric", 64), count_kwargs("TransportKeyMetric", ALL)
+    ({'n_samples': 64, 'n_batches': 32}, {'eval_samples': None})
+    """
+    if metric == "OptimizationReadinessMetric":
+        return {"n_samples": count, "n_batches": max(1, count // 2)}
+    return {COUNT_KWARG[metric]: None if count == ALL else count}
 
 
 def _kwargs(metric: str) -> dict:
@@ -51,7 +85,7 @@ def _values(row: dict, metric: str) -> dict:
 
 def run_one(job, metric: str, eval_samples: int) -> dict:
     spec = next(m for m in job.metrics if m.name == metric)
-    kwargs = {**_kwargs(metric), "eval_samples": None if eval_samples == ALL else eval_samples}
+    kwargs = {**_kwargs(metric), **count_kwargs(metric, eval_samples)}
     row = run_job(dataclasses.replace(job, metrics=(dataclasses.replace(spec, kwargs=kwargs),)), log_dir=None)
     if row["status"] != "ok":
         raise RuntimeError(f"{metric} eval_samples={eval_samples} seed {job.seed}: {row['status']}: {row.get('error')}")
@@ -59,15 +93,27 @@ def run_one(job, metric: str, eval_samples: int) -> dict:
             "metric_s": row["callback_s"][metric], "values": _values(row, metric)}
 
 
+def _matches(name: str, prefix: str, metric: str) -> bool:
+    """``name`` is one of the values ``prefix`` names: exactly that metric for the estimators
+    (``ADS`` is not ``ADSOldECE``), every name it begins for the evaluations (``TransportKeyAcc``
+    with its ``…Checkpoint`` / ``…Updated`` accuracies, as the kept trade-offs were measured)."""
+    return name == prefix if relative(metric) else name.startswith(prefix)
+
+
 def compare(runs: list[dict], metric: str) -> list[dict]:
-    """One row per (eval_samples, seed): cost, and the distance of its values to the whole experience's."""
-    full = {r["seed"]: r["values"] for r in runs if r["eval_samples"] == ALL}
+    """One row per (count, seed): cost, and the distance of its values to the reference count's
+    (the whole experience, or :data:`REFERENCE`; relative for those, :func:`relative`)."""
+    ref_count = REFERENCE.get(metric, ALL)
+    full = {r["seed"]: r["values"] for r in runs if r["eval_samples"] == ref_count}
     rows = []
     for r in runs:
         reference = full[r["seed"]]
         shared = sorted(set(reference) & set(r["values"]))
-        diffs = {prefix: [abs(r["values"][k] - reference[k]) for k in shared if k[0].startswith(prefix)]
-                 for prefix in VALUES[metric]}
+
+        def distance(k):
+            gap = abs(r["values"][k] - reference[k])
+            return gap / max(abs(reference[k]), 1e-12) if relative(metric) else gap
+        diffs = {prefix: [distance(k) for k in shared if _matches(k[0], prefix, metric)] for prefix in VALUES[metric]}
         rows.append({"metric": metric, "eval_samples": r["eval_samples"], "seed": r["seed"], "train_s": r["train_s"],
                      "metric_s": r["metric_s"], "share": r["metric_s"] / r["train_s"], "values": len(r["values"]),
                      "missing": len(set(reference) - set(r["values"])),
@@ -79,19 +125,22 @@ def compare(runs: list[dict], metric: str) -> list[dict]:
 def report(saved: dict) -> str:
     rows, metric = saved["runs"], saved["config"]["metric"]
     titles = VALUES[metric]
-    head = ["eval_samples", "seeds", "metric (s)", "metric / training",
-            *(f"{t}: {kind} abs. diff." for t in titles.values() for kind in ("mean", "max")),
-            "acc std. error at p = 0.5"]
+    kind_of = "rel. diff." if relative(metric) else "abs. diff."
+    head = [COUNT_KWARG[metric], "seeds", "metric (s)", "metric / training",
+            *(f"{t}: {kind} {kind_of}" for t in titles.values() for kind in ("mean", "max")),
+            *([] if relative(metric) else ["acc std. error at p = 0.5"])]
     lines = [f"`{saved.get('command')}`", "", f"{metric}, Split Fashion-MNIST ({TEST_IMAGES} test images per experience)",
              "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for k in sorted({r["eval_samples"] for r in rows}, key=lambda v: (v != ALL, -v)):
         part = [r for r in rows if r["eval_samples"] == k]
-        m = len(range(0, TEST_IMAGES, sample_stride(TEST_IMAGES, None if k == ALL else k)))  # samples evaluated
-        cells = ["all" if k == ALL else str(k), str(len(part)), f"{np.mean([r['metric_s'] for r in part]):.2f}",
+        reference = " (reference)" if k == REFERENCE.get(metric) else ""
+        cells = ["all" if k == ALL else f"{k}{reference}", str(len(part)), f"{np.mean([r['metric_s'] for r in part]):.2f}",
                  f"{100 * np.mean([r['share'] for r in part]):.1f} %"]
         for prefix in titles:
             cells += [f"{np.mean([r[f'{prefix}_mean'] for r in part]):.4f}", f"{np.max([r[f'{prefix}_max'] for r in part]):.4f}"]
-        cells.append(f"{math.sqrt(0.25 / m):.4f} ({m} samples)")
+        if not relative(metric):
+            m = len(range(0, TEST_IMAGES, sample_stride(TEST_IMAGES, None if k == ALL else k)))  # samples evaluated
+            cells.append(f"{math.sqrt(0.25 / m):.4f} ({m} samples)")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -99,14 +148,17 @@ def report(saved: dict) -> str:
 def main(argv=None) -> dict:
     parser = benchmark_parser("sample_counts", __doc__.splitlines()[0])
     parser.add_argument("--metric", choices=sorted(VALUES), default="TransportKeyMetric")
-    parser.add_argument("--eval-samples", default="0,1000,500,250",
-                        help="comma-separated eval_samples values (0: the whole experience)")
+    parser.add_argument("--eval-samples", "--counts", dest="eval_samples", default=None,
+                        help="comma-separated sample counts (eval_samples of TransportKey / CycleAccuracy, 0: the whole "
+                             "experience, default 0,1000,500,250; n_samples / calibration_size of the others, default "
+                             "DEFAULT_COUNTS; the reference count is always added)")
     args = parse_args(parser, argv)
     if args.report:
         return {"report": print_report(args.report, report)}
     if args.data_root is None:
         parser.error("--data-root: a folder holding FashionMNIST/raw")
-    values = sorted({int(v) for v in args.eval_samples.split(",")} | {ALL})
+    given = args.eval_samples or DEFAULT_COUNTS.get(args.metric, "0,1000,500,250")
+    values = sorted({int(v) for v in given.split(",")} | {REFERENCE.get(args.metric, ALL)})
     study = load_study(setting_config("fashion/1", SimpleNamespace()), seeds=args.seeds, data_root=args.data_root)
     jobs = [dataclasses.replace(j, metrics=tuple(m for m in j.metrics if m.name == args.metric))
             for j in plan_test_jobs(study, {}) if j.strategy.name == "Naive"]

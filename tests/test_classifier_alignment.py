@@ -131,3 +131,16 @@ def test_unsupported_models_and_arguments_are_refused_before_training():
     for kwargs in ({"n_per_class": 0}, {"epochs": 0}, {"lr": -1.0}, {"temperature": 0.0}):
         with pytest.raises(ValueError):
             ClassifierAlignmentPlugin(**kwargs)
+
+
+def test_a_frozen_head_is_left_alone_with_a_warning():
+    stream = digits_stream(5)
+    torch.manual_seed(0)
+    model = build_model("mlp", (1, 8, 8), 10, hidden=(16,))
+    model.head.requires_grad_(False)
+    before = model.head.weight.detach().clone()
+    plugin = ClassifierAlignmentPlugin(n_per_class=8, epochs=1)
+    with pytest.warns(UserWarning, match="frozen"):
+        _strategy(model, [plugin], stream).train(stream.benchmark.train_stream[0])
+    assert torch.equal(model.head.weight, before)
+    assert plugin.history[0]["skipped"] == "frozen head" and len(plugin.statistics) == 2

@@ -21,3 +21,14 @@ def test_compare_measures_each_run_against_its_seeds_whole_experience():
     text = report({"command": "cmd", "config": {"metric": "CycleAccuracyMetric"}, "runs": rows})
     line = next(line for line in text.splitlines() if line.startswith("| 500 |"))
     assert "5.0 %" in line and f"{math.sqrt(0.25 / 500):.4f} (500 samples)" in line
+
+
+def test_estimator_counts_are_compared_relative_to_the_larger_reference_count():
+    ref = {("OptimizationReadiness", "", "0", "5"): 2.0, ("ORLoss", "", "0", "5"): 1.0}
+    small = {("OptimizationReadiness", "", "0", "5"): 2.5, ("ORLoss", "", "0", "5"): 9.0}
+    metric = "OptimizationReadinessMetric"
+    rows = compare([_run(0, 1024, ref, 4.0), _run(0, 64, small, 0.5)], metric)
+    # relative to the reference: |2.5 - 2| / 2, and ORLoss is not an OR value
+    assert rows[1]["OptimizationReadiness_mean"] == pytest.approx(0.25) and rows[0]["OptimizationReadiness_max"] == 0.0
+    text = report({"command": "cmd", "config": {"metric": metric}, "runs": rows})
+    assert "| 1024 (reference) |" in text and "rel. diff." in text and "std. error" not in text

@@ -16,6 +16,7 @@ streams.
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 from avalanche.core import SupervisedPlugin
@@ -50,7 +51,9 @@ class ClassifierAlignmentPlugin(SupervisedPlugin):
     :param seed: seeds the sampling and the minibatch order (the ``e``-th experience trained uses ``seed + e``).
 
     ``history[i]``: ``experience``, ``classes`` (the classes whose statistics it measured),
-    ``seen`` (all classes aligned), ``losses`` (mean loss per epoch) and ``seconds``.
+    ``seen`` (all classes aligned), ``losses`` (mean loss per epoch) and ``seconds``; a head whose
+    parameters a strategy froze (LFL after its first experience) is left alone with a warning
+    (``skipped: "frozen head"``, no losses).
 
     Example::
 
@@ -90,8 +93,14 @@ class ClassifierAlignmentPlugin(SupervisedPlugin):
         return module
 
     def before_training_exp(self, strategy, *args, **kwargs):
-        """Refuse an unsupported model or stream before any training: a multi-task model, no linear
-        head, a stream without the original experiences' boundaries."""
+        """Refuse an unsupported strategy, model or stream before any training: ICaRL (a
+        nearest-mean classifier), a multi-task model, no linear head, a stream without the original
+        experiences' boundaries."""
+        from avalanche.training.supervised import ICaRL
+
+        if isinstance(strategy, ICaRL):
+            raise ValueError("ClassifierAlignmentPlugin: ICaRL classifies by the nearest class mean of its exemplars, "
+                             "not by a linear head; classifier alignment has nothing to re-train there")
         enter_boundary(self, strategy, needs_access=True,
                        needs="re-trains the head on every class's features at the end of every original experience")
         model = unwrap_model(strategy.model)
@@ -127,6 +136,15 @@ class ClassifierAlignmentPlugin(SupervisedPlugin):
         measured = class_statistics(features, labels, ridge=self.ridge)
         self.statistics = measured if self.statistics is None else self.statistics.merged(measured)
         exp_id = int(strategy.experience.current_experience)
+        if not any(p.requires_grad for p in head.parameters()):
+            # a strategy froze the head (LFL after its first experience): re-training it would undo
+            # that strategy's choice, so the statistics are kept and the head is left alone
+            warnings.warn(f"ClassifierAlignmentPlugin: the head's parameters are frozen (requires_grad=False) after "
+                          f"experience {exp_id}; its alignment is skipped (history[-1]['skipped'])", stacklevel=2)
+            self.history.append({"experience": exp_id, "classes": measured.classes.tolist(),
+                                 "seen": self.statistics.classes.tolist(), "losses": [], "skipped": "frozen head",
+                                 "seconds": time.perf_counter() - start})
+            return
         losses = align_head(head, self.statistics, n_per_class=self.n_per_class, epochs=self.epochs, lr=self.lr,
                             momentum=self.momentum, batch_size=self.batch_size, temperature=self.temperature,
                             seed=self.seed + exp_index)
