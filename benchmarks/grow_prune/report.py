@@ -154,6 +154,16 @@ def claim1_table(by: dict, settings: list[str]) -> list[str]:
     return out
 
 
+def _mlp_cnn_pairs(settings: list[str]) -> list[tuple[str, str]]:
+    """``("mlp X", "cnn X")`` for every stream X run with both networks.
+
+    >>> _mlp_cnn_pairs(["mlp iid mnist", "cnn iid mnist", "cnn split digits"])
+    [('mlp iid mnist', 'cnn iid mnist')]
+    """
+    return [(f"mlp {st.removeprefix('cnn ')}", st) for st in settings
+            if st.startswith("cnn ") and f"mlp {st.removeprefix('cnn ')}" in settings]
+
+
 def verdict_tables(rows: list[dict]) -> str:
     """The tests behind the verdicts of issue 25 (paired over seeds; scipy):
 
@@ -181,15 +191,19 @@ def verdict_tables(rows: list[dict]) -> str:
                 q = [by[(st, "prune", c, x)].get(key) for x in seeds]
                 cells.append("–" if None in g + q else _paired(g, q))
             out.append(f"| {st} | {c:.0%} | " + " | ".join(cells) + " |")
-    pair = ("mlp iid mnist", "cnn iid mnist")  # claim 2: is the Grow − Prune gap larger with the conv trunk?
-    if all((st, "grow") in {k[:2] for k in by} for st in pair):
-        out += ["", "Claim 2, MLP vs CNN: (Grow − Prune on the CNN) − (Grow − Prune on the MLP), paired by seed",
-                "| c | ACC | TAA | ticket ACC | ticket TAA |", "|---|---|---|---|---|"]
+    for pair in _mlp_cnn_pairs(settings):  # claim 2: is the Grow − Prune gap larger with the conv trunk?
+        if not all((st, "grow") in {k[:2] for k in by} for st in pair):
+            continue
+        out += ["", f"Claim 2, MLP vs CNN ({pair[1].removeprefix('cnn ')}): (Grow − Prune on the CNN) − (Grow − Prune on "
+                "the MLP), paired by seed", "| c | ACC | TAA | ticket ACC | ticket TAA |", "|---|---|---|---|---|"]
         for c in sorted({k[2] for k in by if k[:2] == (pair[1], "grow")}):
             seeds = sorted(x for x in {k[3] for k in by}
                            if all((st, m, c, x) in by for st in pair for m in ("grow", "prune")))
             cells = []
             for key in ("acc", "taa", "ticket_acc", "ticket_taa"):
+                if any(by[(st, m, c, x)].get(key) is None for st in pair for m in ("grow", "prune") for x in seeds):
+                    cells.append("–")
+                    continue
                 d = [[by[(st, "grow", c, x)][key] - by[(st, "prune", c, x)][key] for x in seeds] for st in pair]
                 cells.append(_paired(d[1], d[0]))
             out.append(f"| {c:.0%} | " + " | ".join(cells) + " |")
