@@ -27,6 +27,7 @@ from avalanche_plugins import (
     TidyCSVLogger,
     TransportKeyMetric,
 )
+from avalanche_plugins._avalanche import data as data_module
 from avalanche_plugins._avalanche.data import experience_tensors
 from avalanche_plugins._avalanche.evaluation import stream_accuracy
 from avalanche_plugins.readiness import optimization_readiness
@@ -76,6 +77,7 @@ def _count_reads(monkeypatch) -> list:
 
 
 def test_a_repeated_read_of_the_same_samples_comes_from_the_kept_copy(monkeypatch):
+    monkeypatch.setattr(data_module, "WHOLE_READ_LIMIT", 10)  # a "large" experience: subsets are read
     strategy, stream = _strategy()
     strategy.experience = stream.benchmark.train_stream[1]
     reads = _count_reads(monkeypatch)
@@ -93,6 +95,25 @@ def test_a_repeated_read_of_the_same_samples_comes_from_the_kept_copy(monkeypatc
     kept[0].zero_()  # a caller changing its copy changes nothing kept
     assert torch.equal(experience_tensors(strategy, n_samples=50, seed=4)[0], other[0])
     assert pickle.loads(pickle.dumps(strategy.__dict__["_avalanche_plugins_experience_reads"])) == {}
+
+
+def test_a_small_experience_is_read_once_and_every_subset_equals_its_own_read(monkeypatch):
+    strategy, stream = _strategy()
+    strategy.experience = stream.benchmark.train_stream[1]
+    n = len(strategy.experience.dataset)
+    assert n <= data_module.WHOLE_READ_LIMIT
+    with monkeypatch.context() as patch:  # the reference: each subset read on its own
+        patch.setattr(data_module, "WHOLE_READ_LIMIT", 0)
+        separate = {(k, s): experience_tensors(strategy, n_samples=k, seed=s) for k, s in ((50, 3), (20, 4), (n, 0))}
+    strategy.__dict__.pop("_avalanche_plugins_experience_reads")
+    reads = _count_reads(monkeypatch)
+    shared = {(k, s): experience_tensors(strategy, n_samples=k, seed=s) for k, s in ((50, 3), (20, 4), (n, 0))}
+    assert len(reads) == n  # the whole experience, once
+    for key, tensors in separate.items():
+        for a, b in zip(tensors, shared[key]):
+            assert torch.equal(a, b)
+    shared[(50, 3)][0].zero_()  # a caller changing its copy changes nothing kept
+    assert torch.equal(experience_tensors(strategy, n_samples=50, seed=3)[0], separate[(50, 3)][0])
 
 
 def test_the_cycle_accuracy_reads_each_test_experience_once(monkeypatch):

@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 from avalanche_plugins.core.layers import discover_layers, example_input
 from avalanche_plugins.core.parallel import unwrap_model
 
-__all__ = ["TransientCache", "dataset_subset", "experience_tensors", "experience_batches", "experience_example",
+__all__ = ["WHOLE_READ_LIMIT", "TransientCache", "dataset_subset", "experience_tensors", "experience_batches", "experience_example",
            "experience_layer_map", "metric_name", "preserved_rng"]
 
 
@@ -56,15 +56,22 @@ class TransientCache(dict):
         return type(self), ()
 
 
+#: an experience of at most this many samples is read whole once and every component's samples
+#: are taken from that copy (digits' and the MNIST subset's experiences: a few hundred to 1,600)
+WHOLE_READ_LIMIT = 2048
+
+
 def experience_tensors(strategy, *, n_samples: int | None = None, seed: int = 0, eval_transforms: bool = True):
     """Up to ``n_samples`` random samples of the current experience as ``(x, y, task_labels)`` tensors.
 
-    With ``eval_transforms`` the last two reads are kept on the strategy: a component asking for
-    the same samples of the same experience's dataset (same ``n_samples`` and ``seed``; the
-    layer-sensitivity metric and ADS both take 128 samples with seed ``e`` at experience ``e``)
-    gets copies of them instead of reading them again through the dataset (Avalanche's per-sample
-    indexing costs about as much as a small model's estimator, issue 41). Their evaluation
-    transforms run once: a random evaluation transform is drawn once for both.
+    With ``eval_transforms`` reads are kept on the strategy (never in a checkpoint): an experience
+    of at most :data:`WHOLE_READ_LIMIT` samples is read whole, once, and every component's samples
+    are index selections of that copy; of a larger one the last two reads are kept, so a component
+    asking for the same samples of the same experience's dataset (same ``n_samples`` and ``seed``;
+    the layer-sensitivity metric and ADS both take 128 samples with seed ``e`` at experience ``e``)
+    gets copies of them. Reading through Avalanche's per-sample indexing costs about as much as a
+    small model's estimator (issue 41). Evaluation transforms run once per kept sample: a random
+    evaluation transform is drawn once for every component.
     """
     source = strategy.experience.dataset
     data = source.eval() if eval_transforms and hasattr(source, "eval") else source
@@ -75,22 +82,28 @@ def experience_tensors(strategy, *, n_samples: int | None = None, seed: int = 0,
     if n_samples is not None and n_samples < n:
         g = torch.Generator().manual_seed(seed)
         idx = torch.randperm(n, generator=g)[:n_samples].sort().values.tolist()
-    key = (n, None if idx is None else tuple(idx), str(strategy.device))
+    whole = eval_transforms and n <= WHOLE_READ_LIMIT
+    key = (n, None if idx is None or whole else tuple(idx), str(strategy.device))
     cache = strategy.__dict__.get(_READS)
     reads = cache.get("reads", []) if cache is not None and eval_transforms else []
     for dataset, read_key, tensors in reads:
         if dataset is source and read_key == key:
+            if whole and idx is not None:
+                rows = torch.as_tensor(idx, device=tensors[0].device)
+                return tuple(t.index_select(0, rows.to(t.device)) for t in tensors)
             return tuple(t.clone() for t in tensors)
-    if idx is not None:
-        data = dataset_subset(data, idx)
+    read = data if idx is None or whole else dataset_subset(data, idx)
     xs, ys, ts = [], [], []
-    for x, y, t in experience_batches(strategy, dataset=data, batch_size=512):
+    for x, y, t in experience_batches(strategy, dataset=read, batch_size=512):
         xs.append(x)
         ys.append(y)
         ts.append(torch.as_tensor(t))
     tensors = (torch.cat(xs), torch.cat(ys), torch.cat(ts).to(strategy.device))
     if eval_transforms:
         strategy.__dict__[_READS] = TransientCache(reads=[*reads[-1:], (source, key, tuple(t.clone() for t in tensors))])
+    if whole and idx is not None:
+        rows = torch.as_tensor(idx)
+        return tuple(t.index_select(0, rows.to(t.device)) for t in tensors)
     return tensors
 
 
