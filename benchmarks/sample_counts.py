@@ -100,6 +100,11 @@ def _matches(name: str, prefix: str, metric: str) -> bool:
     return name == prefix if relative(metric) else name.startswith(prefix)
 
 
+def _distance(value: float, reference: float, metric: str) -> float:
+    gap = abs(value - reference)
+    return gap / max(abs(reference), 1e-12) if relative(metric) else gap
+
+
 def compare(runs: list[dict], metric: str) -> list[dict]:
     """One row per (count, seed): cost, and the distance of its values to the reference count's
     (the whole experience, or :data:`REFERENCE`; relative for those, :func:`relative`)."""
@@ -109,11 +114,8 @@ def compare(runs: list[dict], metric: str) -> list[dict]:
     for r in runs:
         reference = full[r["seed"]]
         shared = sorted(set(reference) & set(r["values"]))
-
-        def distance(k):
-            gap = abs(r["values"][k] - reference[k])
-            return gap / max(abs(reference[k]), 1e-12) if relative(metric) else gap
-        diffs = {prefix: [distance(k) for k in shared if _matches(k[0], prefix, metric)] for prefix in VALUES[metric]}
+        diffs = {prefix: [_distance(r["values"][k], reference[k], metric) for k in shared if _matches(k[0], prefix, metric)]
+                 for prefix in VALUES[metric]}
         rows.append({"metric": metric, "eval_samples": r["eval_samples"], "seed": r["seed"], "train_s": r["train_s"],
                      "metric_s": r["metric_s"], "share": r["metric_s"] / r["train_s"], "values": len(r["values"]),
                      "missing": len(set(reference) - set(r["values"])),
