@@ -23,7 +23,10 @@ unavailable, then a high-water mark of the process so far). Settings (``--skip``
   training images and ``--resnet-test-images`` test images each, 1 epoch, the same diagnostics
   (the second experience is the one ADS predicts and the transport keys stitch after).
 
-``<setting>/without`` skips a setting's run without diagnostics (``--skip fashion/5/without``).
+``<setting>/without`` skips a setting's run without diagnostics (``--skip fashion/5/without``),
+``<setting>/with`` its run at the demo's counts. ``--lean`` adds, for the field settings, a run with
+the diagnostics at :data:`LEAN_METRICS`' smaller sample counts (chosen from their trade-offs,
+``benchmarks.sample_counts``).
 """
 
 from __future__ import annotations
@@ -51,6 +54,16 @@ METRICS = [  # studies/demo.yaml's diagnostics at its arguments
     {"name": "TransportKeyMetric", "kwargs": {"stages": "auto", "experiences": [0], "n_anchors": 50}},
     "CycleAccuracyMetric",
 ]
+#: the same diagnostics at the smaller sample counts of their trade-offs (``benchmarks.sample_counts``):
+#: what a run whose experiences are short against a large model (the ``resnet18`` setting) attaches
+LEAN_METRICS = [
+    {"name": "LayerSensitivityMetric", "kwargs": {"n_samples": 32}},
+    {"name": "OptimizationReadinessMetric", "kwargs": {"n_samples": 64, "n_batches": 32}},
+    {"name": "ArchitectureDrivenShiftMetric", "kwargs": {"calibration_size": 32}},
+    {"name": "TransportKeyMetric", "kwargs": {"stages": "auto", "experiences": [0], "n_anchors": 50, "eval_samples": 250}},
+    {"name": "CycleAccuracyMetric", "kwargs": {"eval_samples": 250}},
+]
+COUNTS = {"demo": METRICS, "lean": LEAN_METRICS}
 SHORT = {"LayerSensitivityMetric": "LS", "OptimizationReadinessMetric": "OR", "ArchitectureDrivenShiftMetric": "ADS",
          "TransportKeyMetric": "TK", "CycleAccuracyMetric": "Cycle"}
 
@@ -75,8 +88,9 @@ def cifar_shaped(seed: int = 0, images: int = 5000, test_images: int = 1000, n_e
                         class_ids_from_zero_from_first_exp=True)
 
 
-def setting_config(name: str, args) -> dict | str:
-    """The study config of a setting (a path for the demo)."""
+def setting_config(name: str, args, counts: str = "demo") -> dict | str:
+    """The study config of a setting (a path for the demo) with the diagnostics of ``counts``
+    (:data:`COUNTS`: the demo's arguments, or ``lean``)."""
     if name == "demo":
         return DEMO
     training = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "batch_size": 128, "eval_batch_size": 1000}
@@ -91,7 +105,7 @@ def setting_config(name: str, args) -> dict | str:
         training["epochs"] = 1
     return {"name": f"diagnostics_cost_{name.replace('/', '_')}", "seeds": 1, "reference": "Naive",
             "scenarios": [scenario], "model": model, "training": training, "strategies": ["Naive"],
-            "metrics": METRICS}
+            "metrics": COUNTS[counts]}
 
 
 def _reset_peak() -> bool:
@@ -136,7 +150,14 @@ def run_setting(name: str, args) -> list[dict]:
     job = [j for j in plan_test_jobs(study, {}) if j.strategy.name == "Naive"][0]
     without = None if is_skipped(args.skip, *name.split("/"), "without") else dataclasses.replace(job, metrics=())
     if name != "demo":  # the long runs: the one with diagnostics first (its ratio is the result)
-        return [measure(job, name, "with"), *([measure(without, name, "without")] if without else [])]
+        lean = []
+        if args.lean:  # the same job with the diagnostics at their lean counts
+            lean_study = load_study(setting_config(name, args, "lean"), seeds=1, data_root=args.data_root)
+            lean_job = [j for j in plan_test_jobs(lean_study, {}) if j.strategy.name == "Naive"][0]
+            lean = [measure(lean_job, name, "with (lean counts)")]
+        skip_demo_counts = is_skipped(args.skip, *name.split("/"), "with")
+        return [*([] if skip_demo_counts else [measure(job, name, "with")]), *lean,
+                *([measure(without, name, "without")] if without else [])]
     runs = [measure(without, name, "without")] if without else []
     return runs + [measure(job, name, "with"), measure(job, name, "with (warm)"),
                    measure(job, name, "with images", images=True)]
@@ -169,6 +190,8 @@ def report(saved: dict) -> str:
 def main(argv=None) -> dict:
     parser = benchmark_parser("diagnostics_cost", __doc__.splitlines()[0],
                               skip_help=", ".join(SETTINGS) + " (each with /without)")
+    parser.add_argument("--lean", action="store_true",
+                        help="also run the field settings with the diagnostics at LEAN_METRICS' counts")
     parser.add_argument("--resnet-images", type=int, default=5000, help="training images per experience")
     parser.add_argument("--resnet-test-images", type=int, default=1000, help="test images per experience")
     args = parse_args(parser, argv)
@@ -183,7 +206,8 @@ def main(argv=None) -> dict:
             if not is_skipped(args.skip, *name.split("/")):
                 runs += run_setting(name, args)
     out = write_results(args.out, args, config={"settings": [s for s in SETTINGS if not is_skipped(args.skip, *s.split("/"))],
-                                                "metrics": METRICS, "threads": args.threads,
+                                                "metrics": METRICS, "lean_metrics": LEAN_METRICS if args.lean else None,
+                                                "threads": args.threads,
                                                 "resnet_images": args.resnet_images,
                                                 "resnet_test_images": args.resnet_test_images},
                         rows=runs, summary=[], wall_seconds=total.seconds, extra={"runs": runs})
