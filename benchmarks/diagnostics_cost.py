@@ -48,16 +48,16 @@ from benchmarks._cli import benchmark_parser, is_skipped, parse_args
 SETTINGS = ("demo", "fashion/1", "fashion/5", "resnet18")
 DEMO = "studies/demo.yaml"
 METRICS = [  # studies/demo.yaml's diagnostics at its arguments
-    "LayerSensitivityMetric",
-    {"name": "OptimizationReadinessMetric", "kwargs": {"n_samples": 256}},
-    {"name": "ArchitectureDrivenShiftMetric", "kwargs": {"calibration_size": 128}},
+    {"name": "LayerSensitivityMetric", "kwargs": {"n_samples": 64}},
+    {"name": "OptimizationReadinessMetric", "kwargs": {"n_samples": 128, "n_batches": 64}},
+    {"name": "ArchitectureDrivenShiftMetric", "kwargs": {"calibration_size": 64}},
     {"name": "TransportKeyMetric", "kwargs": {"stages": "auto", "experiences": [0], "n_anchors": 50}},
     "CycleAccuracyMetric",
 ]
 #: the same diagnostics at the smaller sample counts of their trade-offs (``benchmarks.sample_counts``):
 #: what a run whose experiences are short against a large model (the ``resnet18`` setting) attaches
 LEAN_METRICS = [
-    {"name": "LayerSensitivityMetric", "kwargs": {"n_samples": 32}},
+    {"name": "LayerSensitivityMetric", "kwargs": {"n_samples": 64}},
     {"name": "OptimizationReadinessMetric", "kwargs": {"n_samples": 64, "n_batches": 32}},
     {"name": "ArchitectureDrivenShiftMetric", "kwargs": {"calibration_size": 32}},
     {"name": "TransportKeyMetric", "kwargs": {"stages": "auto", "experiences": [0], "n_anchors": 50, "eval_samples": 250}},
