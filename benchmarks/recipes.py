@@ -45,7 +45,7 @@ def _mean_std(values) -> tuple[float, float]:
 
 def recipe_from_results(saved: dict) -> tuple[dict, list[str]]:
     """``(recipe file contents, strategies not shipped with the reason)`` of a tuning run."""
-    from avalanche_plugins.study.grid import apply_setting
+    from avalanche_plugins.study.specs import StrategySpec
 
     config = saved["config"]
     scenario = dict(config["scenarios"][0])
@@ -71,9 +71,10 @@ def recipe_from_results(saved: dict) -> tuple[dict, list[str]]:
             reason = choice.get("failed") or "; ".join(f"seed {r['seed']}: {r['error']}" for r in failed) or "no runs"
             skipped.append(f"{name}: {reason}")
             continue
-        spec, training = apply_setting(strategy, {}, choice["setting"])
+        spec, training = StrategySpec.from_dict(strategy).with_setting(choice["setting"])
         recipe["strategies"][name] = {
-            "class": spec["class"], "kwargs": spec["kwargs"], "plugins": spec["plugins"], "training": training,
+            "class": spec.cls, "kwargs": spec.kwargs, "plugins": [p.as_dict() for p in spec.plugins],
+            "training": training,
             "grid": strategy["grid"], "chosen": choice["label"],
             "validation_acc": choice.get("val_acc", tuning.get((name, choice["label"]))),
             "test": {"seeds": [r["seed"] for r in runs],

@@ -277,6 +277,23 @@ def test_rerun_reuses_the_cache(tiny_study, user_module):
     assert again.rows == result.rows
 
 
+def test_saved_study_reads_the_tiny_study_back_into_typed_rows(tiny_study):
+    from avalanche_plugins.study.rows import Choice, SavedStudy
+
+    result, out = tiny_study
+    saved = SavedStudy.load(out)
+    assert json.dumps([r.as_dict() for r in saved.runs]) == json.dumps(result.rows)
+    assert json.dumps([r.as_dict() for r in saved.tuning]) == json.dumps(result.tuning)
+    assert isinstance(saved.chosen["two_tasks"]["LwF"], Choice)
+    assert saved.chosen["two_tasks"]["LwF"].label == result.chosen["two_tasks"]["LwF"]["label"]
+    # the JSON form of a finished run is what it always was: these keys, in this order
+    assert list(json.loads((out / "results.json").read_text())["runs"][0]) == [
+        "scenario", "strategy", "setting", "seed", "split", "acc", "acc_til", "forgetting", "bwt", "fwt", "wall_s",
+        "train_s", "diagnostics_s", "figures_s", "callback_s", "peak_memory_mb", "accuracy_matrix", "til_matrix",
+        "baseline_accuracy", "stream", "status"]
+    assert list(result.tuning[0])[-2:] == ["status", "setting_values"]
+
+
 def test_cli_report_reprints_a_saved_study(tiny_study, capsys):
     from avalanche_plugins.study.cli import run_command as main
 

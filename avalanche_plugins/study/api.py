@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import functools
+import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,12 +29,18 @@ from avalanche_plugins.study.harness.jobs import Timer, make_executor, run_jobs
 from avalanche_plugins.study.harness.protocol import (
     expand_grid,
     is_skipped,
-    select_best,
     setting_label,
 )
 from avalanche_plugins.study.harness.results import print_report, write_results
 from avalanche_plugins.study.provenance import provenance_lines, setting_lines, study_provenance
 from avalanche_plugins.study.registry import ErrorList
+from avalanche_plugins.study.rows import (
+    Choice,
+    RunRow,
+    TuningFailed,
+    choices_as_dict,
+    choices_from_dict,
+)
 from avalanche_plugins.study.runner import (
     CONTEXT,
     FILES,
@@ -168,12 +175,15 @@ def plan_tuning_jobs(study: Study, skip=()) -> list[tuple[StudyJob, dict]]:
 
 
 def plan_test_jobs(study: Study, chosen: dict, skip=()) -> list[StudyJob]:
-    """Every (scenario, strategy) at its chosen setting (``{}`` without a grid), every seed."""
+    """Every (scenario, strategy) at its chosen setting (``{}`` without a grid), every seed;
+    ``chosen``: ``{scenario: {strategy: Choice | TuningFailed}}`` (or its JSON form)."""
     jobs = []
+    chosen = choices_from_dict(chosen)
     for scenario, strategy in _cells(study, skip):
-        if "failed" in chosen.get(scenario.name, {}).get(strategy.name, {}):
+        choice = chosen.get(scenario.name, {}).get(strategy.name)
+        if isinstance(choice, TuningFailed):
             continue  # nothing to test: _tuning_failures records the cell as failed
-        setting = chosen.get(scenario.name, {}).get(strategy.name, {}).get("setting", {})
+        setting = choice.setting if choice is not None else {}
         spec, training = apply_setting(strategy, study.training, setting)
         for seed in range(study.seeds):
             jobs.append(StudyJob(study.name, scenario, study.model, training, spec, _cell_label(setting, strategy),
@@ -182,35 +192,33 @@ def plan_test_jobs(study: Study, chosen: dict, skip=()) -> list[StudyJob]:
     return jobs
 
 
-def _choose(tuning: list[tuple[StudyJob, dict]], rows: list[dict]) -> dict:
-    for (_, setting), row in zip(tuning, rows):
-        row["setting_values"] = setting
-    best = select_best(rows, lambda r: (r["scenario"], r["strategy"]))
+def _choose(tuning: list[tuple[StudyJob, dict]], rows: list[RunRow]) -> tuple[list[RunRow], dict]:
+    """The tuning rows with their grid settings, and per (scenario, strategy) the setting with the
+    best finite validation accuracy (the first on ties) or, where none has one, a :class:`TuningFailed`."""
+    rows = [replace(row, setting_values=setting) for (_, setting), row in zip(tuning, rows)]
+    best: dict = {}
+    for row in rows:
+        if math.isfinite(row.acc) and (row.cell not in best or row.acc > best[row.cell].acc):
+            best[row.cell] = row
     chosen: dict = {}
     for row in rows:
-        key = (row["scenario"], row["strategy"])
-        if key not in best:
-            errors = sorted({r.get("error") or "NaN accuracy" for r in rows if (r["scenario"], r["strategy"]) == key})
-            chosen.setdefault(key[0], {})[key[1]] = {
-                "setting": {}, "label": "—", "val_acc": float("nan"),
-                "failed": f"every grid setting failed on the validation split: {'; '.join(errors)}"}
+        scenario, strategy = row.cell
+        if row.cell not in best:
+            errors = sorted({r.error or "NaN accuracy" for r in rows if r.cell == row.cell})
+            chosen.setdefault(scenario, {})[strategy] = TuningFailed(
+                f"every grid setting failed on the validation split: {'; '.join(errors)}")
             continue
-        winner = best[key]
-        chosen.setdefault(key[0], {})[key[1]] = {"setting": winner["setting_values"], "label": winner["setting"],
-                                                 "val_acc": winner["acc"]}
-    return chosen
+        winner = best[row.cell]
+        chosen.setdefault(scenario, {})[strategy] = Choice(winner.setting_values, winner.setting, winner.acc)
+    return rows, chosen
 
 
-def _tuning_failures(study: Study, chosen: dict) -> list[dict]:
+def _tuning_failures(study: Study, chosen: dict) -> list[RunRow]:
     """A failed test row per seed of every cell whose grid failed entirely (never scored)."""
-    rows = []
-    for scenario, strategies in chosen.items():
-        for strategy, choice in strategies.items():
-            if "failed" in choice:
-                rows += [{"scenario": scenario, "strategy": strategy, "setting": "—", "seed": seed, "split": "test",
-                          "status": "tuning", "error": choice["failed"], "metrics": [], "accuracy_matrix": []}
-                         for seed in range(study.seeds)]
-    return rows
+    return [RunRow(scenario, strategy, "—", seed, "test", accuracy_matrix=[], metrics=[], status="tuning",
+                   error=choice.failed)
+            for scenario, strategies in chosen.items() for strategy, choice in strategies.items()
+            if isinstance(choice, TuningFailed) for seed in range(study.seeds)]
 
 
 def run_study(config, *, out, quick: bool = False, seeds: int | None = None, executor: str = "local",
@@ -243,10 +251,10 @@ def run_study(config, *, out, quick: bool = False, seeds: int | None = None, exe
         tuning = plan_tuning_jobs(study, skip)
         tuning_rows = run_jobs(run, [job for job, _ in tuning], cache=cache, executor=pool,
                                desc="tuning (validation)", progress=progress, retry=failed_outside_the_method)
-        chosen = _choose(tuning, tuning_rows)
+        tuning_rows, chosen = _choose(tuning, [RunRow.from_dict(row) for row in tuning_rows])
         test_rows = run_jobs(run, plan_test_jobs(study, chosen, skip), cache=cache, executor=pool,
-                             desc="runs (test)", progress=progress,
-                             retry=failed_outside_the_method) + _tuning_failures(study, chosen)
+                             desc="runs (test)", progress=progress, retry=failed_outside_the_method)
+        test_rows = [RunRow.from_dict(row) for row in test_rows] + _tuning_failures(study, chosen)
     return write_outputs(study, out, test_rows, tuning_rows, chosen, total.seconds, command=command, echo=echo)
 
 
@@ -269,20 +277,24 @@ def _with_overrides(study: Study, quick: bool, seeds: int | None, data_root) -> 
 def write_outputs(study: Study, out: Path, test_rows, tuning_rows, chosen, wall_seconds: float, *,
                   command: str | None = None, echo: bool = False) -> StudyResult:
     """Tidy CSV, results.json (with per-scenario provenance), tables, figures and report of
-    finished runs."""
+    finished runs. Rows are :class:`~avalanche_plugins.study.rows.RunRow` s (or their JSON form),
+    ``chosen`` is ``{scenario: {strategy: Choice | TuningFailed}}`` (or its JSON form); the
+    :class:`StudyResult` holds the JSON forms, as ``results.json`` does."""
     from avalanche_plugins.study.figures import make_figures
 
+    test_rows, tuning_rows = [RunRow.of(row) for row in test_rows], [RunRow.of(row) for row in tuning_rows]
     csv_path = out / "metrics.csv"
     with open(csv_path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=[*CONTEXT, *TIDY_COLUMNS], extrasaction="ignore")
         writer.writeheader()
         for row in [*tuning_rows, *test_rows]:
-            writer.writerows(row["metrics"])
-    metrics = [m for row in test_rows for m in row["metrics"]]
-    runs = [{k: v for k, v in row.items() if k != "metrics"} for row in test_rows]
-    tuning = [{k: v for k, v in row.items() if k != "metrics"} for row in tuning_rows]
+            writer.writerows(row.metrics or [])
+    metrics = [m for row in test_rows for m in row.metrics or []]
+    run_rows, tuning_rows = [row.without_metrics() for row in test_rows], [row.without_metrics() for row in tuning_rows]
+    runs, tuning, chosen = [row.as_dict() for row in run_rows], [row.as_dict() for row in tuning_rows], \
+        choices_as_dict(chosen)
     names = [s.name for s in study.strategies]
-    summary = summarize_study(runs, study.reference, names)
+    summary = summarize_study(run_rows, study.reference, names)
     diagnostics = summarize_diagnostics(metrics, summary_scalars(), names)
     tables = {"markdown": markdown_tables(summary, study.reference), "latex": latex_tables(summary, study.reference),
               "failed": failed_runs_table(summary), "matrices": accuracy_matrix_tables(summary),
@@ -291,8 +303,8 @@ def write_outputs(study: Study, out: Path, test_rows, tuning_rows, chosen, wall_
         tables["latex"] += "\n\n" + diagnostics_tables(diagnostics, latex=True)
     (out / "tables.md").write_text(_tables_md(tables) + "\n")
     (out / "tables.tex").write_text(tables["latex"] + "\n")
-    figures = make_figures(runs, metrics, out / "figures", names)
-    data = study_provenance(study.scenarios, study.sources, [*runs, *tuning])
+    figures = make_figures(run_rows, metrics, out / "figures", names)
+    data = study_provenance(study.scenarios, study.sources, [*run_rows, *tuning_rows])
     write_results(out, command=command, data=data, config=study.as_dict(), rows=runs, summary=summary,
                   wall_seconds=wall_seconds, extra={"study": study.name, "source": study.source, "reference": study.reference,
                          "chosen": chosen, "tuning": tuning, "tables": tables, "diagnostics": diagnostics,
@@ -331,19 +343,21 @@ def _recipe_lines(config: dict) -> list[str]:
 
 
 def _chosen_lines(saved: dict) -> list[str]:
+    """A line per tuned cell of a saved study: its chosen setting, or why there is none."""
     lines = []
-    for scenario, strategies in saved.get("chosen", {}).items():
+    for scenario, strategies in choices_from_dict(saved.get("chosen", {})).items():
         for strategy, choice in strategies.items():
-            if "failed" in choice:
-                lines.append(f"- {scenario} / {strategy}: none — {choice['failed']}")
+            if isinstance(choice, TuningFailed):
+                lines.append(f"- {scenario} / {strategy}: none — {choice.failed}")
                 continue
-            lines.append(f"- {scenario} / {strategy}: **{choice['label']}** (validation ACC {choice['val_acc']:.3f})")
+            lines.append(f"- {scenario} / {strategy}: **{choice.label}** (validation ACC {choice.val_acc:.3f})")
     return lines
 
 
 def _failed_tuning_lines(saved: dict) -> list[str]:
-    return [f"- {r['scenario']} / {r['strategy']} / {r['setting']}: {r.get('status', 'error')}: {r['error']}"
-            for r in saved.get("tuning", []) if r.get("error")]
+    """A line per failed tuning run of a saved study."""
+    rows = [RunRow.from_dict(r) for r in saved.get("tuning", [])]
+    return [f"- {r.scenario} / {r.strategy} / {r.setting}: {r.status or 'error'}: {r.error}" for r in rows if r.error]
 
 
 def failure_summary(rows, tuning=()) -> str | None:
@@ -359,15 +373,16 @@ def failure_summary(rows, tuning=()) -> str | None:
         >>> failure_summary([{"status": "ok"}, {"status": "diverged", "error": "inf"}]) is None
         True
     """
-    runs = [r for r in list(rows) + list(tuning) if r.get("status") != "tuning"]
+    rows, tuning = [RunRow.of(r) for r in rows], [RunRow.of(r) for r in tuning]
+    runs = [r for r in rows + tuning if r.status != "tuning"]
     outside = [r for r in runs if failed_outside_the_method(r)]
     if outside:
-        causes = Counter(r.get("error") or r.get("status") for r in outside)
+        causes = Counter(r.error or r.status for r in outside)
         return (f"{len(outside)} of {len(runs)} runs failed outside the method: "
                 + "; ".join(f"{n} × {cause}" for cause, n in causes.most_common()))
-    finished = [r for r in rows if r.get("status") == "ok"]
+    finished = [r for r in rows if r.status == "ok"]
     if rows and not finished:
-        causes = Counter(r.get("error") or r.get("status") for r in rows)
+        causes = Counter(r.error or r.status for r in rows)
         return (f"none of the {len(rows)} test runs finished: "
                 + "; ".join(f"{n} × {cause}" for cause, n in causes.most_common()))
     return None

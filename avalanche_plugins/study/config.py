@@ -37,10 +37,8 @@ from avalanche_plugins.study.registry import (
 )
 from avalanche_plugins.study.scenarios import BUILTIN_SCENARIOS, builtin_scenarios, dataset_of
 from avalanche_plugins.study.specs import (
-    GridKey,
     MetricSpec,
     ModelSpec,
-    PluginSpec,
     ScenarioSpec,
     StrategySpec,
     TrainingSpec,
@@ -170,19 +168,10 @@ def read_study(config, *, quick: bool = False, seeds: int | None = None, data_ro
     return _typed(study, sources, paths)
 
 
-def _strategy_spec(spec: dict) -> StrategySpec:
-    """One validated strategy dict as a typed spec, its grid keys parsed (the only place they are)."""
-    grid = tuple(GridKey(key, *grid_target(key, spec["plugins"], key), tuple(values))
-                 for key, values in spec["grid"].items())
-    return StrategySpec(spec["name"], spec["class"], dict(spec["kwargs"]),
-                        tuple(PluginSpec(p["name"], dict(p["kwargs"])) for p in spec["plugins"]), grid,
-                        dict(spec["training"]), spec.get("recipe"), tuple(spec.get("overridden", ())))
-
-
 def _typed(draft: _Draft, sources: dict, paths: list) -> Study:
     """The validated draft as a :class:`Study` of typed, frozen specs."""
-    strategies = tuple(StrategyEntry(s["name"], None if "per_scenario" in s else _strategy_spec(s),
-                                     {k: _strategy_spec(v) for k, v in s.get("per_scenario", {}).items()})
+    strategies = tuple(StrategyEntry(s["name"], None if "per_scenario" in s else StrategySpec.from_dict(s),
+                                     {k: StrategySpec.from_dict(v) for k, v in s.get("per_scenario", {}).items()})
                        for s in draft.strategies)
     return Study(draft.name, draft.description, draft.seeds, draft.tune_seed, draft.reference,
                  tuple(ScenarioSpec(**s) for s in draft.scenarios), ModelSpec(draft.model["name"], draft.model["kwargs"]),

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from avalanche_plugins.study.diagnostics import figure_keys
+from avalanche_plugins.study.rows import RunRow
 
 __all__ = ["PLOTS", "make_figures"]
 
@@ -69,20 +70,22 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def make_figures(runs: Sequence[Mapping], metrics: Sequence[Mapping], out_dir, strategies: Sequence[str]) -> list[Path]:
+def make_figures(runs: Sequence[RunRow | Mapping], metrics: Sequence[Mapping], out_dir,
+                 strategies: Sequence[str]) -> list[Path]:
     """Write every figure the data allows (test runs only; failed runs are left out, and every
-    figure of the scenario names them); return their paths."""
+    figure of the scenario names them); return their paths. ``runs``: the run rows (typed or their
+    JSON form); ``metrics``: the tidy metric rows."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     colors = _colors(strategies)
     paths = []
-    for scenario in dict.fromkeys(r["scenario"] for r in runs):
+    runs = [RunRow.of(r) for r in runs]
+    for scenario in dict.fromkeys(r.scenario for r in runs):
         slug = _UNSAFE.sub("_", scenario)
-        part = [r for r in runs if r["scenario"] == scenario and r["split"] == "test" and not r.get("error")]
-        missing = [f"{r['strategy']} seed {r['seed']}" for r in runs
-                   if r["scenario"] == scenario and r["split"] == "test" and r.get("error")]
+        part = [r for r in runs if r.scenario == scenario and r.split == "test" and not r.error]
+        missing = [f"{r.strategy} seed {r.seed}" for r in runs if r.scenario == scenario and r.split == "test" and r.error]
         _missing_note[0] = f"missing (failed, not scored): {', '.join(missing)}" if missing else ""
-        order = [s for s in strategies if any(r["strategy"] == s for r in part)]
+        order = [s for s in strategies if any(r.strategy == s for r in part)]
         rows = [m for m in metrics if m["scenario"] == scenario and m["split"] == "test"]
         if not order:  # every run of the scenario failed: nothing to draw (the tables say so)
             continue
@@ -100,7 +103,7 @@ def make_figures(runs: Sequence[Mapping], metrics: Sequence[Mapping], out_dir, s
 
 
 def _mean_matrix(runs, strategy) -> np.ndarray:
-    return np.nanmean([np.array(r["accuracy_matrix"], dtype=float) for r in runs if r["strategy"] == strategy], axis=0)
+    return np.nanmean([np.array(r.accuracy_matrix, dtype=float) for r in runs if r.strategy == strategy], axis=0)
 
 
 def _accuracy_matrices(runs, order, path, scenario) -> Path:
@@ -136,8 +139,8 @@ def _accuracy_stream(runs, order, colors, path, scenario) -> Path:
     for strategy in order:
         curves = []
         for r in runs:
-            if r["strategy"] == strategy:
-                acc = np.array(r["accuracy_matrix"], dtype=float)
+            if r.strategy == strategy:
+                acc = np.array(r.accuracy_matrix, dtype=float)
                 curves.append([np.mean(acc[i, :i + 1]) for i in range(acc.shape[0])])
         curves = np.array(curves)
         x = np.arange(curves.shape[1])

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from avalanche_plugins.study.rows import RunRow
+
 __all__ = ["SETTINGS", "describe_scenario", "provenance_lines", "rows_facts", "scenario_provenance", "setting_lines",
            "stream_facts", "study_provenance"]
 
@@ -109,12 +111,12 @@ def provenance_lines(saved: Mapping) -> list[str]:
     return [*lines, ""]
 
 
-def rows_facts(rows: Sequence[Mapping], scenario: str) -> dict | None:
-    """The stream facts of the first run of ``scenario`` that built its stream."""
-    return next((r["stream"] for r in rows if r.get("scenario") == scenario and r.get("stream")), None)
+def rows_facts(rows: Sequence[RunRow | Mapping], scenario: str) -> dict | None:
+    """The stream facts of the first run of ``scenario`` that built its stream (rows typed or their JSON form)."""
+    return next((r.stream for r in map(RunRow.of, rows) if r.scenario == scenario and r.stream), None)
 
 
-def study_provenance(scenarios: Sequence, sources: Mapping, rows: Sequence[Mapping]) -> dict:
+def study_provenance(scenarios: Sequence, sources: Mapping, rows: Sequence[RunRow | Mapping]) -> dict:
     """``{scenario name: provenance}`` of a study's scenarios (:func:`scenario_provenance`), the
     setting and classes read from ``rows`` (its runs), a factory's module hash from ``sources``
     (``{module: source hash}``, the study's)."""

@@ -28,12 +28,12 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from avalanche_plugins.study.harness.training import average_accuracy, average_forgetting
+from avalanche_plugins.study.rows import SCORES, RunRow
 
 __all__ = ["METRICS", "HIGHER_IS_BETTER", "MIN_SEEDS_FOR_TESTS", "SCORES", "TESTED", "backward_transfer",
            "bootstrap_interval", "describe", "forgetting_per_experience", "forward_transfer", "holm",
            "paired_test", "run_scores", "summarize_diagnostics", "summarize_study", "describe_columns"]
 
-SCORES = ("acc", "acc_til", "forgetting", "bwt", "fwt")  # from the accuracy matrices of one run
 COSTS = ("train_s", "diagnostics_s", "figures_s", "peak_memory_mb")  # what the run cost
 METRICS = (*SCORES, *COSTS)
 TESTED = SCORES  # paired tests against the reference (costs are reported, not tested)
@@ -174,10 +174,6 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return adjusted
 
 
-def _ok(row: Mapping) -> bool:
-    return row.get("status", "ok") == "ok" and not row.get("error")
-
-
 def _matrix_summary(matrices: list[np.ndarray]) -> dict | None:
     """Mean and std over seeds of each cell of equally shaped matrices."""
     matrices = [m for m in matrices if m.size]
@@ -188,33 +184,34 @@ def _matrix_summary(matrices: list[np.ndarray]) -> dict | None:
     return {"mean": stack.mean(axis=0).tolist(), "std": std.tolist(), "n": len(matrices)}
 
 
-def summarize_study(rows: Sequence[Mapping], reference: str, strategies: Sequence[str]) -> list[dict]:
+def summarize_study(rows: Sequence[RunRow | Mapping], reference: str, strategies: Sequence[str]) -> list[dict]:
     """Per (scenario, strategy): ``{metric: describe(...)}`` over the seeds that finished, the mean
     ± std accuracy matrices (``matrix``, ``til_matrix``) and forgetting per experience, the seeds
     that failed (``failed``: ``[{seed, status, error}]``; every seed failed: ``all_failed``) and,
     for every strategy but ``reference``, the paired test of each score against it with Holm's
     correction across the scenario's comparisons of that score. Order: scenarios as they
     appear, strategies as given."""
-    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    rows = [RunRow.of(r) for r in rows]
+    scenarios = list(dict.fromkeys(r.scenario for r in rows))
     summary = []
     for scenario in scenarios:
-        part = [r for r in rows if r["scenario"] == scenario]
-        by_strategy = {name: {r["seed"]: r for r in part if r["strategy"] == name and _ok(r)} for name in strategies}
+        part = [r for r in rows if r.scenario == scenario]
+        by_strategy = {name: {r.seed: r for r in part if r.strategy == name and r.ok} for name in strategies}
         entries = []
         for name in strategies:
             runs = by_strategy[name]
-            failed = [{"seed": r["seed"], "status": r.get("status", "error"), "error": r.get("error", "")}
-                      for r in part if r["strategy"] == name and not _ok(r)]
+            failed = [{"seed": r.seed, "status": r.status or "error", "error": r.error or ""}
+                      for r in part if r.strategy == name and not r.ok]
             if not runs and not failed:
                 continue
-            setting = next(iter(runs.values()), None) or next(r for r in part if r["strategy"] == name)
-            entry = {"scenario": scenario, "strategy": name, "setting": setting["setting"], "seeds": sorted(runs),
+            setting = next(iter(runs.values()), None) or next(r for r in part if r.strategy == name)
+            entry = {"scenario": scenario, "strategy": name, "setting": setting.setting, "seeds": sorted(runs),
                      "failed": sorted(failed, key=lambda f: f["seed"]), "all_failed": not runs, "tests": {}}
             for metric in METRICS:
-                entry[metric] = describe([r.get(metric, float("nan")) for r in runs.values()])
-            matrices = [np.asarray(r.get("accuracy_matrix", []), dtype=float) for r in runs.values()]
+                entry[metric] = describe([r.score(metric) for r in runs.values()])
+            matrices = [np.asarray(r.accuracy_matrix or [], dtype=float) for r in runs.values()]
             entry["matrix"] = _matrix_summary(matrices)
-            entry["til_matrix"] = _matrix_summary([np.asarray(r.get("til_matrix", []), dtype=float)
+            entry["til_matrix"] = _matrix_summary([np.asarray(r.til_matrix or [], dtype=float)
                                                    for r in runs.values()])
             per_exp = [forgetting_per_experience(m) for m in matrices if m.size]
             entry["forgetting_per_experience"] = describe_columns(per_exp)
@@ -222,8 +219,8 @@ def summarize_study(rows: Sequence[Mapping], reference: str, strategies: Sequenc
         ref_runs = by_strategy.get(reference, {})
         for metric in TESTED:
             compared = [e for e in entries if e["strategy"] != reference and ref_runs and not e["all_failed"]]
-            tests = [paired_test({s: by_strategy[e["strategy"]][s].get(metric, math.nan) for s in e["seeds"]},
-                                 {s: r.get(metric, math.nan) for s, r in ref_runs.items()}) for e in compared]
+            tests = [paired_test({s: by_strategy[e["strategy"]][s].score(metric) for s in e["seeds"]},
+                                 {s: r.score(metric) for s, r in ref_runs.items()}) for e in compared]
             for entry, test, p_holm in zip(compared, tests, holm([t["p"] for t in tests])):
                 entry["tests"][metric] = {**test, "p_holm": p_holm}
         summary += entries
