@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-__all__ = ["COST_KEYS", "SCORES", "Choice", "RunRow", "SavedStudy", "TuningFailed", "choice_from_dict", "choices_as_dict",
+__all__ = ["COST_KEYS", "Choice", "RunRow", "SavedStudy", "TuningFailed", "choice_from_dict", "choices_as_dict",
            "choices_from_dict"]
 
-SCORES = ("acc", "acc_til", "forgetting", "bwt", "fwt")  # from the accuracy matrices of one run
+SCORES = ("acc", "acc_til", "forgetting", "bwt", "fwt")  # a run's scores (exported by stats: stats.SCORES)
 CONTEXT_KEYS = ("scenario", "strategy", "setting", "seed", "split")  # the tidy CSV's context columns
 # what a run cost, in the order a finished run's row has them (a failed run's row has callback_s last)
 COST_KEYS = ("wall_s", "train_s", "diagnostics_s", "figures_s", "callback_s", "peak_memory_mb")
