@@ -33,7 +33,7 @@ from avalanche_plugins.study.harness.protocol import (
 )
 from avalanche_plugins.study.harness.results import print_report, write_results
 from avalanche_plugins.study.provenance import provenance_lines, setting_lines, study_provenance
-from avalanche_plugins.study.registry import ErrorList
+from avalanche_plugins.study.registry import ErrorList, import_paths
 from avalanche_plugins.study.rows import (
     Choice,
     RunRow,
@@ -134,7 +134,7 @@ def load_study(config, *, quick: bool = False, seeds: int | None = None, data_ro
     if deep and study.model is not None:
         found = ErrorList()
         for i, scenario in enumerate(study.scenarios):
-            with found.attempt():
+            with found.attempt(), import_paths(study.paths):
                 check_model_builds(study.model, scenario, f"scenarios[{i}]")
         found.raise_if_any()
     return study

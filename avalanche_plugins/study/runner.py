@@ -23,6 +23,7 @@ import numpy as np
 
 from avalanche_plugins.study.diagnostics import ACCURACY, TASK_IL_ACCURACY
 from avalanche_plugins.study.harness.jobs import Timer, seed_everything
+from avalanche_plugins.study.registry import import_paths
 from avalanche_plugins.study.rows import CONTEXT_KEYS, RunRow
 from avalanche_plugins.study.specs import MetricSpec, ModelSpec, RunSpec, ScenarioSpec, TrainingSpec
 from avalanche_plugins.study.stats import SCORES, run_scores
@@ -155,10 +156,10 @@ def _run_job(job: StudyJob, log_dir: str | None) -> dict:
     """:func:`run_job` writing the run's files under ``log_dir`` (None: a scratch folder, no images)."""
     from avalanche_plugins.study.watch import CallbackFailed, Diverged
 
-    add_import_paths(job.paths)
     facts: dict = {}  # the stream's setting, experiences and classes, once it is built (provenance)
     try:
-        return RunRow(**_context(job), **_train(job, log_dir, facts), stream=facts, status="ok").as_dict()
+        with import_paths(job.paths):  # where the study's user modules are imported from, for this job only
+            return RunRow(**_context(job), **_train(job, log_dir, facts), stream=facts, status="ok").as_dict()
     except Diverged as error:
         status, cause = "diverged", str(error)
     except CallbackFailed as error:
@@ -198,15 +199,6 @@ def lost_row(job: StudyJob, cause: str) -> dict:
         ('error', True, 'job lost by the executor: NodeDiedError: the node running it died')
     """
     return _failed_row(job, "error", f"job lost by the executor: {cause}").as_dict()
-
-
-def add_import_paths(paths) -> None:
-    """Put the folders a study's user modules live in on ``sys.path`` (first, once each)."""
-    import sys
-
-    for path in reversed(list(paths or ())):
-        if path not in sys.path:
-            sys.path.insert(0, path)
 
 
 def _disjoint_classes(stream) -> bool:
