@@ -10,7 +10,7 @@ import pytest
 
 from avalanche_plugins.study.harness import jobs
 from avalanche_plugins.study.harness.jobs import job_key, run_jobs
-from avalanche_plugins.study.harness.results import command_line, load_results, write_results
+from avalanche_plugins.study.harness.results import command_line, load_results
 from benchmarks._cli import (
     DEFAULT_SEEDS,
     QUICK_SEEDS,
@@ -18,6 +18,7 @@ from benchmarks._cli import (
     is_skipped,
     parse_args,
 )
+from benchmarks._results import write_results
 
 
 def _parse(argv):
@@ -250,12 +251,13 @@ class _Example:
 
     @staticmethod
     def report(saved: dict) -> str:
-        from avalanche_plugins.study.harness.results import format_table
+        from benchmarks._results import format_table
 
         return format_table(saved["summary"], ["method"], ["acc"])
 
     def main(self, argv):
-        from avalanche_plugins.study.harness.results import print_report, summarize
+        from avalanche_plugins.study.harness.results import print_report
+        from benchmarks._results import summarize
 
         args = parse_args(benchmark_parser("example", "example benchmark"), argv)
         if args.report:
