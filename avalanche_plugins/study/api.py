@@ -32,7 +32,8 @@ from avalanche_plugins.study.harness.protocol import (
     setting_label,
 )
 from avalanche_plugins.study.harness.results import print_report, write_results
-from avalanche_plugins.study.provenance import provenance_lines, setting_lines, study_provenance
+from avalanche_plugins.study.markdown import report, tables_markdown, terminal_summary
+from avalanche_plugins.study.provenance import study_provenance
 from avalanche_plugins.study.registry import ErrorList, import_paths
 from avalanche_plugins.study.rows import (
     Choice,
@@ -301,7 +302,7 @@ def write_outputs(study: Study, out: Path, test_rows, tuning_rows, chosen, wall_
               "diagnostics": diagnostics_tables(diagnostics)}
     if diagnostics:
         tables["latex"] += "\n\n" + diagnostics_tables(diagnostics, latex=True)
-    (out / "tables.md").write_text(_tables_md(tables) + "\n")
+    (out / "tables.md").write_text(tables_markdown(tables) + "\n")
     (out / "tables.tex").write_text(tables["latex"] + "\n")
     figures = make_figures(run_rows, metrics, out / "figures", names)
     data = study_provenance(study.scenarios, study.sources, [*run_rows, *tuning_rows])
@@ -314,50 +315,6 @@ def write_outputs(study: Study, out: Path, test_rows, tuning_rows, chosen, wall_
         print(terminal_summary(out / "results.json"), flush=True)
     return StudyResult(study, out, runs, tuning, chosen, summary, tables, out / "report.md", csv_path, figures,
                        wall_seconds)
-
-
-def _tables_md(tables: dict) -> str:
-    """tables.md: the main tables, the failed runs (if any) and the accuracy matrices."""
-    parts = [tables["markdown"]]
-    if tables.get("failed"):
-        parts += ["## Failed runs", "Not scored: left out of every mean, interval and test.", tables["failed"]]
-    if tables.get("diagnostics"):
-        parts += ["## Diagnostics", _DIAGNOSTICS_NOTE, tables["diagnostics"]]
-    if tables.get("matrices"):
-        parts += ["## Final accuracy matrices", tables["matrices"]]
-    return "\n\n".join(parts)
-
-
-_DIAGNOSTICS_NOTE = ("Mean ± std over seeds of each test run's mean over its measurements (every experience a value "
-                     "was logged at).")
-
-
-def _recipe_lines(config: dict) -> list[str]:
-    lines = []
-    for strategy in config["strategies"]:
-        for scenario, spec in strategy.get("per_scenario", {}).items():
-            over = f"; overridden by the config: {', '.join(spec['overridden'])}" if spec.get("overridden") else ""
-            values = ", ".join(f"{k}={v}" for k, v in {**spec["kwargs"], **spec["training"]}.items())
-            lines.append(f"- {scenario} / {strategy['name']}: recipe `{spec['recipe']}` ({values or 'defaults'}{over})")
-    return lines
-
-
-def _chosen_lines(saved: dict) -> list[str]:
-    """A line per tuned cell of a saved study: its chosen setting, or why there is none."""
-    lines = []
-    for scenario, strategies in choices_from_dict(saved.get("chosen", {})).items():
-        for strategy, choice in strategies.items():
-            if isinstance(choice, TuningFailed):
-                lines.append(f"- {scenario} / {strategy}: none — {choice.failed}")
-                continue
-            lines.append(f"- {scenario} / {strategy}: **{choice.label}** (validation ACC {choice.val_acc:.3f})")
-    return lines
-
-
-def _failed_tuning_lines(saved: dict) -> list[str]:
-    """A line per failed tuning run of a saved study."""
-    rows = [RunRow.from_dict(r) for r in saved.get("tuning", [])]
-    return [f"- {r.scenario} / {r.strategy} / {r.setting}: {r.status or 'error'}: {r.error}" for r in rows if r.error]
 
 
 def failure_summary(rows, tuning=()) -> str | None:
@@ -386,72 +343,3 @@ def failure_summary(rows, tuning=()) -> str | None:
         return (f"none of the {len(rows)} test runs finished: "
                 + "; ".join(f"{n} × {cause}" for cause, n in causes.most_common()))
     return None
-
-
-def terminal_summary(results) -> str:
-    """The paper-style tables and chosen settings of a saved study (what the CLI prints)."""
-    from avalanche_plugins.study.harness.results import load_results
-
-    saved = load_results(results)
-    chosen = _chosen_lines(saved)
-    text = saved["tables"]["markdown"]
-    if chosen:
-        text += f"\n\nChosen on the validation split (seed {saved['config']['tune_seed']}):\n" + "\n".join(chosen)
-    failed = saved["tables"].get("failed")
-    if failed:
-        text += "\n\nFailed runs (not scored):\n\n" + failed
-    return text
-
-
-def _scenario_label(name: str, saved: dict) -> str:
-    """``split_digits (class-incremental)``: a scenario with the setting its runs saw."""
-    setting = ((saved.get("data") or {}).get(name) or {}).get("setting") if isinstance(saved.get("data"), dict) else None
-    return f"{name} ({setting})" if setting else name
-
-
-def report(saved: dict) -> str:
-    """``report.md``: what ran, the chosen settings, the tables and every figure."""
-    config = saved["config"]
-    lines = [f"# Study: {saved['study']}", ""]
-    if config.get("description"):
-        lines += [config["description"], ""]
-    scenarios = ", ".join(_scenario_label(s["name"], saved) for s in config["scenarios"])
-    lines += [f"Scenarios: {scenarios}. Model: `{config['model']['name']}`. Strategies: "
-              + ", ".join(s["name"] for s in config["strategies"]) + f". Seeds: {config['seeds']} "
-              f"(test stream); grids tuned on a validation split with seed {config['tune_seed']}. "
-              f"Metrics attached: accuracy, forgetting, BWT"
-              + "".join(f", {m['name']}" for m in config["metrics"]) + ".", ""]
-    if saved.get("command"):
-        lines += [f"Command: `{saved['command']}` ({saved['wall_seconds']:.0f} s, code {saved['code_version']}).", ""]
-    chosen = _chosen_lines(saved)
-    if chosen:
-        lines += ["## Chosen hyper-parameters", "", *chosen, ""]
-    recipes = _recipe_lines(config)
-    if recipes:
-        lines += ["## Recipes", "", "Tuned settings shipped with the package (`avalanche-study recipes`):", "",
-                  *recipes, ""]
-    lines += ["## Results", ""]
-    settings = setting_lines(saved)
-    if settings:
-        lines += [*settings, ""]
-    lines += [saved["tables"]["markdown"], ""]
-    if saved["tables"].get("failed"):
-        lines += ["## Failed runs", "", "Not scored: left out of every mean, interval, test and figure.", "",
-                  saved["tables"]["failed"], ""]
-    tuning_failed = _failed_tuning_lines(saved)
-    if tuning_failed:
-        lines += ["Failed tuning runs (the grid setting was not chosen):", "", *tuning_failed, ""]
-    if saved["tables"].get("diagnostics"):
-        lines += ["## Diagnostics", "", _DIAGNOSTICS_NOTE, "", saved["tables"]["diagnostics"], ""]
-    figures = saved.get("figures", [])
-    if figures:
-        lines += ["## Figures", ""]
-        for path in figures:
-            title = Path(path).stem.replace("_", " ")
-            lines += [f"### {title}", "", f"![{title}]({path})", ""]
-    if saved["tables"].get("matrices"):
-        lines += ["## Final accuracy matrices", "", saved["tables"]["matrices"], ""]
-    lines += provenance_lines(saved)
-    lines += ["Files: `metrics.csv` (every logged value, tidy long format), `results.json`, `tables.md`, "
-              "`tables.tex`, `figures/`, `runs/` (per-run CSVs and images)."]
-    return "\n".join(lines)
