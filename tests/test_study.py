@@ -462,3 +462,44 @@ def test_adding_a_dataset_is_one_catalog_entry(tmp_path):
         assert fingerprint["name"] == "Kuzushiji-MNIST" and set(fingerprint["sha256"].values()) == {"missing"}
     finally:
         data.CATALOG.pop("kmnist", None)
+
+
+# --- the study's shape (issue 42): describe, run and report side by side; only api joins them -----
+
+STUDY_PARTS = {
+    "describe": {"config", "recipe_book"},  # a config → a validated, typed Study
+    "run": {"runner", "build", "watch"},  # one job: build, train, evaluate, its row
+    "report": {"stats", "tables", "figures", "provenance", "markdown"},  # saved rows → tables, figures, report
+}
+# below them, used by all: specs, grid, rows, scores, registry, scenarios, diagnostics, harness.*;
+# above them: api (plan → run → choose → write), cli and reproduce (which call api)
+STUDY_TOP = {"api", "cli", "reproduce", "__main__", ""}
+
+
+def _study_imports() -> dict[str, set[str]]:
+    """``{study module (relative name): study modules it imports}``, from the package's import graph."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        import test_layering
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    prefix = "avalanche_plugins.study"
+    strip = lambda name: name[len(prefix) + 1:] if name != prefix else ""  # noqa: E731
+    return {strip(name): {strip(dep) for dep in deps if dep.startswith(prefix)}
+            for name, deps in test_layering._internal_graph().items() if name.startswith(prefix)}
+
+
+def test_describe_run_and_report_import_none_of_one_another_and_only_api_imports_all_three():
+    graph = _study_imports()
+    part_of = {module: part for part, modules in STUDY_PARTS.items() for module in modules}
+    assert set(part_of) <= set(graph), set(part_of) - set(graph)
+    for module, deps in graph.items():
+        here = part_of.get(module)
+        for dep in deps:
+            there = part_of.get(dep)
+            if here is not None and there is not None:
+                assert here == there, f"{module} ({here}) imports {dep} ({there})"
+            if here is None and module not in STUDY_TOP:  # the ground imports no part
+                assert there is None, f"{module} (below the parts) imports {dep} ({there})"
+    joins = {m for m, deps in graph.items() if {part_of.get(d) for d in deps} >= set(STUDY_PARTS)}
+    assert joins == {"api"}, joins

@@ -24,9 +24,9 @@ import numpy as np
 from avalanche_plugins.study.diagnostics import ACCURACY, TASK_IL_ACCURACY
 from avalanche_plugins.study.harness.jobs import Timer, seed_everything
 from avalanche_plugins.study.registry import import_paths
-from avalanche_plugins.study.rows import CONTEXT_KEYS, RunRow
+from avalanche_plugins.study.rows import CONTEXT_KEYS, SCORES, RunRow
+from avalanche_plugins.study.scores import run_scores
 from avalanche_plugins.study.specs import MetricSpec, ModelSpec, RunSpec, ScenarioSpec, TrainingSpec
-from avalanche_plugins.study.stats import SCORES, run_scores
 
 __all__ = ["CONTEXT", "FILES", "OUTSIDE_THE_METHOD", "StudyJob", "accuracy_matrix", "failed_outside_the_method",
            "lost_row", "read_files", "run_job", "write_files"]
@@ -246,8 +246,8 @@ def _train(job: StudyJob, log_dir: str | None, facts: dict) -> dict:
         build_strategy,
         build_stream,
     )
+    from avalanche_plugins.study.harness.data import stream_facts
     from avalanche_plugins.study.harness.training import quiet_deprecations
-    from avalanche_plugins.study.provenance import stream_facts
     from avalanche_plugins.study.watch import DivergenceWatch, time_callbacks
 
     stream = build_stream(job.scenario, job.seed, validation=job.split == "validation")
