@@ -19,9 +19,10 @@ nothing of ``benchmarks/``).
   running anything: the one way to re-analyse a saved run.
 
 Benchmarks add their own options to :func:`benchmark_parser` and read the result of
-:func:`parse_args`. Importing this module adds ``benchmarks/`` to the source the job cache keys
-hash (:func:`avalanche_plugins.study.harness.jobs.add_source_root`), so a changed benchmark reruns
-its jobs.
+:func:`parse_args`. Importing this module changes nothing else: a benchmark job's cache entry holds
+the code it ran under ``benchmarks/`` and the package because its job function lives in
+``benchmarks`` (:func:`avalanche_plugins.study.harness.jobs.code_roots`), so a changed module the
+job ran reruns it and any other edit keeps it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from avalanche_plugins.study.cli import add_executor_arguments, positive_int
 from avalanche_plugins.study.harness import jobs
@@ -42,8 +42,6 @@ __all__ = ["DEFAULT_SEEDS", "EXECUTORS", "QUICK_SEEDS", "add_run_arguments", "be
 DEFAULT_SEEDS = 3
 QUICK_SEEDS = 1
 EXECUTORS = jobs.EXECUTORS
-
-jobs.add_source_root(Path(__file__).resolve().parent)  # benchmark code is part of every benchmark job's key
 
 
 def benchmark_parser(name: str, description: str, *, skip_help: str = "") -> argparse.ArgumentParser:

@@ -39,13 +39,7 @@ from avalanche_plugins.layer_adaptive.schedules import layer_weights
 from avalanche_plugins.study.harness.data import load_digits_arrays, load_mnist_arrays
 from avalanche_plugins.study.harness.jobs import run_jobs, seed_everything
 from avalanche_plugins.study.harness.models import build_model
-from avalanche_plugins.study.harness.results import (
-    format_table,
-    print_report,
-    summarize,
-    write_results,
-)
-from avalanche_plugins.study.harness.training import train_minibatches
+from avalanche_plugins.study.harness.results import print_report
 from benchmarks._cli import (
     benchmark_parser,
     is_skipped,
@@ -53,6 +47,8 @@ from benchmarks._cli import (
     parse_args,
     split_list,
 )
+from benchmarks._results import format_table, summarize, write_results
+from benchmarks._training import train_minibatches
 
 MODELS = ("mlp", "cnn", "vit")
 CHECKPOINTS = ("init", "early", "trained")

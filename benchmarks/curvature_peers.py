@@ -44,9 +44,10 @@ from avalanche_plugins.layer_adaptive.fisher_blocks import layer_fisher_eigenval
 from avalanche_plugins.layer_adaptive.hessian import layer_top_eigenvalues
 from avalanche_plugins.study.harness.data import load_digits_arrays
 from avalanche_plugins.study.harness.models import build_model
-from avalanche_plugins.study.harness.results import print_report, write_results
-from avalanche_plugins.study.harness.training import train_minibatches
+from avalanche_plugins.study.harness.results import print_report
 from benchmarks._cli import benchmark_parser, is_skipped, parse_args
+from benchmarks._results import write_results
+from benchmarks._training import train_minibatches
 
 CE = nn.CrossEntropyLoss()
 CURVATURES = ("hessian", "ef", "ggn")  # exact Hessian, empirical Fisher, generalised Gauss-Newton blocks

@@ -41,9 +41,10 @@ import torch
 
 from avalanche_plugins.study.api import load_study, plan_test_jobs
 from avalanche_plugins.study.harness.jobs import Timer, torch_threads
-from avalanche_plugins.study.harness.results import print_report, write_results
+from avalanche_plugins.study.harness.results import print_report
 from avalanche_plugins.study.runner import run_job
 from benchmarks._cli import benchmark_parser, is_skipped, parse_args
+from benchmarks._results import write_results
 
 SETTINGS = ("demo", "fashion/1", "fashion/5", "resnet18")
 DEMO = "studies/demo.yaml"

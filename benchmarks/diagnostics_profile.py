@@ -30,9 +30,10 @@ from avalanche_plugins._avalanche.figures import (
 )
 from avalanche_plugins.study.api import load_study, plan_test_jobs
 from avalanche_plugins.study.harness.jobs import Timer, torch_threads
-from avalanche_plugins.study.harness.results import print_report, write_results
+from avalanche_plugins.study.harness.results import print_report
 from avalanche_plugins.study.runner import run_job
 from benchmarks._cli import benchmark_parser, parse_args
+from benchmarks._results import write_results
 from benchmarks.diagnostics_cost import DEMO
 
 NAMES = ["layers.0", "layers.1", "layers.2", "head"]

@@ -25,8 +25,9 @@ from avalanche_plugins.layer_adaptive import layer_curvature, layer_top_eigenval
 from avalanche_plugins.study.harness.data import make_stream
 from avalanche_plugins.study.harness.jobs import Timer, seed_everything, torch_threads
 from avalanche_plugins.study.harness.models import build_model
-from avalanche_plugins.study.harness.results import print_report, write_results
+from avalanche_plugins.study.harness.results import print_report
 from benchmarks._cli import benchmark_parser, parse_args
+from benchmarks._results import write_results
 from benchmarks.scale.measure import penalty_times
 
 MODELS = {"mlp": lambda mnist: {"hidden": (256, 256) if mnist else (128, 128)}, "cnn": lambda mnist: {"widths": (16, 32)}}

@@ -59,7 +59,7 @@ def _samples(dataset, n: int, seed: int):
 def _fine_tune(model, experience, job: Job) -> None:
     from avalanche.training.supervised import Naive
 
-    from avalanche_plugins.study.harness.training import accuracy_evaluator
+    from benchmarks._training import accuracy_evaluator
 
     strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.003, momentum=0.9),
                      criterion=nn.CrossEntropyLoss(), train_mb_size=16, train_epochs=job.epochs, eval_mb_size=250,

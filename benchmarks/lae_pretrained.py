@@ -44,19 +44,16 @@ from avalanche_plugins.study.harness.data import VALIDATION_FRACTION, load_mnist
 from avalanche_plugins.study.harness.jobs import Timer, run_jobs, seed_everything
 from avalanche_plugins.study.harness.models import build_model
 from avalanche_plugins.study.harness.protocol import TUNE_SEED, select_best
-from avalanche_plugins.study.harness.results import (
-    format_table,
-    print_report,
-    summarize,
-    write_results,
-)
-from avalanche_plugins.study.harness.training import accuracy_evaluator, quiet_deprecations
+from avalanche_plugins.study.harness.results import print_report
+from avalanche_plugins.study.harness.training import quiet_deprecations
 from benchmarks._cli import (
     benchmark_parser,
     make_executor,
     parse_args,
     split_list,
 )
+from benchmarks._results import format_table, summarize, write_results
+from benchmarks._training import accuracy_evaluator
 
 METHODS = ("naive", "ewc", "lae_geometric", "lae_measured", "lae_smoothed")
 _ACC = re.compile(r"^Top1_Acc_Exp/eval_phase/test_stream/(?:Task\d+/)?Exp(\d+)$")

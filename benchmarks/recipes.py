@@ -45,7 +45,8 @@ def _mean_std(values) -> tuple[float, float]:
 
 def recipe_from_results(saved: dict) -> tuple[dict, list[str]]:
     """``(recipe file contents, strategies not shipped with the reason)`` of a tuning run."""
-    from avalanche_plugins.study.grid import apply_setting
+    from avalanche_plugins.study.rows import SavedStudy, TuningFailed
+    from avalanche_plugins.study.specs import StrategySpec
 
     config = saved["config"]
     scenario = dict(config["scenarios"][0])
@@ -61,23 +62,26 @@ def recipe_from_results(saved: dict) -> tuple[dict, list[str]]:
                            "machine": saved.get("machine"), "tune_seed": config["tune_seed"]},
               "strategies": {}}
     skipped = []
-    tuning = {(r["strategy"], r["setting"]): r["acc"] for r in saved["tuning"]}
+    study = SavedStudy.from_dict(saved)
+    tuning = {(r.strategy, r.setting): r.acc for r in study.tuning}
     for strategy in config["strategies"]:
         name = strategy["name"]
-        choice = saved["chosen"].get(key, {}).get(name, {"setting": {}, "label": "default"})
-        runs = sorted((r for r in saved["runs"] if r["strategy"] == name), key=lambda r: r["seed"])
-        failed = [r for r in runs if r.get("error")]
-        if "failed" in choice or failed or not runs:
-            reason = choice.get("failed") or "; ".join(f"seed {r['seed']}: {r['error']}" for r in failed) or "no runs"
+        choice = study.chosen.get(key, {}).get(name)  # None: the strategy had no grid to tune
+        runs = sorted((r for r in study.runs if r.strategy == name), key=lambda r: r.seed)
+        failed = [r for r in runs if r.error]
+        if isinstance(choice, TuningFailed) or failed or not runs:
+            reason = (choice.failed if isinstance(choice, TuningFailed) else None) or \
+                "; ".join(f"seed {r.seed}: {r.error}" for r in failed) or "no runs"
             skipped.append(f"{name}: {reason}")
             continue
-        spec, training = apply_setting(strategy, {}, choice["setting"])
+        label = choice.label if choice is not None else "default"
+        spec, training = StrategySpec.from_dict(strategy).with_setting(choice.setting if choice is not None else {})
         recipe["strategies"][name] = {
-            "class": spec["class"], "kwargs": spec["kwargs"], "plugins": spec["plugins"], "training": training,
-            "grid": strategy["grid"], "chosen": choice["label"],
-            "validation_acc": choice.get("val_acc", tuning.get((name, choice["label"]))),
-            "test": {"seeds": [r["seed"] for r in runs],
-                     **{m: [r[m] for r in runs] for m in ("acc", "acc_til", "forgetting", "bwt", "train_s")}},
+            "class": spec.cls, "kwargs": spec.kwargs, "plugins": [p.as_dict() for p in spec.plugins],
+            "training": training, "grid": strategy["grid"], "chosen": label,
+            "validation_acc": choice.val_acc if choice is not None else tuning.get((name, label)),
+            "test": {"seeds": [r.seed for r in runs],
+                     **{m: [r.score(m) for r in runs] for m in ("acc", "acc_til", "forgetting", "bwt", "train_s")}},
         }
     return recipe, skipped
 

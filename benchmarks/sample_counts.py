@@ -33,9 +33,10 @@ import numpy as np
 from avalanche_plugins.core.calls import sample_stride
 from avalanche_plugins.study.api import load_study, plan_test_jobs
 from avalanche_plugins.study.harness.jobs import Timer, torch_threads
-from avalanche_plugins.study.harness.results import print_report, write_results
+from avalanche_plugins.study.harness.results import print_report
 from avalanche_plugins.study.runner import run_job
 from benchmarks._cli import benchmark_parser, parse_args
+from benchmarks._results import write_results
 from benchmarks.diagnostics_cost import METRICS, setting_config
 
 ALL = 0  # --eval-samples 0: the whole experience (eval_samples=None)

@@ -57,13 +57,7 @@ from avalanche_plugins.study.harness.data import (
 )
 from avalanche_plugins.study.harness.jobs import Timer, run_jobs, seed_everything
 from avalanche_plugins.study.harness.models import TaskHeadsNet, build_model
-from avalanche_plugins.study.harness.results import (
-    format_table,
-    print_report,
-    summarize,
-    write_results,
-)
-from avalanche_plugins.study.harness.training import batched_accuracy, train_minibatches
+from avalanche_plugins.study.harness.results import print_report
 from avalanche_plugins.transport import (
     CONTROLS,
     TransportKey,
@@ -85,6 +79,8 @@ from benchmarks._cli import (
     parse_args,
     split_list,
 )
+from benchmarks._results import format_table, summarize, write_results
+from benchmarks._training import batched_accuracy, train_minibatches
 
 PAIRS = ("split", "domain")
 DATASETS = {"mnist": load_mnist_arrays, "fashion_mnist": load_fashion_mnist_arrays}

@@ -10,7 +10,7 @@ import pytest
 
 from avalanche_plugins.study.harness import jobs
 from avalanche_plugins.study.harness.jobs import job_key, run_jobs
-from avalanche_plugins.study.harness.results import command_line, load_results, write_results
+from avalanche_plugins.study.harness.results import command_line, load_results
 from benchmarks._cli import (
     DEFAULT_SEEDS,
     QUICK_SEEDS,
@@ -18,6 +18,7 @@ from benchmarks._cli import (
     is_skipped,
     parse_args,
 )
+from benchmarks._results import write_results
 
 
 def _parse(argv):
@@ -117,42 +118,91 @@ def test_run_jobs_resumes_from_the_cache(tmp_path):
     assert json.loads(cache.read_text().splitlines()[-1])["row"]["method"] == "c"  # on a line of its own
 
 
-USED, UNUSED = "cache_probe_used", "cache_probe_unused"
+PROBE = "cache_probe"  # a caller's own experiment package (as a checkout's benchmarks/), made per test
+PROBE_JOB = """
+import importlib
 
 
-def _probe_job(job):
+def probe(job):
+    return {"seed": job.seed, "value": importlib.import_module("cache_probe.used").VALUE}
+"""
+
+
+def _probe_package(tmp_path, monkeypatch):
+    """``cache_probe`` (its job function in ``cache_probe.jobs``, importing ``cache_probe.used``;
+    ``cache_probe.unused`` imported by nothing) on ``sys.path``; returns (package folder, job function)."""
     import importlib
 
-    return {"seed": job.seed, "value": importlib.import_module(USED).VALUE}
+    code = tmp_path / "experiment_code" / PROBE
+    code.mkdir(parents=True)
+    (code / "__init__.py").write_text("")
+    (code / "jobs.py").write_text(PROBE_JOB)
+    (code / "used.py").write_text("VALUE = 1\n")
+    (code / "unused.py").write_text("VALUE = 2\n")
+    monkeypatch.syspath_prepend(str(code.parent))
+    for name in [m for m in sys.modules if m == PROBE or m.startswith(f"{PROBE}.")]:
+        monkeypatch.delitem(sys.modules, name)
+    return code, importlib.import_module(f"{PROBE}.jobs").probe
+
+
+def _forget_probe():
+    for name in [m for m in sys.modules if m == PROBE or m.startswith(f"{PROBE}.")]:
+        sys.modules.pop(name)
+
+
+def test_a_job_runs_the_code_of_the_package_and_of_the_package_its_function_is_in(tmp_path, monkeypatch):
+    code, probe = _probe_package(tmp_path, monkeypatch)
+    try:
+        assert jobs.code_roots(probe) == (jobs.PACKAGE_ROOT, code.resolve())
+        assert jobs.code_roots(__import__("functools").partial(probe)) == jobs.code_roots(probe)
+        from benchmarks.ads_zoo.job import run_job
+
+        assert jobs.code_roots(run_job)[1].name == "benchmarks"
+        assert jobs.code_roots(json.dumps) == (jobs.PACKAGE_ROOT,)  # the standard library is not the job's code
+    finally:
+        _forget_probe()
 
 
 def test_the_cache_survives_edits_to_code_the_job_never_ran_and_not_to_code_it_ran(tmp_path, monkeypatch):
-    code = tmp_path / "experiment_code"  # a caller's own code (add_source_root), as a checkout's benchmarks
-    code.mkdir()
-    (code / f"{USED}.py").write_text("VALUE = 1\n")
-    (code / f"{UNUSED}.py").write_text("VALUE = 2\n")
-    monkeypatch.syspath_prepend(str(code))
-    monkeypatch.setattr(jobs, "_extra_roots", [code.resolve()])
+    code, probe = _probe_package(tmp_path, monkeypatch)
     cache, batch = tmp_path / "jobs.jsonl", [Job("a", 0), Job("a", 1)]
+    benchmark = tmp_path / "benchmark_file.py"  # stands for an edit anywhere else (a benchmark, a test)
     try:
-        rows = run_jobs(_probe_job, batch, cache=cache, progress=False)
+        rows = run_jobs(probe, batch, cache=cache, progress=False)
         lines = [json.loads(line) for line in cache.read_text().splitlines()]
-        assert all(f"experiment_code/{USED}.py" in e["code"] for e in lines)
-        assert not any(f"experiment_code/{UNUSED}.py" in e["code"] for e in lines)
+        assert all(f"{PROBE}/used.py" in e["code"] and f"{PROBE}/jobs.py" in e["code"] for e in lines)
+        assert not any(f"{PROBE}/unused.py" in e["code"] for e in lines)
         assert "avalanche_plugins/study/harness/jobs.py" in lines[0]["code"]  # the package's own modules too
-        (code / f"{UNUSED}.py").write_text("VALUE = 3  # edited\n")
-        run_jobs(_probe_job, batch, cache=cache, progress=False)
+        assert all(e["code_version"] == jobs.code_version() for e in lines)  # the full code version, per row
+        (code / "unused.py").write_text("VALUE = 3  # edited\n")
+        benchmark.write_text("x = 1\n")
+        run_jobs(probe, batch, cache=cache, progress=False)
         assert len(cache.read_text().splitlines()) == 2  # an edit the jobs never ran: cached rows reused
-        (code / f"{USED}.py").write_text('"""A docstring added."""\n\nVALUE = 1  # and a comment\n')
-        run_jobs(_probe_job, batch, cache=cache, progress=False)
+        (code / "used.py").write_text('"""A docstring added."""\n\nVALUE = 1  # and a comment\n')
+        run_jobs(probe, batch, cache=cache, progress=False)
         assert len(cache.read_text().splitlines()) == 2  # the code the jobs ran did not change
-        (code / f"{USED}.py").write_text("VALUE = 10  # edited\n")
-        sys.modules.pop(USED, None)
-        again = run_jobs(_probe_job, batch, cache=cache, progress=False)
+        (code / "used.py").write_text("VALUE = 10  # edited\n")
+        sys.modules.pop(f"{PROBE}.used", None)
+        again = run_jobs(probe, batch, cache=cache, progress=False)
         assert len(cache.read_text().splitlines()) == 4 and [r["value"] for r in again] == [10, 10]
         assert [r["value"] for r in rows] == [1, 1]
     finally:
-        sys.modules.pop(USED, None)
+        _forget_probe()
+
+
+def test_importing_the_benchmark_cli_changes_no_cache_key():
+    import subprocess
+
+    code = ("from avalanche_plugins.study.harness import jobs\n"
+            "from avalanche_plugins.study.runner import run_job\n"
+            "before = (jobs.source_version(), jobs.code_roots(run_job), jobs.code_version())\n"
+            "import benchmarks._cli  # noqa: F401\n"
+            "jobs.source_version.cache_clear(); jobs.code_version.cache_clear()\n"
+            "assert (jobs.source_version(), jobs.code_roots(run_job), jobs.code_version()) == before\n"
+            "assert jobs.code_roots(run_job) == (jobs.PACKAGE_ROOT,)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_a_cache_line_of_the_older_format_counts_under_the_whole_source(tmp_path, monkeypatch):
@@ -201,12 +251,13 @@ class _Example:
 
     @staticmethod
     def report(saved: dict) -> str:
-        from avalanche_plugins.study.harness.results import format_table
+        from benchmarks._results import format_table
 
         return format_table(saved["summary"], ["method"], ["acc"])
 
     def main(self, argv):
-        from avalanche_plugins.study.harness.results import print_report, summarize
+        from avalanche_plugins.study.harness.results import print_report
+        from benchmarks._results import summarize
 
         args = parse_args(benchmark_parser("example", "example benchmark"), argv)
         if args.report:
@@ -240,11 +291,11 @@ def test_a_ray_row_whose_node_ran_other_code_is_a_failed_run(tmp_path, monkeypat
     code = tmp_path / "node_code"
     code.mkdir()
     (code / "shared.py").write_text("VALUE = 1\n")
-    monkeypatch.setattr(jobs, "_extra_roots", [code.resolve()])
+    roots = (jobs.PACKAGE_ROOT, code.resolve())
     same = {"node_code/shared.py": jobs._file_hash(str(code / "shared.py"), 0, 0)}
     row = {"status": "ok", "acc": 0.5, "node_ip": "10.0.0.2"}
-    assert jobs._refuse_other_code(row, same) == row
-    assert jobs._refuse_other_code({"status": "ok"}, {"node_code/shared.py": "other"}) == {"status": "ok"}  # local
-    refused = jobs._refuse_other_code(row, {"node_code/shared.py": "0123456789abcdef"})
+    assert jobs._refuse_other_code(row, same, roots) == row
+    assert jobs._refuse_other_code({"status": "ok"}, {"node_code/shared.py": "other"}, roots) == {"status": "ok"}
+    refused = jobs._refuse_other_code(row, {"node_code/shared.py": "0123456789abcdef"}, roots)
     assert refused["status"] == "error" and "node 10.0.0.2 ran other code than the driver's (node_code/shared.py)" \
         in refused["error"]

@@ -274,3 +274,18 @@ def test_every_benchmark_package_runs_with_python_m(name):
     result = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--help"], capture_output=True,
                             text=True, timeout=300, cwd=PACKAGE.parent)
     assert result.returncode == 0 and "usage:" in result.stdout, result.stderr[-2000:]
+
+
+def test_helpers_only_benchmarks_use_live_in_benchmarks_not_in_the_wheel():
+    # issue 42: the wheel's harness holds what the study runs; the benchmarks' own loops and tables are theirs
+    import benchmarks._results
+    import benchmarks._training
+    from avalanche_plugins.study.harness import results, training
+
+    moved = {training: ("accuracy", "accuracy_evaluator", "batched_accuracy", "train_minibatches"),
+             results: ("format_table", "plot_final_accuracy", "rounded_floats", "summarize")}
+    for module, names in moved.items():
+        assert not [n for n in names if hasattr(module, n)], module.__name__
+    assert set(moved[training]) <= set(benchmarks._training.__all__)
+    assert set(moved[results]) - {"plot_final_accuracy"} <= set(benchmarks._results.__all__)
+    assert "args" not in __import__("inspect").signature(results.write_results).parameters

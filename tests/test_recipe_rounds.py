@@ -30,3 +30,32 @@ def test_a_later_round_replaces_the_strategies_it_lists_and_nothing_else(tmp_pat
         (tmp_path / name / "results.json").write_text(json.dumps(saved))
     assert _load_rounds(tmp_path, "key") == merged
     assert _load_rounds(tmp_path, "other") is None
+
+
+def test_a_recipe_is_made_from_the_typed_rows_and_choices_of_a_saved_study():
+    from benchmarks.recipes import recipe_from_results
+
+    def strategy(name, grid):
+        return {"name": name, "class": name, "kwargs": {}, "plugins": [], "grid": grid, "training": {}}
+
+    def run(name, seed, error=None):
+        row = {"scenario": "split_digits", "strategy": name, "setting": "s", "seed": seed, "split": "test",
+               "acc": 0.5 + seed, "acc_til": 0.9, "forgetting": 0.1, "bwt": -0.1, "train_s": 2.0, "status": "ok"}
+        return {**row, "status": "error", "error": error} if error else row
+
+    saved = {"config": {"scenarios": [{"name": "split_digits", "benchmark": "split_digits", "n_experiences": 5,
+                                       "task_incremental": False}], "model": {"name": "mlp", "kwargs": {}},
+                        "training": {"lr": 0.1}, "tune_seed": 0,
+                        "strategies": [strategy("EWC", {"ewc_lambda": [1, 10]}), strategy("Naive", {}),
+                                       strategy("SI", {"si_lambda": [1]}), strategy("LwF", {})]},
+             "chosen": {"split_digits": {"EWC": {"setting": {"ewc_lambda": 10}, "label": "ewc_lambda=10",
+                                                 "val_acc": 0.7},
+                                         "SI": {"setting": {}, "label": "—", "val_acc": float("nan"),
+                                                "failed": "every grid setting failed"}}},
+             "tuning": [], "runs": [run("EWC", 0), run("EWC", 1), run("Naive", 0), run("LwF", 0, "boom")]}
+    recipe, skipped = recipe_from_results(saved)
+    assert recipe["strategies"]["EWC"]["kwargs"] == {"ewc_lambda": 10} and \
+        recipe["strategies"]["EWC"]["validation_acc"] == 0.7
+    assert recipe["strategies"]["EWC"]["test"]["acc"] == [0.5, 1.5] and recipe["strategies"]["EWC"]["test"]["seeds"] == [0, 1]
+    assert recipe["strategies"]["Naive"]["chosen"] == "default" and recipe["strategies"]["Naive"]["validation_acc"] is None
+    assert skipped == ["SI: every grid setting failed", "LwF: seed 0: boom"]

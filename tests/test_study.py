@@ -277,6 +277,23 @@ def test_rerun_reuses_the_cache(tiny_study, user_module):
     assert again.rows == result.rows
 
 
+def test_saved_study_reads_the_tiny_study_back_into_typed_rows(tiny_study):
+    from avalanche_plugins.study.rows import Choice, SavedStudy
+
+    result, out = tiny_study
+    saved = SavedStudy.load(out)
+    assert json.dumps([r.as_dict() for r in saved.runs]) == json.dumps(result.rows)
+    assert json.dumps([r.as_dict() for r in saved.tuning]) == json.dumps(result.tuning)
+    assert isinstance(saved.chosen["two_tasks"]["LwF"], Choice)
+    assert saved.chosen["two_tasks"]["LwF"].label == result.chosen["two_tasks"]["LwF"]["label"]
+    # the JSON form of a finished run is what it always was: these keys, in this order
+    assert list(json.loads((out / "results.json").read_text())["runs"][0]) == [
+        "scenario", "strategy", "setting", "seed", "split", "acc", "acc_til", "forgetting", "bwt", "fwt", "wall_s",
+        "train_s", "diagnostics_s", "figures_s", "callback_s", "peak_memory_mb", "accuracy_matrix", "til_matrix",
+        "baseline_accuracy", "stream", "status"]
+    assert list(result.tuning[0])[-2:] == ["status", "setting_values"]
+
+
 def test_cli_report_reprints_a_saved_study(tiny_study, capsys):
     from avalanche_plugins.study.cli import run_command as main
 
@@ -445,3 +462,44 @@ def test_adding_a_dataset_is_one_catalog_entry(tmp_path):
         assert fingerprint["name"] == "Kuzushiji-MNIST" and set(fingerprint["sha256"].values()) == {"missing"}
     finally:
         data.CATALOG.pop("kmnist", None)
+
+
+# --- the study's shape (issue 42): describe, run and report side by side; only api joins them -----
+
+STUDY_PARTS = {
+    "describe": {"config", "recipe_book"},  # a config → a validated, typed Study
+    "run": {"runner", "build", "watch"},  # one job: build, train, evaluate, its row
+    "report": {"stats", "tables", "figures", "provenance", "markdown"},  # saved rows → tables, figures, report
+}
+# below them, used by all: specs, grid, rows, scores, registry, scenarios, diagnostics, harness.*;
+# above them: api (plan → run → choose → write), cli and reproduce (which call api)
+STUDY_TOP = {"api", "cli", "reproduce", "__main__", ""}
+
+
+def _study_imports() -> dict[str, set[str]]:
+    """``{study module (relative name): study modules it imports}``, from the package's import graph."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        import test_layering
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    prefix = "avalanche_plugins.study"
+    strip = lambda name: name[len(prefix) + 1:] if name != prefix else ""  # noqa: E731
+    return {strip(name): {strip(dep) for dep in deps if dep.startswith(prefix)}
+            for name, deps in test_layering._internal_graph().items() if name.startswith(prefix)}
+
+
+def test_describe_run_and_report_import_none_of_one_another_and_only_api_imports_all_three():
+    graph = _study_imports()
+    part_of = {module: part for part, modules in STUDY_PARTS.items() for module in modules}
+    assert set(part_of) <= set(graph), set(part_of) - set(graph)
+    for module, deps in graph.items():
+        here = part_of.get(module)
+        for dep in deps:
+            there = part_of.get(dep)
+            if here is not None and there is not None:
+                assert here == there, f"{module} ({here}) imports {dep} ({there})"
+            if here is None and module not in STUDY_TOP:  # the ground imports no part
+                assert there is None, f"{module} (below the parts) imports {dep} ({there})"
+    joins = {m for m, deps in graph.items() if {part_of.get(d) for d in deps} >= set(STUDY_PARTS)}
+    assert joins == {"api"}, joins

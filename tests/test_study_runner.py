@@ -338,3 +338,49 @@ def test_the_online_baselines_have_shipped_recipes_and_the_online_study_takes_th
     assert {"Naive", "Replay", "ER_ACE", "MIR"} <= set(recipe["strategies"])
     study = load_study(Path(__file__).resolve().parents[1] / "studies" / "online_digits.yaml", quick=True)
     assert study.strategy("MIR").on("online_split_digits").recipe == "split_digits_online/MIR"
+
+
+# --- no process-wide state (issue 42) -------------------------------------------------------------
+
+
+def test_reading_a_config_leaves_sys_path_as_it_was_and_the_study_names_its_module_folders(tmp_path):
+    import sys
+
+    path = _write_study(tmp_path, BASE + "strategies: [Naive]", module="path_probe_models")
+    before = list(sys.path)
+    try:
+        study = load_study(path)
+        assert sys.path == before  # the config's folder was on sys.path only while its names were imported
+        folder = str(tmp_path.resolve())
+        assert study.modules == {"path_probe_models": folder} and study.paths == (folder,)
+    finally:
+        sys.modules.pop("path_probe_models", None)
+
+
+def test_a_job_puts_its_import_paths_on_sys_path_only_while_it_runs():
+    import sys
+
+    from avalanche_plugins.study.runner import StudyJob, run_job
+    from avalanche_plugins.study.specs import ModelSpec, RunSpec, ScenarioSpec, TrainingSpec
+
+    job = StudyJob("s", ScenarioSpec("nowhere", "no_such_module_here:factory"), ModelSpec("mlp"), TrainingSpec(),
+                   RunSpec("Naive", "Naive"), "default", (), (), 0, "test", paths=("/nonexistent/user/folder",))
+    before = list(sys.path)
+    row = run_job(job)
+    assert row["status"] == "error" and "no_such_module_here" in row["error"]
+    assert sys.path == before
+
+
+def test_every_figure_of_a_scenario_names_its_failed_runs(tmp_path, monkeypatch):
+    from avalanche_plugins.study import figures
+
+    notes = []
+    monkeypatch.setattr(figures, "_annotate_missing", lambda fig, note: notes.append(note))
+    ok = {"scenario": "d", "strategy": "Naive", "setting": "default", "seed": 0, "split": "test",
+          "accuracy_matrix": [[0.9, 0.1], [0.5, 0.8]], "status": "ok"}
+    failed = {**ok, "strategy": "EWC", "accuracy_matrix": [], "status": "diverged", "error": "loss = inf"}
+    paths = figures.make_figures([ok, failed], [], tmp_path, ["Naive", "EWC"])
+    assert len(paths) == 2 and notes == ["missing (failed, not scored): EWC seed 0"] * 2
+    notes.clear()
+    figures.make_figures([ok], [], tmp_path / "clean", ["Naive"])  # nothing carried over from the last call
+    assert notes == ["", ""]

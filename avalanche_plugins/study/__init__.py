@@ -10,7 +10,9 @@ Python::
 
 Modules: :mod:`~avalanche_plugins.study.config` (format and validation), ``registry`` (names → objects,
 argument checks), ``build`` (a run's stream, model, plugins, evaluator, strategy), ``runner``
-(one job), ``api`` (tuning, test runs, outputs), ``stats``, ``tables``, ``figures``.
+(one job), ``api`` (tuning, test runs, outputs), ``markdown`` (``report.md``, ``tables.md``, the
+terminal summary, from the saved results), ``rows`` (typed run rows, chosen settings, a saved
+study read back), ``stats``, ``tables``, ``figures``.
 """
 
 from avalanche_plugins.study.api import StudyResult, load_study, run_study

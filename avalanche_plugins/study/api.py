@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import functools
+import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,12 +29,19 @@ from avalanche_plugins.study.harness.jobs import Timer, make_executor, run_jobs
 from avalanche_plugins.study.harness.protocol import (
     expand_grid,
     is_skipped,
-    select_best,
     setting_label,
 )
 from avalanche_plugins.study.harness.results import print_report, write_results
-from avalanche_plugins.study.provenance import provenance_lines, setting_lines, study_provenance
-from avalanche_plugins.study.registry import ErrorList
+from avalanche_plugins.study.markdown import report, tables_markdown, terminal_summary
+from avalanche_plugins.study.provenance import study_provenance
+from avalanche_plugins.study.registry import ErrorList, import_paths
+from avalanche_plugins.study.rows import (
+    Choice,
+    RunRow,
+    TuningFailed,
+    choices_as_dict,
+    choices_from_dict,
+)
 from avalanche_plugins.study.runner import (
     CONTEXT,
     FILES,
@@ -127,7 +135,7 @@ def load_study(config, *, quick: bool = False, seeds: int | None = None, data_ro
     if deep and study.model is not None:
         found = ErrorList()
         for i, scenario in enumerate(study.scenarios):
-            with found.attempt():
+            with found.attempt(), import_paths(study.paths):
                 check_model_builds(study.model, scenario, f"scenarios[{i}]")
         found.raise_if_any()
     return study
@@ -168,12 +176,15 @@ def plan_tuning_jobs(study: Study, skip=()) -> list[tuple[StudyJob, dict]]:
 
 
 def plan_test_jobs(study: Study, chosen: dict, skip=()) -> list[StudyJob]:
-    """Every (scenario, strategy) at its chosen setting (``{}`` without a grid), every seed."""
+    """Every (scenario, strategy) at its chosen setting (``{}`` without a grid), every seed;
+    ``chosen``: ``{scenario: {strategy: Choice | TuningFailed}}`` (or its JSON form)."""
     jobs = []
+    chosen = choices_from_dict(chosen)
     for scenario, strategy in _cells(study, skip):
-        if "failed" in chosen.get(scenario.name, {}).get(strategy.name, {}):
+        choice = chosen.get(scenario.name, {}).get(strategy.name)
+        if isinstance(choice, TuningFailed):
             continue  # nothing to test: _tuning_failures records the cell as failed
-        setting = chosen.get(scenario.name, {}).get(strategy.name, {}).get("setting", {})
+        setting = choice.setting if choice is not None else {}
         spec, training = apply_setting(strategy, study.training, setting)
         for seed in range(study.seeds):
             jobs.append(StudyJob(study.name, scenario, study.model, training, spec, _cell_label(setting, strategy),
@@ -182,35 +193,33 @@ def plan_test_jobs(study: Study, chosen: dict, skip=()) -> list[StudyJob]:
     return jobs
 
 
-def _choose(tuning: list[tuple[StudyJob, dict]], rows: list[dict]) -> dict:
-    for (_, setting), row in zip(tuning, rows):
-        row["setting_values"] = setting
-    best = select_best(rows, lambda r: (r["scenario"], r["strategy"]))
+def _choose(tuning: list[tuple[StudyJob, dict]], rows: list[RunRow]) -> tuple[list[RunRow], dict]:
+    """The tuning rows with their grid settings, and per (scenario, strategy) the setting with the
+    best finite validation accuracy (the first on ties) or, where none has one, a :class:`TuningFailed`."""
+    rows = [replace(row, setting_values=setting) for (_, setting), row in zip(tuning, rows)]
+    best: dict = {}
+    for row in rows:
+        if math.isfinite(row.acc) and (row.cell not in best or row.acc > best[row.cell].acc):
+            best[row.cell] = row
     chosen: dict = {}
     for row in rows:
-        key = (row["scenario"], row["strategy"])
-        if key not in best:
-            errors = sorted({r.get("error") or "NaN accuracy" for r in rows if (r["scenario"], r["strategy"]) == key})
-            chosen.setdefault(key[0], {})[key[1]] = {
-                "setting": {}, "label": "—", "val_acc": float("nan"),
-                "failed": f"every grid setting failed on the validation split: {'; '.join(errors)}"}
+        scenario, strategy = row.cell
+        if row.cell not in best:
+            errors = sorted({r.error or "NaN accuracy" for r in rows if r.cell == row.cell})
+            chosen.setdefault(scenario, {})[strategy] = TuningFailed(
+                f"every grid setting failed on the validation split: {'; '.join(errors)}")
             continue
-        winner = best[key]
-        chosen.setdefault(key[0], {})[key[1]] = {"setting": winner["setting_values"], "label": winner["setting"],
-                                                 "val_acc": winner["acc"]}
-    return chosen
+        winner = best[row.cell]
+        chosen.setdefault(scenario, {})[strategy] = Choice(winner.setting_values, winner.setting, winner.acc)
+    return rows, chosen
 
 
-def _tuning_failures(study: Study, chosen: dict) -> list[dict]:
+def _tuning_failures(study: Study, chosen: dict) -> list[RunRow]:
     """A failed test row per seed of every cell whose grid failed entirely (never scored)."""
-    rows = []
-    for scenario, strategies in chosen.items():
-        for strategy, choice in strategies.items():
-            if "failed" in choice:
-                rows += [{"scenario": scenario, "strategy": strategy, "setting": "—", "seed": seed, "split": "test",
-                          "status": "tuning", "error": choice["failed"], "metrics": [], "accuracy_matrix": []}
-                         for seed in range(study.seeds)]
-    return rows
+    return [RunRow(scenario, strategy, "—", seed, "test", accuracy_matrix=[], metrics=[], status="tuning",
+                   error=choice.failed)
+            for scenario, strategies in chosen.items() for strategy, choice in strategies.items()
+            if isinstance(choice, TuningFailed) for seed in range(study.seeds)]
 
 
 def run_study(config, *, out, quick: bool = False, seeds: int | None = None, executor: str = "local",
@@ -243,10 +252,10 @@ def run_study(config, *, out, quick: bool = False, seeds: int | None = None, exe
         tuning = plan_tuning_jobs(study, skip)
         tuning_rows = run_jobs(run, [job for job, _ in tuning], cache=cache, executor=pool,
                                desc="tuning (validation)", progress=progress, retry=failed_outside_the_method)
-        chosen = _choose(tuning, tuning_rows)
+        tuning_rows, chosen = _choose(tuning, [RunRow.from_dict(row) for row in tuning_rows])
         test_rows = run_jobs(run, plan_test_jobs(study, chosen, skip), cache=cache, executor=pool,
-                             desc="runs (test)", progress=progress,
-                             retry=failed_outside_the_method) + _tuning_failures(study, chosen)
+                             desc="runs (test)", progress=progress, retry=failed_outside_the_method)
+        test_rows = [RunRow.from_dict(row) for row in test_rows] + _tuning_failures(study, chosen)
     return write_outputs(study, out, test_rows, tuning_rows, chosen, total.seconds, command=command, echo=echo)
 
 
@@ -269,30 +278,34 @@ def _with_overrides(study: Study, quick: bool, seeds: int | None, data_root) -> 
 def write_outputs(study: Study, out: Path, test_rows, tuning_rows, chosen, wall_seconds: float, *,
                   command: str | None = None, echo: bool = False) -> StudyResult:
     """Tidy CSV, results.json (with per-scenario provenance), tables, figures and report of
-    finished runs."""
+    finished runs. Rows are :class:`~avalanche_plugins.study.rows.RunRow` s (or their JSON form),
+    ``chosen`` is ``{scenario: {strategy: Choice | TuningFailed}}`` (or its JSON form); the
+    :class:`StudyResult` holds the JSON forms, as ``results.json`` does."""
     from avalanche_plugins.study.figures import make_figures
 
+    test_rows, tuning_rows = [RunRow.of(row) for row in test_rows], [RunRow.of(row) for row in tuning_rows]
     csv_path = out / "metrics.csv"
     with open(csv_path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=[*CONTEXT, *TIDY_COLUMNS], extrasaction="ignore")
         writer.writeheader()
         for row in [*tuning_rows, *test_rows]:
-            writer.writerows(row["metrics"])
-    metrics = [m for row in test_rows for m in row["metrics"]]
-    runs = [{k: v for k, v in row.items() if k != "metrics"} for row in test_rows]
-    tuning = [{k: v for k, v in row.items() if k != "metrics"} for row in tuning_rows]
+            writer.writerows(row.metrics or [])
+    metrics = [m for row in test_rows for m in row.metrics or []]
+    run_rows, tuning_rows = [row.without_metrics() for row in test_rows], [row.without_metrics() for row in tuning_rows]
+    runs, tuning, chosen = [row.as_dict() for row in run_rows], [row.as_dict() for row in tuning_rows], \
+        choices_as_dict(chosen)
     names = [s.name for s in study.strategies]
-    summary = summarize_study(runs, study.reference, names)
+    summary = summarize_study(run_rows, study.reference, names)
     diagnostics = summarize_diagnostics(metrics, summary_scalars(), names)
     tables = {"markdown": markdown_tables(summary, study.reference), "latex": latex_tables(summary, study.reference),
               "failed": failed_runs_table(summary), "matrices": accuracy_matrix_tables(summary),
               "diagnostics": diagnostics_tables(diagnostics)}
     if diagnostics:
         tables["latex"] += "\n\n" + diagnostics_tables(diagnostics, latex=True)
-    (out / "tables.md").write_text(_tables_md(tables) + "\n")
+    (out / "tables.md").write_text(tables_markdown(tables) + "\n")
     (out / "tables.tex").write_text(tables["latex"] + "\n")
-    figures = make_figures(runs, metrics, out / "figures", names)
-    data = study_provenance(study.scenarios, study.sources, [*runs, *tuning])
+    figures = make_figures(run_rows, metrics, out / "figures", names)
+    data = study_provenance(study.scenarios, study.sources, [*run_rows, *tuning_rows])
     write_results(out, command=command, data=data, config=study.as_dict(), rows=runs, summary=summary,
                   wall_seconds=wall_seconds, extra={"study": study.name, "source": study.source, "reference": study.reference,
                          "chosen": chosen, "tuning": tuning, "tables": tables, "diagnostics": diagnostics,
@@ -302,48 +315,6 @@ def write_outputs(study: Study, out: Path, test_rows, tuning_rows, chosen, wall_
         print(terminal_summary(out / "results.json"), flush=True)
     return StudyResult(study, out, runs, tuning, chosen, summary, tables, out / "report.md", csv_path, figures,
                        wall_seconds)
-
-
-def _tables_md(tables: dict) -> str:
-    """tables.md: the main tables, the failed runs (if any) and the accuracy matrices."""
-    parts = [tables["markdown"]]
-    if tables.get("failed"):
-        parts += ["## Failed runs", "Not scored: left out of every mean, interval and test.", tables["failed"]]
-    if tables.get("diagnostics"):
-        parts += ["## Diagnostics", _DIAGNOSTICS_NOTE, tables["diagnostics"]]
-    if tables.get("matrices"):
-        parts += ["## Final accuracy matrices", tables["matrices"]]
-    return "\n\n".join(parts)
-
-
-_DIAGNOSTICS_NOTE = ("Mean ± std over seeds of each test run's mean over its measurements (every experience a value "
-                     "was logged at).")
-
-
-def _recipe_lines(config: dict) -> list[str]:
-    lines = []
-    for strategy in config["strategies"]:
-        for scenario, spec in strategy.get("per_scenario", {}).items():
-            over = f"; overridden by the config: {', '.join(spec['overridden'])}" if spec.get("overridden") else ""
-            values = ", ".join(f"{k}={v}" for k, v in {**spec["kwargs"], **spec["training"]}.items())
-            lines.append(f"- {scenario} / {strategy['name']}: recipe `{spec['recipe']}` ({values or 'defaults'}{over})")
-    return lines
-
-
-def _chosen_lines(saved: dict) -> list[str]:
-    lines = []
-    for scenario, strategies in saved.get("chosen", {}).items():
-        for strategy, choice in strategies.items():
-            if "failed" in choice:
-                lines.append(f"- {scenario} / {strategy}: none — {choice['failed']}")
-                continue
-            lines.append(f"- {scenario} / {strategy}: **{choice['label']}** (validation ACC {choice['val_acc']:.3f})")
-    return lines
-
-
-def _failed_tuning_lines(saved: dict) -> list[str]:
-    return [f"- {r['scenario']} / {r['strategy']} / {r['setting']}: {r.get('status', 'error')}: {r['error']}"
-            for r in saved.get("tuning", []) if r.get("error")]
 
 
 def failure_summary(rows, tuning=()) -> str | None:
@@ -359,84 +330,16 @@ def failure_summary(rows, tuning=()) -> str | None:
         >>> failure_summary([{"status": "ok"}, {"status": "diverged", "error": "inf"}]) is None
         True
     """
-    runs = [r for r in list(rows) + list(tuning) if r.get("status") != "tuning"]
+    rows, tuning = [RunRow.of(r) for r in rows], [RunRow.of(r) for r in tuning]
+    runs = [r for r in rows + tuning if r.status != "tuning"]
     outside = [r for r in runs if failed_outside_the_method(r)]
     if outside:
-        causes = Counter(r.get("error") or r.get("status") for r in outside)
+        causes = Counter(r.error or r.status for r in outside)
         return (f"{len(outside)} of {len(runs)} runs failed outside the method: "
                 + "; ".join(f"{n} × {cause}" for cause, n in causes.most_common()))
-    finished = [r for r in rows if r.get("status") == "ok"]
+    finished = [r for r in rows if r.status == "ok"]
     if rows and not finished:
-        causes = Counter(r.get("error") or r.get("status") for r in rows)
+        causes = Counter(r.error or r.status for r in rows)
         return (f"none of the {len(rows)} test runs finished: "
                 + "; ".join(f"{n} × {cause}" for cause, n in causes.most_common()))
     return None
-
-
-def terminal_summary(results) -> str:
-    """The paper-style tables and chosen settings of a saved study (what the CLI prints)."""
-    from avalanche_plugins.study.harness.results import load_results
-
-    saved = load_results(results)
-    chosen = _chosen_lines(saved)
-    text = saved["tables"]["markdown"]
-    if chosen:
-        text += f"\n\nChosen on the validation split (seed {saved['config']['tune_seed']}):\n" + "\n".join(chosen)
-    failed = saved["tables"].get("failed")
-    if failed:
-        text += "\n\nFailed runs (not scored):\n\n" + failed
-    return text
-
-
-def _scenario_label(name: str, saved: dict) -> str:
-    """``split_digits (class-incremental)``: a scenario with the setting its runs saw."""
-    setting = ((saved.get("data") or {}).get(name) or {}).get("setting") if isinstance(saved.get("data"), dict) else None
-    return f"{name} ({setting})" if setting else name
-
-
-def report(saved: dict) -> str:
-    """``report.md``: what ran, the chosen settings, the tables and every figure."""
-    config = saved["config"]
-    lines = [f"# Study: {saved['study']}", ""]
-    if config.get("description"):
-        lines += [config["description"], ""]
-    scenarios = ", ".join(_scenario_label(s["name"], saved) for s in config["scenarios"])
-    lines += [f"Scenarios: {scenarios}. Model: `{config['model']['name']}`. Strategies: "
-              + ", ".join(s["name"] for s in config["strategies"]) + f". Seeds: {config['seeds']} "
-              f"(test stream); grids tuned on a validation split with seed {config['tune_seed']}. "
-              f"Metrics attached: accuracy, forgetting, BWT"
-              + "".join(f", {m['name']}" for m in config["metrics"]) + ".", ""]
-    if saved.get("command"):
-        lines += [f"Command: `{saved['command']}` ({saved['wall_seconds']:.0f} s, code {saved['code_version']}).", ""]
-    chosen = _chosen_lines(saved)
-    if chosen:
-        lines += ["## Chosen hyper-parameters", "", *chosen, ""]
-    recipes = _recipe_lines(config)
-    if recipes:
-        lines += ["## Recipes", "", "Tuned settings shipped with the package (`avalanche-study recipes`):", "",
-                  *recipes, ""]
-    lines += ["## Results", ""]
-    settings = setting_lines(saved)
-    if settings:
-        lines += [*settings, ""]
-    lines += [saved["tables"]["markdown"], ""]
-    if saved["tables"].get("failed"):
-        lines += ["## Failed runs", "", "Not scored: left out of every mean, interval, test and figure.", "",
-                  saved["tables"]["failed"], ""]
-    tuning_failed = _failed_tuning_lines(saved)
-    if tuning_failed:
-        lines += ["Failed tuning runs (the grid setting was not chosen):", "", *tuning_failed, ""]
-    if saved["tables"].get("diagnostics"):
-        lines += ["## Diagnostics", "", _DIAGNOSTICS_NOTE, "", saved["tables"]["diagnostics"], ""]
-    figures = saved.get("figures", [])
-    if figures:
-        lines += ["## Figures", ""]
-        for path in figures:
-            title = Path(path).stem.replace("_", " ")
-            lines += [f"### {title}", "", f"![{title}]({path})", ""]
-    if saved["tables"].get("matrices"):
-        lines += ["## Final accuracy matrices", "", saved["tables"]["matrices"], ""]
-    lines += provenance_lines(saved)
-    lines += ["Files: `metrics.csv` (every logged value, tidy long format), `results.json`, `tables.md`, "
-              "`tables.tex`, `figures/`, `runs/` (per-run CSVs and images)."]
-    return "\n".join(lines)

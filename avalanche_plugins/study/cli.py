@@ -170,8 +170,8 @@ def _check(args) -> object:
 
 
 def _report(args) -> dict:
-    from avalanche_plugins.study.api import report, terminal_summary
     from avalanche_plugins.study.harness.results import print_report
+    from avalanche_plugins.study.markdown import report, terminal_summary
 
     if not Path(args.results).is_file():
         print(f"{PROG} report: no file {args.results!r}", file=sys.stderr)

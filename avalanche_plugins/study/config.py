@@ -23,24 +23,19 @@ from avalanche_plugins.study.harness.models import DEFAULT_MODEL
 from avalanche_plugins.study.registry import (
     ConfigError,
     ErrorList,
+    Resolver,
     check_arguments,
     check_value,
     metric_factory,
     model_factory,
-    module_folder,
     parameters,
     plugin_class,
-    resolve_dotted,
-    set_search_paths,
-    source_hash,
     strategy_class,
 )
 from avalanche_plugins.study.scenarios import BUILTIN_SCENARIOS, builtin_scenarios, dataset_of
 from avalanche_plugins.study.specs import (
-    GridKey,
     MetricSpec,
     ModelSpec,
-    PluginSpec,
     ScenarioSpec,
     StrategySpec,
     TrainingSpec,
@@ -125,7 +120,8 @@ class Study:
     source: str | None = None
     quick: dict = field(default_factory=dict)
     sources: dict = field(default_factory=dict)  # user module → hash of its source (job cache keys)
-    paths: tuple = ()  # folders the user modules are imported from
+    paths: tuple = ()  # folders the user modules are imported from (a job puts them on sys.path while it runs)
+    modules: dict = field(default_factory=dict)  # user module → the folder it was imported from (Resolver)
 
     def as_dict(self) -> dict:
         """The config's JSON form (what ``results.json`` echoes)."""
@@ -160,46 +156,37 @@ def read_study(config, *, quick: bool = False, seeds: int | None = None, data_ro
     the builder's check (:func:`avalanche_plugins.study.api.load_study` runs both).
     """
     raw, source = _raw_config(config)
+    resolver = Resolver(*([Path(source).resolve().parent] if source else []), Path.cwd())
     found = ErrorList()
     raw, quick_spec = _quick_and_seeds(raw, found, quick, seeds)
-    study = _top_level(raw, source, quick_spec, found)
-    _entries(study, raw, found, data_root, recipe_folder)
+    study = _top_level(raw, source, quick_spec, found, resolver)
+    _entries(study, raw, found, data_root, recipe_folder, resolver)
     _names_and_reference(study, raw, found)
     found.raise_if_any()
-    sources, paths = _user_sources(study)
-    return _typed(study, sources, paths)
+    modules = [name.partition(":")[0] for name in _dotted_names(study)]
+    return _typed(study, resolver.source_hashes(modules), resolver.folders(modules),
+                  {m: resolver.imported_from[m] for m in dict.fromkeys(modules) if m in resolver.imported_from})
 
 
-def _strategy_spec(spec: dict) -> StrategySpec:
-    """One validated strategy dict as a typed spec, its grid keys parsed (the only place they are)."""
-    grid = tuple(GridKey(key, *grid_target(key, spec["plugins"], key), tuple(values))
-                 for key, values in spec["grid"].items())
-    return StrategySpec(spec["name"], spec["class"], dict(spec["kwargs"]),
-                        tuple(PluginSpec(p["name"], dict(p["kwargs"])) for p in spec["plugins"]), grid,
-                        dict(spec["training"]), spec.get("recipe"), tuple(spec.get("overridden", ())))
-
-
-def _typed(draft: _Draft, sources: dict, paths: list) -> Study:
+def _typed(draft: _Draft, sources: dict, paths: list, modules: dict) -> Study:
     """The validated draft as a :class:`Study` of typed, frozen specs."""
-    strategies = tuple(StrategyEntry(s["name"], None if "per_scenario" in s else _strategy_spec(s),
-                                     {k: _strategy_spec(v) for k, v in s.get("per_scenario", {}).items()})
+    strategies = tuple(StrategyEntry(s["name"], None if "per_scenario" in s else StrategySpec.from_dict(s),
+                                     {k: StrategySpec.from_dict(v) for k, v in s.get("per_scenario", {}).items()})
                        for s in draft.strategies)
     return Study(draft.name, draft.description, draft.seeds, draft.tune_seed, draft.reference,
                  tuple(ScenarioSpec(**s) for s in draft.scenarios), ModelSpec(draft.model["name"], draft.model["kwargs"]),
                  TrainingSpec(**draft.training), strategies,
                  tuple(MetricSpec(m["name"], dict(m["kwargs"])) for m in draft.metrics), tuple(draft.loggers),
-                 draft.source, draft.quick, sources, tuple(paths))
+                 draft.source, draft.quick, sources, tuple(paths), modules)
 
 
 def _raw_config(config) -> tuple[dict, str | None]:
-    """The config as a mapping (read from a file, whose folder dotted names then resolve against)."""
+    """The config as a mapping, and the file it was read from (whose folder dotted names then
+    resolve against, before the working directory)."""
     source = None
     if isinstance(config, (str, Path)):
         source = str(config)
-        set_search_paths(Path(config).resolve().parent, Path.cwd())
         config = _read(Path(config))
-    else:
-        set_search_paths(Path.cwd())
     if not isinstance(config, Mapping):
         raise ConfigError(f"config: expected a mapping of keys, got {type(config).__name__}")
     return copy.deepcopy(dict(config)), source
@@ -226,7 +213,7 @@ def _section(found: ErrorList, fn, fallback):
     return fallback
 
 
-def _top_level(raw: dict, source, quick_spec: dict, found: ErrorList) -> _Draft:
+def _top_level(raw: dict, source, quick_spec: dict, found: ErrorList, resolver: Resolver) -> _Draft:
     """The study's scalar sections (name, seeds, model, training, loggers); lists come after."""
     return _Draft(
         name=_section(found, lambda: _string(raw.get("name", Path(source).stem if source else "study"), "name"), "study"),
@@ -234,20 +221,20 @@ def _top_level(raw: dict, source, quick_spec: dict, found: ErrorList) -> _Draft:
         seeds=_section(found, lambda: _int(raw.get("seeds", 3), "seeds", minimum=1), 1),
         tune_seed=_section(found, lambda: _int(raw.get("tune_seed", 0), "tune_seed", minimum=0), 0),
         reference="", scenarios=[], strategies=[], metrics=[],
-        model=_section(found, lambda: _model(raw.get("model", DEFAULT_MODEL)), None),
+        model=_section(found, lambda: _model(raw.get("model", DEFAULT_MODEL), resolver), None),
         training=_section(found, lambda: _training(raw.get("training", {}), "training", defaults=TRAINING_DEFAULTS),
                           dict(TRAINING_DEFAULTS)),
         loggers=_section(found, lambda: _loggers(raw.get("loggers", [])), []),
         source=source, quick=quick_spec)
 
 
-def _entries(study: _Draft, raw: dict, found: ErrorList, data_root, recipe_folder) -> None:
+def _entries(study: _Draft, raw: dict, found: ErrorList, data_root, recipe_folder, resolver: Resolver) -> None:
     """Scenarios, metrics, then strategies (recipes need the scenarios), each entry on its own."""
-    for key, target, fn in (("scenarios", study.scenarios, lambda e, w: _scenario(e, w, data_root)),
-                            ("metrics", study.metrics, _metric),
+    for key, target, fn in (("scenarios", study.scenarios, lambda e, w: _scenario(e, w, data_root, resolver)),
+                            ("metrics", study.metrics, lambda e, w: _metric(e, w, resolver)),
                             ("strategies", study.strategies,
                              lambda e, w: _strategy_or_recipe(e, w, study.training, study.scenarios, recipe_folder,
-                                                              (study.model or {}).get("name")))):
+                                                              (study.model or {}).get("name"), resolver))):
         entries = _section(found, lambda key=key: _list(raw.get(key, []), key, empty=key == "metrics"), [])
         for i, entry in enumerate(entries):
             made = _section(found, lambda entry=entry, i=i, fn=fn, key=key: fn(entry, f"{key}[{i}]"), None)
@@ -275,20 +262,6 @@ def _dotted_names(study: _Draft) -> list[str]:
         for spec in strategy.get("per_scenario", {}).values() or [strategy]:
             names += [spec["class"], *(p["name"] for p in spec["plugins"])]
     return [n for n in names if ":" in n]
-
-
-def _user_sources(study: _Draft) -> tuple[dict, list]:
-    """``({module: source hash}, [folders])`` of every user module the config names."""
-    sources, paths = {}, []
-    for name in _dotted_names(study):
-        module = name.partition(":")[0]
-        digest = source_hash(module)
-        if digest is not None:
-            sources[module] = digest
-        folder = module_folder(module)
-        if folder is not None and folder not in paths:
-            paths.append(folder)
-    return sources, paths
 
 
 def _read(path: Path) -> dict:
@@ -414,7 +387,7 @@ def _apply_quick(raw: dict, spec: dict) -> dict:
     return raw
 
 
-def _scenario(entry, path: str, data_root) -> dict:
+def _scenario(entry, path: str, data_root, resolver: Resolver) -> dict:
     if isinstance(entry, str):
         entry = {"benchmark": entry}
     spec = _keys(entry, path, _SCENARIO, required=("benchmark",))
@@ -427,7 +400,7 @@ def _scenario(entry, path: str, data_root) -> dict:
     if spec.get("online") is not None:
         out["online"] = _online(spec["online"], f"{path}.online")
     if ":" in benchmark:
-        factory = resolve_dotted(benchmark, f"{path}.benchmark")
+        factory = resolver.resolve(benchmark, f"{path}.benchmark")
         for key in ("n_experiences", "task_incremental", "data_root", "train_per_class", "test_per_class"):
             if spec.get(key) is not None:
                 raise ConfigError(f"{path}.{key}: a benchmark factory takes its arguments in {path}.kwargs")
@@ -472,9 +445,9 @@ def _online(entry, path: str) -> dict:
             "access_task_boundaries": access}
 
 
-def _model(entry) -> dict:
+def _model(entry, resolver: Resolver) -> dict:
     spec = _named(entry, "model")
-    factory = model_factory(spec["name"], "model.name")
+    factory = model_factory(spec["name"], "model.name", resolver)
     if factory is None:  # a zoo model: its kwargs against its class, without what the study injects
         from avalanche_plugins.study.harness.models import ZOO
 
@@ -516,11 +489,12 @@ def _training_value(key: str, given, where: str) -> None:
             raise ConfigError(f"{where}: expected a {'positive' if key == 'lr' else 'non-negative'} number, got {given!r}")
 
 
-def _strategy_or_recipe(entry, path: str, training: dict, scenarios: list[dict], folder, model=None) -> dict:
+def _strategy_or_recipe(entry, path: str, training: dict, scenarios: list[dict], folder, model=None,
+                        resolver: Resolver | None = None) -> dict:
     """A strategy entry; with ``recipe:``, validated once per scenario with that scenario's recipe
     merged in (``per_scenario``: ``{scenario name: spec with "recipe" and "overridden"}``)."""
     if not isinstance(entry, Mapping) or entry.get("recipe") in (None, False):
-        return _strategy(entry, path, training)
+        return _strategy(entry, path, training, resolver)
     from avalanche_plugins.study.recipe_book import find_recipe, merge_recipe
 
     name = _string(entry.get("name"), f"{path}.name")
@@ -533,7 +507,7 @@ def _strategy_or_recipe(entry, path: str, training: dict, scenarios: list[dict],
             label, shipped = find_recipe(scenario, name if recipe is True else recipe, f"{path}.recipe", folder,
                                          model=model)
             merged, overridden = merge_recipe(dict(entry), shipped)
-            spec = _strategy(merged, path, training)
+            spec = _strategy(merged, path, training, resolver)
             per[scenario["name"]] = {**spec, "recipe": label, "overridden": overridden}
     found.raise_if_any()
     if not per:
@@ -541,7 +515,7 @@ def _strategy_or_recipe(entry, path: str, training: dict, scenarios: list[dict],
     return {**next(iter(per.values())), "per_scenario": per}
 
 
-def _strategy(entry, path: str, training: dict) -> dict:
+def _strategy(entry, path: str, training: dict, resolver: Resolver | None = None) -> dict:
     """One strategy entry; every problem in it is reported (one ``ConfigError`` listing them)."""
     if isinstance(entry, str):
         entry = {"name": entry}
@@ -557,7 +531,7 @@ def _strategy(entry, path: str, training: dict) -> dict:
     where_cls = f"{path}.class" if "class" in spec else f"{path}.name"
     cls = None
     with found.attempt():
-        cls = strategy_class(cls_name, where_cls)
+        cls = strategy_class(cls_name, where_cls, resolver)
     kwargs = grid = {}
     with found.attempt():
         kwargs = _kwargs(spec.get("kwargs", {}), f"{path}.kwargs")
@@ -570,7 +544,7 @@ def _strategy(entry, path: str, training: dict) -> dict:
     for i, p in enumerate(plugins):
         classes.append(None)
         with found.attempt():
-            classes[i] = plugin_class(p["name"], f"{path}.plugins[{i}].name")
+            classes[i] = plugin_class(p["name"], f"{path}.plugins[{i}].name", resolver)
     targets = {}  # grid key → (kind, plugin index, argument)
     for key, values in grid.items():
         with found.attempt():
@@ -623,11 +597,11 @@ def _grid_target(key: str, values, path: str, plugins: list[dict]) -> tuple[str,
     return kind, index, argument
 
 
-def _metric(entry, path: str) -> dict:
+def _metric(entry, path: str, resolver: Resolver | None = None) -> dict:
     spec = _named(entry, path)
     if spec["name"] in ATTACHED:
         raise ConfigError(f"{path}.name: {spec['name']} is attached to every run already")
-    factory = metric_factory(spec["name"], f"{path}.name")
+    factory = metric_factory(spec["name"], f"{path}.name", resolver)
     kwargs, injected, optional = check_kwargs(spec["name"], spec["kwargs"])  # the diagnostics catalog's
     check_arguments(factory, kwargs, f"{path}.kwargs", injected=injected, optional=optional, label=spec["name"])
     return spec

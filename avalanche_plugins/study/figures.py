@@ -6,7 +6,8 @@ each attached diagnostic: ``readiness_*`` (OR of the checkpoint on each incoming
 ``ads_*`` (predicted vs realised old-task logit shift), ``transport_*`` (transport-key recovery per
 stage and key family), ``curvature_*`` (per-layer curvature profile after each experience) and
 ``structural_*`` (Grow / Prune compactness, cycle accuracy, newborn gradient ratio). Lines are
-means over seeds; bands ± one std.
+means over seeds; bands ± one std. Every figure of a scenario names the failed runs it leaves out:
+the note travels with the figure's file (:class:`FigureFile`), into each plot as an argument.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ import math
 import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from avalanche_plugins.study.diagnostics import figure_keys
+from avalanche_plugins.study.rows import RunRow
 
-__all__ = ["PLOTS", "make_figures"]
+__all__ = ["PLOTS", "FigureFile", "make_figures"]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -53,57 +56,65 @@ def _integer_x(ax, axis: str = "x") -> None:
     getattr(ax, f"{axis}axis").set_major_locator(MaxNLocator(integer=True))
 
 
-_missing_note: list[str] = [""]  # what the figures being drawn leave out (failed runs), set per scenario
+@dataclass(frozen=True)
+class FigureFile:
+    """Where one figure goes, and the note every figure of its scenario carries (``""``: none):
+    the failed runs it leaves out."""
+
+    path: Path
+    note: str = ""
 
 
-def _annotate_missing(fig) -> None:
-    if _missing_note[0]:
-        fig.text(0.005, 0.002, _missing_note[0], fontsize=6, color="firebrick", ha="left", va="bottom")
+def _annotate_missing(fig, note: str) -> None:
+    if note:
+        fig.text(0.005, 0.002, note, fontsize=6, color="firebrick", ha="left", va="bottom")
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig, target: FigureFile) -> Path:
     fig.tight_layout()
-    _annotate_missing(fig)
-    fig.savefig(path, dpi=90)
+    _annotate_missing(fig, target.note)
+    fig.savefig(target.path, dpi=90)
     _plt().close(fig)
-    return path
+    return target.path
 
 
-def make_figures(runs: Sequence[Mapping], metrics: Sequence[Mapping], out_dir, strategies: Sequence[str]) -> list[Path]:
+def make_figures(runs: Sequence[RunRow | Mapping], metrics: Sequence[Mapping], out_dir,
+                 strategies: Sequence[str]) -> list[Path]:
     """Write every figure the data allows (test runs only; failed runs are left out, and every
-    figure of the scenario names them); return their paths."""
+    figure of the scenario names them); return their paths. ``runs``: the run rows (typed or their
+    JSON form); ``metrics``: the tidy metric rows."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     colors = _colors(strategies)
     paths = []
-    for scenario in dict.fromkeys(r["scenario"] for r in runs):
+    runs = [RunRow.of(r) for r in runs]
+    for scenario in dict.fromkeys(r.scenario for r in runs):
         slug = _UNSAFE.sub("_", scenario)
-        part = [r for r in runs if r["scenario"] == scenario and r["split"] == "test" and not r.get("error")]
-        missing = [f"{r['strategy']} seed {r['seed']}" for r in runs
-                   if r["scenario"] == scenario and r["split"] == "test" and r.get("error")]
-        _missing_note[0] = f"missing (failed, not scored): {', '.join(missing)}" if missing else ""
-        order = [s for s in strategies if any(r["strategy"] == s for r in part)]
+        part = [r for r in runs if r.scenario == scenario and r.split == "test" and not r.error]
+        missing = [f"{r.strategy} seed {r.seed}" for r in runs if r.scenario == scenario and r.split == "test" and r.error]
+        note = f"missing (failed, not scored): {', '.join(missing)}" if missing else ""
+        order = [s for s in strategies if any(r.strategy == s for r in part)]
         rows = [m for m in metrics if m["scenario"] == scenario and m["split"] == "test"]
         if not order:  # every run of the scenario failed: nothing to draw (the tables say so)
             continue
-        paths.append(_accuracy_matrices(part, order, out / f"accuracy_matrix_{slug}.png", scenario))
-        paths.append(_accuracy_stream(part, order, colors, out / f"accuracy_stream_{slug}.png", scenario))
+        paths.append(_accuracy_matrices(part, order, FigureFile(out / f"accuracy_matrix_{slug}.png", note), scenario))
+        paths.append(_accuracy_stream(part, order, colors, FigureFile(out / f"accuracy_stream_{slug}.png", note),
+                                      scenario))
         by_metric = defaultdict(list)
         for row in rows:
             by_metric[row["metric"]].append(row)
         for name in figure_keys():  # one figure per key of the diagnostics catalog, in its order
-            path = PLOTS[name](by_metric, order, colors, out / f"{name}_{slug}.png", scenario)
+            path = PLOTS[name](by_metric, order, colors, FigureFile(out / f"{name}_{slug}.png", note), scenario)
             if path is not None:
                 paths.append(path)
-    _missing_note[0] = ""
     return paths
 
 
 def _mean_matrix(runs, strategy) -> np.ndarray:
-    return np.nanmean([np.array(r["accuracy_matrix"], dtype=float) for r in runs if r["strategy"] == strategy], axis=0)
+    return np.nanmean([np.array(r.accuracy_matrix, dtype=float) for r in runs if r.strategy == strategy], axis=0)
 
 
-def _accuracy_matrices(runs, order, path, scenario) -> Path:
+def _accuracy_matrices(runs, order, target: FigureFile, scenario) -> Path:
     plt = _plt()
     cols = min(len(order), 5)
     nrows = math.ceil(len(order) / cols)
@@ -124,20 +135,20 @@ def _accuracy_matrices(runs, order, path, scenario) -> Path:
         row[0].set_ylabel("after training experience")
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="accuracy")
     fig.suptitle(f"{scenario}: accuracy matrix (mean over seeds)", fontsize=10)
-    _annotate_missing(fig)
-    fig.savefig(path, dpi=90, bbox_inches="tight")
+    _annotate_missing(fig, target.note)
+    fig.savefig(target.path, dpi=90, bbox_inches="tight")
     plt.close(fig)
-    return path
+    return target.path
 
 
-def _accuracy_stream(runs, order, colors, path, scenario) -> Path:
+def _accuracy_stream(runs, order, colors, target: FigureFile, scenario) -> Path:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.2, 3.4))
     for strategy in order:
         curves = []
         for r in runs:
-            if r["strategy"] == strategy:
-                acc = np.array(r["accuracy_matrix"], dtype=float)
+            if r.strategy == strategy:
+                acc = np.array(r.accuracy_matrix, dtype=float)
                 curves.append([np.mean(acc[i, :i + 1]) for i in range(acc.shape[0])])
         curves = np.array(curves)
         x = np.arange(curves.shape[1])
@@ -150,7 +161,7 @@ def _accuracy_stream(runs, order, colors, path, scenario) -> Path:
            title=f"{scenario}: accuracy across the stream")
     _integer_x(ax)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return _save(fig, target)
 
 
 def _by_experience(rows, order, key_filter=None) -> dict:
@@ -175,7 +186,7 @@ def _line(ax, data: Mapping[int, list], color, label, style="-", marker="o"):
         ax.fill_between(xs, means - stds, means + stds, color=color, alpha=0.12)
 
 
-def _readiness(by_metric, order, colors, path, scenario):
+def _readiness(by_metric, order, colors, target: FigureFile, scenario):
     rows = by_metric.get("OptimizationReadiness")
     if not rows:
         return None
@@ -186,10 +197,10 @@ def _readiness(by_metric, order, colors, path, scenario):
     ax.set(xlabel="incoming experience", ylabel="OR of the checkpoint", title=f"{scenario}: optimization readiness")
     _integer_x(ax)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return _save(fig, target)
 
 
-def _ads(by_metric, order, colors, path, scenario):
+def _ads(by_metric, order, colors, target: FigureFile, scenario):
     predicted, realised = by_metric.get("ADS"), by_metric.get("ADSRealisedShift")
     if not predicted or not realised:
         return None
@@ -217,10 +228,10 @@ def _ads(by_metric, order, colors, path, scenario):
               xlim=(min(0, low), high), ylim=(0, high))
     right.legend(fontsize=7)
     fig.suptitle(f"{scenario}: architecture-driven shift", fontsize=10)
-    return _save(fig, path)
+    return _save(fig, target)
 
 
-def _transport(by_metric, order, colors, path, scenario):
+def _transport(by_metric, order, colors, target: FigureFile, scenario):
     rows = [r for r in by_metric.get("TransportKeyRecovery", []) if "control=" not in r["key"]]
     if not rows:
         return None
@@ -248,10 +259,10 @@ def _transport(by_metric, order, colors, path, scenario):
         ax.set(title=f"key family: {family}", ylabel="recovery", xlabel="stage")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"{scenario}: transport-key recovery of earlier experiences", fontsize=10)
-    return _save(fig, path)
+    return _save(fig, target)
 
 
-def _curvature(by_metric, order, colors, path, scenario):
+def _curvature(by_metric, order, colors, target: FigureFile, scenario):
     rows = [r for r in by_metric.get("LayerSensitivity", []) if r["key"]]
     if not rows:
         return None
@@ -276,7 +287,7 @@ def _curvature(by_metric, order, colors, path, scenario):
     axes[0][0].set_ylabel("top curvature s_l")
     axes[0][-1].legend(fontsize=6)
     fig.suptitle(f"{scenario}: layer curvature profile", fontsize=10)
-    return _save(fig, path)
+    return _save(fig, target)
 
 
 def _by_step(rows, strategy) -> tuple[np.ndarray, np.ndarray]:
@@ -289,7 +300,7 @@ def _by_step(rows, strategy) -> tuple[np.ndarray, np.ndarray]:
     return xs, np.array([np.mean(values[x]) for x in xs])
 
 
-def _structural(by_metric, order, colors, path, scenario):
+def _structural(by_metric, order, colors, target: FigureFile, scenario):
     panels = [(name, label) for name, label in (("Compactness", "compactness (active units)"),
                                                 ("CycleAccuracy", "cycle accuracy (seen experiences)"),
                                                 ("NewbornGradientRatio", "newborn / incumbent gradient"))
@@ -306,8 +317,8 @@ def _structural(by_metric, order, colors, path, scenario):
         ax.set(xlabel="training iteration", ylabel=label)
     max(axes[0], key=lambda ax: len(ax.get_lines())).legend(fontsize=7)
     fig.suptitle(f"{scenario}: structural plasticity", fontsize=10)
-    return _save(fig, path)
+    return _save(fig, target)
 
 
 PLOTS = {"readiness": _readiness, "ads": _ads, "transport": _transport, "curvature": _curvature,
-         "structural": _structural}  # figure key (the diagnostics catalog's) -> plot
+         "structural": _structural}  # figure key (the diagnostics catalog's) -> plot(by_metric, order, colors, target, scenario)

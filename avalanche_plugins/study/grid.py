@@ -9,18 +9,17 @@ A key names where its values go:
 
 :func:`grid_target` parses a key: the loader calls it once per key, for its checks and for the
 typed :class:`~avalanche_plugins.study.specs.GridKey` that build and run then read
-(:func:`avalanche_plugins.study.specs.apply_setting`). :func:`apply_setting` here applies a
-setting to a strategy as saved in a ``results.json`` (a dict; ``benchmarks/recipes.py`` reads those).
+(:func:`avalanche_plugins.study.specs.apply_setting`); a strategy saved in a ``results.json`` is
+read back with :meth:`~avalanche_plugins.study.specs.StrategySpec.from_dict`, which parses its keys here.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 
 from avalanche_plugins.study.registry import ConfigError
 
-__all__ = ["apply_setting", "grid_target", "plugin_index"]
+__all__ = ["grid_target", "plugin_index"]
 
 
 def plugin_index(owner: str, plugins: Sequence[Mapping], where: str) -> int:
@@ -57,21 +56,3 @@ def grid_target(key: str, plugins: Sequence[Mapping], where: str) -> tuple[str, 
     if owner == "training":
         return "training", None, argument
     return "plugin", plugin_index(owner, plugins, where), argument
-
-
-def apply_setting(strategy: Mapping, training: Mapping, setting: Mapping) -> tuple[dict, dict]:
-    """``(strategy spec, training)`` with a grid setting applied: bare keys go to the strategy's
-    kwargs, ``training.KEY`` to the training settings, ``PLUGIN.KEY`` / ``plugins[i].KEY`` to a
-    plugin's kwargs. The strategy's own ``training`` overrides the study's."""
-    spec = {"name": strategy["name"], "class": strategy["class"], "kwargs": dict(strategy["kwargs"]),
-            "plugins": copy.deepcopy(strategy["plugins"])}
-    training = {**training, **strategy.get("training", {})}
-    for key, value in setting.items():
-        kind, index, argument = grid_target(key, spec["plugins"], key)
-        if kind == "strategy":
-            spec["kwargs"][argument] = value
-        elif kind == "training":
-            training[argument] = value
-        else:
-            spec["plugins"][index]["kwargs"][argument] = value
-    return spec, training

@@ -20,32 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from avalanche_plugins.study.harness.data import (
+    stream_facts,  # re-exported: the facts a row carries
+)
+from avalanche_plugins.study.rows import RunRow
+
 __all__ = ["SETTINGS", "describe_scenario", "provenance_lines", "rows_facts", "scenario_provenance", "setting_lines",
            "stream_facts", "study_provenance"]
 
 SETTINGS = ("class-incremental", "task-incremental", "domain-incremental")
-
-
-def stream_facts(stream) -> dict:
-    """The setting, experiences and classes of a built ``Stream`` (what the runs actually saw).
-
-    Task-incremental: task labels differ between experiences (or the stream says so);
-    class-incremental: one shared head and pairwise disjoint class sets; otherwise
-    domain-incremental (the same classes again, e.g. permuted inputs)."""
-    train = list(stream.benchmark.train_stream)
-    classes = [sorted(int(c) for c in experience.classes_in_this_experience) for experience in train]
-    tasks = sorted({int(t) for experience in train for t in getattr(experience, "task_labels", [0])})
-    seen: set = set()
-    disjoint = True
-    for group in classes:
-        disjoint &= not (seen & set(group))
-        seen |= set(group)
-    if stream.task_incremental or len(tasks) > 1:
-        setting = "task-incremental"
-    else:
-        setting = "class-incremental" if disjoint else "domain-incremental"
-    return {"setting": setting, "experiences": len(train), "classes_per_experience": [len(c) for c in classes],
-            "classes": len(seen), "task_labels": tasks}
 
 
 def scenario_provenance(scenario, facts: Mapping | None, *, dataset: str | None,
@@ -109,12 +92,12 @@ def provenance_lines(saved: Mapping) -> list[str]:
     return [*lines, ""]
 
 
-def rows_facts(rows: Sequence[Mapping], scenario: str) -> dict | None:
-    """The stream facts of the first run of ``scenario`` that built its stream."""
-    return next((r["stream"] for r in rows if r.get("scenario") == scenario and r.get("stream")), None)
+def rows_facts(rows: Sequence[RunRow | Mapping], scenario: str) -> dict | None:
+    """The stream facts of the first run of ``scenario`` that built its stream (rows typed or their JSON form)."""
+    return next((r.stream for r in map(RunRow.of, rows) if r.scenario == scenario and r.stream), None)
 
 
-def study_provenance(scenarios: Sequence, sources: Mapping, rows: Sequence[Mapping]) -> dict:
+def study_provenance(scenarios: Sequence, sources: Mapping, rows: Sequence[RunRow | Mapping]) -> dict:
     """``{scenario name: provenance}`` of a study's scenarios (:func:`scenario_provenance`), the
     setting and classes read from ``rows`` (its runs), a factory's module hash from ``sources``
     (``{module: source hash}``, the study's)."""

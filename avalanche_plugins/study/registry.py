@@ -28,7 +28,7 @@ import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["ALIASES", "ConfigError", "ErrorList", "check_arguments", "module_folder", "set_search_paths",
+__all__ = ["ALIASES", "ConfigError", "ErrorList", "Resolver", "check_arguments", "import_paths",
            "source_hash", "check_value", "metric_factory", "model_factory",
            "parameters", "plugin_class", "resolve_dotted", "strategy_class"]
 
@@ -79,21 +79,72 @@ class ErrorList:
             raise ConfigError(self.errors)
 
 
-_search_paths: list[str] = []  # folders dotted names resolve against (the config's, the working directory)
-_imported_from: dict[str, str] = {}  # user module → the folder it was imported from
+@contextlib.contextmanager
+def import_paths(paths):
+    """Put ``paths`` first on ``sys.path`` for the block (in their order, those not there already)
+    and take those it put off again: the one place the study changes ``sys.path`` (reading a
+    config's dotted names, a job importing its user modules).
+
+    Example:
+        >>> with import_paths(["/nonexistent/folder"]):
+        ...     sys.path[0]
+        '/nonexistent/folder'
+        >>> "/nonexistent/folder" in sys.path
+        False
+    """
+    added = [p for p in dict.fromkeys(str(p) for p in paths or ()) if p not in sys.path]
+    sys.path[:0] = added
+    try:
+        yield
+    finally:
+        for path in added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(path)
 
 
-def set_search_paths(*folders) -> None:
-    """Folders a dotted ``module:attr`` resolves against, first to last (put on ``sys.path``)."""
-    _search_paths[:] = [str(Path(f).resolve()) for f in folders if f is not None]
-    for folder in reversed(_search_paths):
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
+class Resolver:
+    """Resolves a study's dotted ``module:callable`` names against ``folders`` (the config's, the
+    working directory: on ``sys.path`` only while a name is imported, :func:`import_paths`) and
+    records the folder each user module was imported from (:attr:`imported_from`: the folder of its
+    top-level package), which the study keeps so its jobs can import the modules where they run.
+
+    Example:
+        >>> resolver = Resolver()
+        >>> resolver.resolve("json:dumps", "model.name").__name__, resolver.search_paths
+        ('dumps', ())
+        >>> resolver.folders(["json"]) == [str(Path(__import__("json").__file__).resolve().parents[1])]  # holds json/
+        True
+    """
+
+    def __init__(self, *folders):
+        self.search_paths = tuple(str(Path(f).resolve()) for f in folders if f is not None)
+        self.imported_from: dict[str, str] = {}  # user module → the folder it was imported from
+
+    def resolve(self, path: str, where: str):
+        """:func:`resolve_dotted` with the search folders on ``sys.path``; records the module's folder."""
+        with import_paths(self.search_paths):
+            obj = resolve_dotted(path, where, searched=self.search_paths)
+        module_name = path.partition(":")[0]
+        file = getattr(sys.modules.get(module_name), "__file__", None)
+        if file:
+            top = Path(file).resolve().parents[module_name.count(".") + (Path(file).name == "__init__.py")]
+            self.imported_from.setdefault(module_name, str(top))
+        return obj
+
+    def folders(self, modules) -> list[str]:
+        """The folders ``modules`` were imported from (in order, once each; unresolved ones left out)."""
+        return list(dict.fromkeys(self.imported_from[m] for m in modules if m in self.imported_from))
+
+    def source_hashes(self, modules) -> dict[str, str]:
+        """``{module: source_hash}`` of ``modules`` (those with source files)."""
+        with import_paths(self.search_paths):
+            hashes = {m: source_hash(m) for m in dict.fromkeys(modules)}
+        return {m: h for m, h in hashes.items() if h is not None}
 
 
-def module_folder(module_name: str) -> str | None:
-    """The folder holding the top-level package of an imported user module (for workers)."""
-    return _imported_from.get(module_name)
+def _resolve(name: str, where: str, resolver: Resolver | None):
+    """A dotted name through ``resolver`` (reading a config), or :func:`resolve_dotted` (building a run)."""
+    return resolver.resolve(name, where) if resolver is not None else resolve_dotted(name, where)
 
 
 def source_hash(module_name: str) -> str | None:
@@ -111,22 +162,19 @@ def source_hash(module_name: str) -> str | None:
     return digest.hexdigest()[:16]
 
 
-def resolve_dotted(path: str, where: str):
-    """``"package.module:attr.sub"`` → the object (``ConfigError`` naming ``where`` otherwise)."""
+def resolve_dotted(path: str, where: str, searched=()):
+    """``"package.module:attr.sub"`` → the object (``ConfigError`` naming ``where`` otherwise,
+    and the folders ``searched`` where the module is not found)."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"{where}: expected 'package.module:callable', got {path!r}")
     try:
         obj = importlib.import_module(module_name)
     except ImportError as error:
-        searched = ", ".join(_search_paths) or "sys.path"
-        raise ConfigError(f"{where}: cannot import module {module_name!r} ({error}; searched {searched})") from None
+        raise ConfigError(f"{where}: cannot import module {module_name!r} ({error}; searched "
+                          f"{', '.join(searched) or 'sys.path'})") from None
     except Exception as error:  # noqa: BLE001 - the user's module fails at import: say so, with its key
         raise ConfigError(f"{where}: importing {module_name!r} raised {type(error).__name__}: {error}") from None
-    file = getattr(obj, "__file__", None)
-    if file:
-        top = Path(file).resolve().parents[module_name.count(".") + (Path(file).name == "__init__.py")]
-        _imported_from.setdefault(module_name, str(top))
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ConfigError(f"{where}: module {module_name!r} has no attribute {attr!r}")
@@ -185,10 +233,10 @@ def _package_exports(suffix: str) -> dict:
     return {name: getattr(avalanche_plugins, name) for name in avalanche_plugins.__all__ if name.endswith(suffix)}
 
 
-def strategy_class(name: str, where: str) -> type:
+def strategy_class(name: str, where: str, resolver: Resolver | None = None) -> type:
     """An Avalanche strategy class by name, or a dotted path."""
     if ":" in name:
-        return resolve_dotted(name, where)
+        return _resolve(name, where, resolver)
     import avalanche.training as training
     import avalanche.training.supervised as supervised
     from avalanche.training.templates import BaseTemplate
@@ -200,10 +248,10 @@ def strategy_class(name: str, where: str) -> type:
     return found[name]
 
 
-def plugin_class(name: str, where: str) -> type:
+def plugin_class(name: str, where: str, resolver: Resolver | None = None) -> type:
     """A plugin of this package or Avalanche's by class name, or a dotted path."""
     if ":" in name:
-        return resolve_dotted(name, where)
+        return _resolve(name, where, resolver)
     import avalanche.training.plugins as avalanche_plugins_module
 
     found = {n: getattr(avalanche_plugins_module, n) for n in dir(avalanche_plugins_module) if n.endswith("Plugin")}
@@ -214,10 +262,10 @@ def plugin_class(name: str, where: str) -> type:
     return found[name]
 
 
-def metric_factory(name: str, where: str) -> Callable:
+def metric_factory(name: str, where: str, resolver: Resolver | None = None) -> Callable:
     """A metric class of this package, an Avalanche metric helper/class, or a dotted path."""
     if ":" in name:
-        return resolve_dotted(name, where)
+        return _resolve(name, where, resolver)
     import avalanche.evaluation.metrics as metrics
 
     found = {n: getattr(metrics, n) for n in dir(metrics)
@@ -228,12 +276,12 @@ def metric_factory(name: str, where: str) -> Callable:
     return found[name]
 
 
-def model_factory(name: str, where: str) -> Callable | None:
+def model_factory(name: str, where: str, resolver: Resolver | None = None) -> Callable | None:
     """``None`` for a zoo name (built by ``build_model``), else the dotted callable."""
     from avalanche_plugins.study.harness.models import ZOO
 
     if ":" in name:
-        return resolve_dotted(name, where)
+        return _resolve(name, where, resolver)
     if name not in ZOO:
         raise _unknown("model", name, where, ZOO)
     return None

@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 from avalanche_plugins.study.recipe_book import load_recipes, tolerance
+from avalanche_plugins.study.rows import RunRow
 
 __all__ = ["QUICK", "reproduce", "reproduction_study"]
 
@@ -50,13 +51,13 @@ def reproduce(keys=None, *, quick: bool = False, folder=None, out="out/reproduce
         for name in config["strategies"]:
             name = name["name"]
             entry = recipe["strategies"][name]
-            runs = {r["seed"]: r for r in result.rows if r["strategy"] == name}
+            runs = {r.seed: r for r in map(RunRow.from_dict, result.rows) if r.strategy == name}
             expected = entry["test"]["acc"][: len(runs) or 1]
-            got = [runs[s]["acc"] if s in runs else float("nan") for s in entry["test"]["seeds"][: len(expected)]]
+            got = [runs[s].acc if s in runs else float("nan") for s in entry["test"]["seeds"][: len(expected)]]
             tol = tolerance(entry["test"]["acc"])
             exp_mean, got_mean = sum(expected) / len(expected), sum(got) / len(got)
             ok = math.isfinite(got_mean) and abs(got_mean - exp_mean) <= tol
             rows.append({"scenario": key, "strategy": name, "metric": "acc", "seeds": len(expected),
                          "expected": exp_mean, "got": got_mean, "tolerance": tol, "ok": ok,
-                         "error": next((r.get("error") for r in runs.values() if r.get("error")), "")})
+                         "error": next((r.error for r in runs.values() if r.error), "")})
     return rows

@@ -23,8 +23,10 @@ import numpy as np
 
 from avalanche_plugins.study.diagnostics import ACCURACY, TASK_IL_ACCURACY
 from avalanche_plugins.study.harness.jobs import Timer, seed_everything
+from avalanche_plugins.study.registry import import_paths
+from avalanche_plugins.study.rows import CONTEXT_KEYS, SCORES, RunRow
+from avalanche_plugins.study.scores import run_scores
 from avalanche_plugins.study.specs import MetricSpec, ModelSpec, RunSpec, ScenarioSpec, TrainingSpec
-from avalanche_plugins.study.stats import SCORES, run_scores
 
 __all__ = ["CONTEXT", "FILES", "OUTSIDE_THE_METHOD", "StudyJob", "accuracy_matrix", "failed_outside_the_method",
            "lost_row", "read_files", "run_job", "write_files"]
@@ -35,16 +37,18 @@ __all__ = ["CONTEXT", "FILES", "OUTSIDE_THE_METHOD", "StudyJob", "accuracy_matri
 OUTSIDE_THE_METHOD = frozenset({"error", "callback"})
 
 
-def failed_outside_the_method(row: dict) -> bool:
-    """Whether ``row`` (a run's row) failed for a reason outside the method (``OUTSIDE_THE_METHOD``).
+def failed_outside_the_method(row: RunRow | dict) -> bool:
+    """Whether ``row`` (a run's row, typed or its JSON form) failed for a reason outside the method
+    (``OUTSIDE_THE_METHOD``).
 
     Example:
         >>> failed_outside_the_method({"status": "error"}), failed_outside_the_method({"status": "diverged"})
         (True, False)
     """
-    return row.get("status") in OUTSIDE_THE_METHOD
+    return RunRow.of(row).status in OUTSIDE_THE_METHOD
 
-CONTEXT = ("scenario", "strategy", "setting", "seed", "split")  # the tidy CSV's context columns
+
+CONTEXT = CONTEXT_KEYS  # the tidy CSV's context columns
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.=-]+")
 
 
@@ -152,10 +156,10 @@ def _run_job(job: StudyJob, log_dir: str | None) -> dict:
     """:func:`run_job` writing the run's files under ``log_dir`` (None: a scratch folder, no images)."""
     from avalanche_plugins.study.watch import CallbackFailed, Diverged
 
-    add_import_paths(job.paths)
     facts: dict = {}  # the stream's setting, experiences and classes, once it is built (provenance)
     try:
-        return {**_context(job), **_train(job, log_dir, facts), "stream": facts, "status": "ok"}
+        with import_paths(job.paths):  # where the study's user modules are imported from, for this job only
+            return RunRow(**_context(job), **_train(job, log_dir, facts), stream=facts, status="ok").as_dict()
     except Diverged as error:
         status, cause = "diverged", str(error)
     except CallbackFailed as error:
@@ -164,7 +168,7 @@ def _run_job(job: StudyJob, log_dir: str | None) -> dict:
         status, cause = "error", f"{type(error).__name__}: {error}"
     if job.scenario.online and "access_task_boundaries=True" in cause:  # say it in the config's terms
         cause += f" (scenario {job.scenario.name}: set online.access_task_boundaries: true)"
-    return _failed_row(job, status, cause, facts)
+    return _failed_row(job, status, cause, facts).as_dict()
 
 
 def _context(job: StudyJob) -> dict:
@@ -172,12 +176,13 @@ def _context(job: StudyJob) -> dict:
             "seed": job.seed, "split": job.split}
 
 
-def _failed_row(job: StudyJob, status: str, cause: str, facts: dict | None = None) -> dict:
-    return {**_context(job), **{m: float("nan") for m in SCORES}, "wall_s": float("nan"),
-            "train_s": float("nan"), "diagnostics_s": float("nan"), "figures_s": float("nan"),
-            "peak_memory_mb": float("nan"),
-            "callback_s": {}, "accuracy_matrix": [], "til_matrix": [], "baseline_accuracy": [], "metrics": [],
-            "stream": facts or {}, "status": status, "error": cause}
+def _failed_row(job: StudyJob, status: str, cause: str, facts: dict | None = None) -> RunRow:
+    """The row of a run that failed: NaN scores and costs (no callback seconds), empty matrices."""
+    nan = float("nan")
+    costs = {"wall_s": nan, "train_s": nan, "diagnostics_s": nan, "figures_s": nan, "peak_memory_mb": nan,
+             "callback_s": {}}
+    return RunRow(**_context(job), scores=dict.fromkeys(SCORES, nan), costs=costs, accuracy_matrix=[], til_matrix=[],
+                  baseline_accuracy=[], metrics=[], stream=facts or {}, status=status, error=cause)
 
 
 def lost_row(job: StudyJob, cause: str) -> dict:
@@ -193,16 +198,7 @@ def lost_row(job: StudyJob, cause: str) -> dict:
         >>> row["status"], failed_outside_the_method(row), row["error"]
         ('error', True, 'job lost by the executor: NodeDiedError: the node running it died')
     """
-    return _failed_row(job, "error", f"job lost by the executor: {cause}")
-
-
-def add_import_paths(paths) -> None:
-    """Put the folders a study's user modules live in on ``sys.path`` (first, once each)."""
-    import sys
-
-    for path in reversed(list(paths or ())):
-        if path not in sys.path:
-            sys.path.insert(0, path)
+    return _failed_row(job, "error", f"job lost by the executor: {cause}").as_dict()
 
 
 def _disjoint_classes(stream) -> bool:
@@ -241,6 +237,8 @@ def _peak_memory_mb(device: str) -> float:
 
 
 def _train(job: StudyJob, log_dir: str | None, facts: dict) -> dict:
+    """Build and run ``job``; returns what it measured as :class:`RunRow` fields (scores, costs,
+    matrices, the tidy rows), ``facts`` filled with its stream's facts once the stream is built."""
     from avalanche_plugins.study.build import (
         build_evaluator,
         build_model,
@@ -248,8 +246,8 @@ def _train(job: StudyJob, log_dir: str | None, facts: dict) -> dict:
         build_strategy,
         build_stream,
     )
+    from avalanche_plugins.study.harness.data import stream_facts
     from avalanche_plugins.study.harness.training import quiet_deprecations
-    from avalanche_plugins.study.provenance import stream_facts
     from avalanche_plugins.study.watch import DivergenceWatch, time_callbacks
 
     stream = build_stream(job.scenario, job.seed, validation=job.split == "validation")
@@ -258,8 +256,7 @@ def _train(job: StudyJob, log_dir: str | None, facts: dict) -> dict:
     model = build_model(job.model, stream)
     plugins = build_plugins(job.strategy.plugins)
     task_il = not stream.task_incremental and _disjoint_classes(stream)
-    context = {"scenario": job.scenario.name, "strategy": job.strategy.name, "setting": job.setting,
-               "seed": job.seed, "split": job.split}
+    context = _context(job)
     ledger: dict = {}
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(log_dir) if log_dir is not None else Path(scratch)
@@ -293,11 +290,11 @@ def _train(job: StudyJob, log_dir: str | None, facts: dict) -> dict:
     if not math.isfinite(scores["acc"]):
         raise RuntimeError(f"{job.run_name}: the accuracy matrix has holes: {acc.tolist()}")
     diagnostics = sum(ledger[label] for label in timed_metrics)
-    return {**scores, "wall_s": timer.seconds, "train_s": timer.seconds - diagnostics, "diagnostics_s": diagnostics,
-            "figures_s": closing.seconds,
-            "callback_s": dict(ledger), "peak_memory_mb": _peak_memory_mb(job.training.device),
-            "accuracy_matrix": acc.tolist(), "til_matrix": til.tolist(), "baseline_accuracy": baseline,
-            "metrics": rows}
+    costs = {"wall_s": timer.seconds, "train_s": timer.seconds - diagnostics, "diagnostics_s": diagnostics,
+             "figures_s": closing.seconds, "callback_s": dict(ledger),
+             "peak_memory_mb": _peak_memory_mb(job.training.device)}
+    return {"scores": scores, "costs": costs, "accuracy_matrix": acc.tolist(), "til_matrix": til.tolist(),
+            "baseline_accuracy": baseline, "metrics": rows}
 
 
 def _import_autograd_machinery() -> None:

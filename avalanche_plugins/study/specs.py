@@ -155,22 +155,48 @@ class StrategySpec:
             out.update({"recipe": self.recipe, "overridden": list(self.overridden)})
         return out
 
+    @classmethod
+    def from_dict(cls, spec: Mapping) -> StrategySpec:
+        """The inverse of :meth:`as_dict` (a validated strategy, or one a ``results.json`` saved),
+        its grid keys parsed (:func:`~avalanche_plugins.study.grid.grid_target`: a key naming no
+        plugin of the strategy is a ``ConfigError``).
+
+        Example:
+            >>> spec = StrategySpec("EWC", "EWC", {"ewc_lambda": 1.0}, grid=(GridKey("ewc_lambda", "strategy",
+            ...                     None, "ewc_lambda", (1.0, 10.0)),))
+            >>> StrategySpec.from_dict(spec.as_dict()) == spec
+            True
+        """
+        from avalanche_plugins.study.grid import grid_target
+
+        grid = tuple(GridKey(key, *grid_target(key, spec["plugins"], key), tuple(values))
+                     for key, values in spec.get("grid", {}).items())
+        return cls(spec["name"], spec["class"], dict(spec["kwargs"]),
+                   tuple(PluginSpec(p["name"], dict(p["kwargs"])) for p in spec["plugins"]), grid,
+                   dict(spec.get("training", {})), spec.get("recipe"), tuple(spec.get("overridden", ())))
+
+    def with_setting(self, setting: Mapping) -> tuple[RunSpec, dict]:
+        """``(run spec, training overrides)`` with one grid setting (``{grid key: value}``) applied
+        through the parsed grid keys; the overrides are the strategy's own ``training`` with the
+        setting's ``training.KEY`` values (what :func:`apply_setting` lays over the study's)."""
+        kwargs = dict(self.kwargs)
+        plugins = [dict(p.kwargs) for p in self.plugins]
+        trained = dict(self.training)
+        keys = {g.key: g for g in self.grid}
+        for key, value in setting.items():
+            target = keys[key]
+            if target.kind == "strategy":
+                kwargs[target.argument] = value
+            elif target.kind == "training":
+                trained[target.argument] = value
+            else:
+                plugins[target.index][target.argument] = value
+        run = RunSpec(self.name, self.cls, kwargs, tuple(PluginSpec(p.name, k) for p, k in zip(self.plugins, plugins)))
+        return run, trained
+
 
 def apply_setting(strategy: StrategySpec, training: TrainingSpec, setting: Mapping) -> tuple[RunSpec, TrainingSpec]:
     """``(run spec, training)`` of ``strategy`` with one grid setting (``{grid key: value}``)
     applied through its parsed grid keys; the strategy's own training overrides the study's."""
-    kwargs = dict(strategy.kwargs)
-    plugins = [dict(p.kwargs) for p in strategy.plugins]
-    trained = dict(strategy.training)
-    keys = {g.key: g for g in strategy.grid}
-    for key, value in setting.items():
-        target = keys[key]
-        if target.kind == "strategy":
-            kwargs[target.argument] = value
-        elif target.kind == "training":
-            trained[target.argument] = value
-        else:
-            plugins[target.index][target.argument] = value
-    run = RunSpec(strategy.name, strategy.cls, kwargs,
-                  tuple(PluginSpec(p.name, k) for p, k in zip(strategy.plugins, plugins)))
+    run, trained = strategy.with_setting(setting)
     return run, training.updated(trained)

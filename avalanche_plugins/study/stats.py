@@ -1,6 +1,6 @@
-"""Statistics of a study: per-run scores from the accuracy matrix, summaries over seeds with
-intervals that respect each metric's range, paired t-tests against a reference strategy with
-Holm's correction.
+"""Statistics of a study: summaries over seeds with intervals that respect each metric's range,
+paired t-tests against a reference strategy with Holm's correction, of the per-run scores from the
+accuracy matrix (:mod:`~avalanche_plugins.study.scores`, re-exported here).
 
 ``R[i, j]`` is the test accuracy on experience ``j`` after training experience ``i`` (``T``
 experiences); ``b_j`` the accuracy of the same run's untrained (randomly initialised) model:
@@ -27,13 +27,18 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from avalanche_plugins.study.harness.training import average_accuracy, average_forgetting
+from avalanche_plugins.study.rows import SCORES, RunRow
+from avalanche_plugins.study.scores import (
+    backward_transfer,
+    forgetting_per_experience,
+    forward_transfer,
+    run_scores,
+)
 
 __all__ = ["METRICS", "HIGHER_IS_BETTER", "MIN_SEEDS_FOR_TESTS", "SCORES", "TESTED", "backward_transfer",
            "bootstrap_interval", "describe", "forgetting_per_experience", "forward_transfer", "holm",
            "paired_test", "run_scores", "summarize_diagnostics", "summarize_study", "describe_columns"]
 
-SCORES = ("acc", "acc_til", "forgetting", "bwt", "fwt")  # from the accuracy matrices of one run
 COSTS = ("train_s", "diagnostics_s", "figures_s", "peak_memory_mb")  # what the run cost
 METRICS = (*SCORES, *COSTS)
 TESTED = SCORES  # paired tests against the reference (costs are reported, not tested)
@@ -41,59 +46,6 @@ HIGHER_IS_BETTER = {"acc": True, "acc_til": True, "forgetting": False, "bwt": Tr
                     "train_s": False, "diagnostics_s": False, "figures_s": False, "peak_memory_mb": False}
 MIN_SEEDS_FOR_TESTS = 3
 _EXACT_UP_TO = 6  # seeds whose bootstrap resamples are enumerated exactly (6**6 = 46,656)
-
-
-def backward_transfer(acc: np.ndarray) -> float:
-    """Mean change from just-trained to final accuracy of every experience but the last.
-
-    Example:
-        >>> round(backward_transfer(np.array([[0.9, 0.1], [0.6, 0.8]])), 3)
-        -0.3
-    """
-    if acc.shape[0] < 2:
-        return 0.0
-    last = acc.shape[0] - 1
-    return float(np.mean([acc[last, j] - acc[j, j] for j in range(last)]))
-
-
-def forward_transfer(acc: np.ndarray, baseline: Sequence[float]) -> float:
-    """``mean_{j>=1} (R[j-1, j] - b_j)``: accuracy on each experience before training on it, over
-    the untrained model's (NaN with one experience or a missing ``b_j``).
-
-    Example:
-        >>> round(forward_transfer(np.array([[0.9, 0.3], [0.6, 0.8]]), [0.1, 0.1]), 3)
-        0.2
-    """
-    if acc.shape[0] < 2 or len(baseline) < acc.shape[1]:
-        return float("nan")
-    gains = [acc[j - 1, j] - baseline[j] for j in range(1, acc.shape[0])]
-    return float(np.mean(gains)) if all(math.isfinite(g) for g in gains) else float("nan")
-
-
-def forgetting_per_experience(acc: np.ndarray) -> list[float]:
-    """``f_j = max_{j<=i<T-1} R[i, j] - R[T-1, j]`` for every ``j < T-1``.
-
-    Example:
-        >>> [round(f, 3) for f in forgetting_per_experience(np.array([[0.9, 0.1, 0.0], [0.7, 0.8, 0.1],
-        ...                                                            [0.5, 0.6, 0.9]]))]
-        [0.4, 0.2]
-    """
-    last = acc.shape[0] - 1
-    return [float(np.nanmax(acc[j:last, j]) - acc[last, j]) for j in range(last)]
-
-
-def run_scores(acc: np.ndarray, baseline: Sequence[float] | None = None,
-               task_il: np.ndarray | None = None) -> dict:
-    """ACC, task-incremental ACC, forgetting, BWT and FWT of one run (NaN where the matrix has
-    holes, or where there is no task-incremental matrix / untrained baseline)."""
-    nan = float("nan")
-    if acc.size == 0 or np.isnan(acc[-1]).any() or np.isnan(np.diag(acc)).any():
-        return {m: nan for m in SCORES}
-    til = nan
-    if task_il is not None and task_il.size and not np.isnan(task_il[-1]).any():
-        til = average_accuracy(task_il)
-    return {"acc": average_accuracy(acc), "acc_til": til, "forgetting": average_forgetting(acc),
-            "bwt": backward_transfer(acc), "fwt": forward_transfer(acc, baseline) if baseline is not None else nan}
 
 
 def bootstrap_interval(values: Sequence[float], confidence: float = 0.95, *, resamples: int = 10_000,
@@ -174,10 +126,6 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return adjusted
 
 
-def _ok(row: Mapping) -> bool:
-    return row.get("status", "ok") == "ok" and not row.get("error")
-
-
 def _matrix_summary(matrices: list[np.ndarray]) -> dict | None:
     """Mean and std over seeds of each cell of equally shaped matrices."""
     matrices = [m for m in matrices if m.size]
@@ -188,33 +136,34 @@ def _matrix_summary(matrices: list[np.ndarray]) -> dict | None:
     return {"mean": stack.mean(axis=0).tolist(), "std": std.tolist(), "n": len(matrices)}
 
 
-def summarize_study(rows: Sequence[Mapping], reference: str, strategies: Sequence[str]) -> list[dict]:
+def summarize_study(rows: Sequence[RunRow | Mapping], reference: str, strategies: Sequence[str]) -> list[dict]:
     """Per (scenario, strategy): ``{metric: describe(...)}`` over the seeds that finished, the mean
     ± std accuracy matrices (``matrix``, ``til_matrix``) and forgetting per experience, the seeds
     that failed (``failed``: ``[{seed, status, error}]``; every seed failed: ``all_failed``) and,
     for every strategy but ``reference``, the paired test of each score against it with Holm's
     correction across the scenario's comparisons of that score. Order: scenarios as they
     appear, strategies as given."""
-    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    rows = [RunRow.of(r) for r in rows]
+    scenarios = list(dict.fromkeys(r.scenario for r in rows))
     summary = []
     for scenario in scenarios:
-        part = [r for r in rows if r["scenario"] == scenario]
-        by_strategy = {name: {r["seed"]: r for r in part if r["strategy"] == name and _ok(r)} for name in strategies}
+        part = [r for r in rows if r.scenario == scenario]
+        by_strategy = {name: {r.seed: r for r in part if r.strategy == name and r.ok} for name in strategies}
         entries = []
         for name in strategies:
             runs = by_strategy[name]
-            failed = [{"seed": r["seed"], "status": r.get("status", "error"), "error": r.get("error", "")}
-                      for r in part if r["strategy"] == name and not _ok(r)]
+            failed = [{"seed": r.seed, "status": r.status or "error", "error": r.error or ""}
+                      for r in part if r.strategy == name and not r.ok]
             if not runs and not failed:
                 continue
-            setting = next(iter(runs.values()), None) or next(r for r in part if r["strategy"] == name)
-            entry = {"scenario": scenario, "strategy": name, "setting": setting["setting"], "seeds": sorted(runs),
+            setting = next(iter(runs.values()), None) or next(r for r in part if r.strategy == name)
+            entry = {"scenario": scenario, "strategy": name, "setting": setting.setting, "seeds": sorted(runs),
                      "failed": sorted(failed, key=lambda f: f["seed"]), "all_failed": not runs, "tests": {}}
             for metric in METRICS:
-                entry[metric] = describe([r.get(metric, float("nan")) for r in runs.values()])
-            matrices = [np.asarray(r.get("accuracy_matrix", []), dtype=float) for r in runs.values()]
+                entry[metric] = describe([r.score(metric) for r in runs.values()])
+            matrices = [np.asarray(r.accuracy_matrix or [], dtype=float) for r in runs.values()]
             entry["matrix"] = _matrix_summary(matrices)
-            entry["til_matrix"] = _matrix_summary([np.asarray(r.get("til_matrix", []), dtype=float)
+            entry["til_matrix"] = _matrix_summary([np.asarray(r.til_matrix or [], dtype=float)
                                                    for r in runs.values()])
             per_exp = [forgetting_per_experience(m) for m in matrices if m.size]
             entry["forgetting_per_experience"] = describe_columns(per_exp)
@@ -222,8 +171,8 @@ def summarize_study(rows: Sequence[Mapping], reference: str, strategies: Sequenc
         ref_runs = by_strategy.get(reference, {})
         for metric in TESTED:
             compared = [e for e in entries if e["strategy"] != reference and ref_runs and not e["all_failed"]]
-            tests = [paired_test({s: by_strategy[e["strategy"]][s].get(metric, math.nan) for s in e["seeds"]},
-                                 {s: r.get(metric, math.nan) for s, r in ref_runs.items()}) for e in compared]
+            tests = [paired_test({s: by_strategy[e["strategy"]][s].score(metric) for s in e["seeds"]},
+                                 {s: r.score(metric) for s, r in ref_runs.items()}) for e in compared]
             for entry, test, p_holm in zip(compared, tests, holm([t["p"] for t in tests])):
                 entry["tests"][metric] = {**test, "p_holm": p_holm}
         summary += entries

@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 import benchmarks.ads_zoo as package
 from avalanche_plugins.study.harness.jobs import run_jobs
-from avalanche_plugins.study.harness.results import print_report, write_results
+from avalanche_plugins.study.harness.results import print_report
 from benchmarks._cli import (
     benchmark_parser,
     is_skipped,
@@ -15,6 +15,7 @@ from benchmarks._cli import (
     parse_args,
     split_list,
 )
+from benchmarks._results import write_results
 from benchmarks.ads_zoo.job import Job, run_job, warmup
 from benchmarks.ads_zoo.report import plot, report
 from benchmarks.ads_zoo.scoring import analyse

@@ -8,11 +8,7 @@ from dataclasses import asdict, replace
 
 import benchmarks.grow_prune as package
 from avalanche_plugins.study.harness.jobs import run_jobs
-from avalanche_plugins.study.harness.results import (
-    print_report,
-    summarize,
-    write_results,
-)
+from avalanche_plugins.study.harness.results import print_report
 from benchmarks._cli import (
     benchmark_parser,
     is_skipped,
@@ -20,6 +16,7 @@ from benchmarks._cli import (
     parse_args,
     split_list,
 )
+from benchmarks._results import summarize, write_results
 from benchmarks.grow_prune.job import Job, run_job
 from benchmarks.grow_prune.report import (
     VALUES,

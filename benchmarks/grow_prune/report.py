@@ -6,10 +6,7 @@ import json
 
 import numpy as np
 
-from avalanche_plugins.study.harness.results import (
-    format_table,
-    rounded_floats,
-)
+from benchmarks._results import format_table, rounded_floats
 
 
 def plot_course(rows, path) -> None:

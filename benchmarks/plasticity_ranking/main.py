@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from avalanche_plugins.study.harness.jobs import run_jobs
-from avalanche_plugins.study.harness.results import print_report, summarize, write_results
+from avalanche_plugins.study.harness.results import print_report
 from benchmarks._cli import (
     benchmark_parser,
     is_skipped,
@@ -17,6 +17,7 @@ from benchmarks._cli import (
     parse_args,
     split_list,
 )
+from benchmarks._results import summarize, write_results
 from benchmarks.plasticity_ranking.ranking import pra_rows
 from benchmarks.plasticity_ranking.report import analysis, keep, plot_decline, plot_runs, report
 from benchmarks.plasticity_ranking.run import Job, run_job

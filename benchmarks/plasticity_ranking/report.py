@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from avalanche_plugins.study.harness.results import rounded_floats
+from benchmarks._results import rounded_floats
 from benchmarks.plasticity_ranking.ranking import (
     cost_ratios,
     headlines,

@@ -10,8 +10,9 @@ from dataclasses import asdict, replace
 
 import benchmarks.scale as package
 from avalanche_plugins.study.harness.jobs import run_jobs
-from avalanche_plugins.study.harness.results import print_report, write_results
+from avalanche_plugins.study.harness.results import print_report
 from benchmarks._cli import benchmark_parser, is_skipped, parse_args, split_list
+from benchmarks._results import write_results
 from benchmarks.scale.measure import EPOCH_IMAGES, ESTIMATORS, MODELS, Config, Job, setting_for
 from benchmarks.scale.report import plot, report, slopes
 from benchmarks.scale.runner import START_METHODS, ProcessExecutor

@@ -51,6 +51,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 __all__ = [
     "CATALOG",
+    "stream_facts",
     "DATASETS",
     "Dataset",
     "N_CLASSES",
@@ -509,3 +510,25 @@ def make_stream(dataset: str = "digits", scenario: str = "split", *, n_experienc
                if test_per_class is not None else "")
     desc = f"{scenario} {dataset} ({n_experiences} experiences, {mode}{', validation split' if validation else ''}{subset})"
     return Stream(bm, entry.input_shape, n_classes, task_incremental, desc)
+
+
+def stream_facts(stream) -> dict:
+    """The setting, experiences and classes of a built ``Stream`` (what the runs actually saw).
+
+    Task-incremental: task labels differ between experiences (or the stream says so);
+    class-incremental: one shared head and pairwise disjoint class sets; otherwise
+    domain-incremental (the same classes again, e.g. permuted inputs)."""
+    train = list(stream.benchmark.train_stream)
+    classes = [sorted(int(c) for c in experience.classes_in_this_experience) for experience in train]
+    tasks = sorted({int(t) for experience in train for t in getattr(experience, "task_labels", [0])})
+    seen: set = set()
+    disjoint = True
+    for group in classes:
+        disjoint &= not (seen & set(group))
+        seen |= set(group)
+    if stream.task_incremental or len(tasks) > 1:
+        setting = "task-incremental"
+    else:
+        setting = "class-incremental" if disjoint else "domain-incremental"
+    return {"setting": setting, "experiences": len(train), "classes_per_experience": [len(c) for c in classes],
+            "classes": len(seen), "task_labels": tasks}

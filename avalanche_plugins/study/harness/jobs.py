@@ -3,13 +3,17 @@
 * A **job** is a small frozen dataclass holding everything its function needs (settings, seed,
   data root), so ``fn(job)`` gives the same row in any process.
 * Its **cache key** (:func:`job_key`) is a hash of the job's fields and its type name; :func:`run_jobs`
-  stores with each row the code the job ran (:func:`loaded_code`: the hash of every ``.py`` file
-  of the package, and of any folder a caller adds with :func:`add_source_root`, that the job's
-  process had imported when it finished) and reuses a cached row only while every one of those
-  files' code is unchanged (its syntax tree without docstrings): a commit to a module the job
-  never imported (a benchmark, a test, report code), or to a docstring or comment anywhere, keeps
-  the cache; a change to code it ran reruns it.
-  Results record :func:`code_version` (the git commit, else the package version).
+  stores with each row the code the job ran and reuses a cached row only while every file of that
+  code is unchanged (its syntax tree without docstrings). The code a job ran is found after it
+  ran, not guessed before: :func:`loaded_code` hashes every ``.py`` file under the job function's
+  :func:`code_roots` (this package, and the top-level package or module the function is defined
+  in, e.g. ``benchmarks/``) that the job's process had imported when it finished (a superset
+  where the process ran other jobs first). So a commit to a module the job never imported (another
+  benchmark, a test, report code), or to a docstring or comment anywhere, keeps the cache; a change
+  to code it ran reruns it. Nothing but the job function decides the roots: importing a module
+  changes no key. A study's user modules are hashed into its jobs' fields (``StudyJob.sources``).
+  Results record :func:`code_version` (the git commit, else the package version), and every cache
+  line the code version it was made with.
 * Every worker process first runs :func:`init_worker` (torch threads, warnings, seeds, an optional
   warm-up); in-process runs (``workers=1``) do the same and restore the thread count afterwards.
 * :func:`run_jobs` runs the jobs through an executor (:class:`LocalExecutor`: in this process or
@@ -49,7 +53,8 @@ __all__ = [
     "Timer",
     "LocalExecutor",
     "NoNodeCanRun",
-    "add_source_root",
+    "checkout_code",
+    "code_roots",
     "RayExecutor",
     "code_version",
     "git_state",
@@ -98,12 +103,12 @@ def torch_threads(threads: int | None):
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
     """``git:<commit>`` of the checkout this package runs from (an editable install), with
-    ``+dirty`` when code a job runs differs from that commit (:func:`git_state`), else
+    ``+dirty`` when the checkout's code (:func:`checkout_code`) differs from that commit
+    (:func:`git_state`), else
     ``avalanche_plugins <version>`` (an installed wheel). :func:`source_version` names the exact
     code either way."""
-    root = Path(__file__).resolve().parents[3]
-    state = git_state(root, [Path(__file__).resolve().parents[2], *_extra_roots]) \
-        if (root / ".git").exists() and (root / "setup.cfg").exists() else None
+    root = PACKAGE_ROOT.parent
+    state = git_state(root, checkout_code()) if (root / ".git").exists() and (root / "setup.cfg").exists() else None
     if state is not None:
         return state
     import avalanche_plugins
@@ -136,32 +141,65 @@ def git_state(root, code) -> str | None:
     return f"git:{commit}" + ("+dirty" if dirty else "")
 
 
-_extra_roots: list[Path] = []  # folders of code outside the package that jobs run (add_source_root)
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the avalanche_plugins folder
 
 
-def add_source_root(folder) -> None:
-    """Count every ``.py`` file under ``folder`` as code jobs run (in :func:`source_version`, so
-    in every cache key from now on): a caller's own experiment code, e.g. a checkout's
-    ``benchmarks/``, which the package does not know of."""
-    folder = Path(folder).resolve()
-    if folder not in _extra_roots:
-        _extra_roots.append(folder)
-        source_version.cache_clear()
+def checkout_code() -> list[Path]:
+    """The folders of code of the checkout this package runs from: the package, and ``benchmarks/``
+    beside it where there is one (an installed wheel: the package alone). What :func:`code_version`
+    checks for changes and :func:`source_version` hashes, the same whatever this process imported."""
+    benchmarks = PACKAGE_ROOT.parent / "benchmarks"
+    return [PACKAGE_ROOT, *([benchmarks] if (benchmarks / "__init__.py").is_file() else [])]
 
 
 @functools.lru_cache(maxsize=1)
 def source_version() -> str:
-    """Hash of the source of everything a job can run: every ``.py`` file of this package and of
-    the folders added with :func:`add_source_root` (the cache key's code part: a commit that
-    changes only docs, tests or configs keeps cached rows; any change to code a job runs reruns it)."""
-    package = Path(__file__).resolve().parents[2]
-    roots = [package, *_extra_roots]
+    """Hash of the source of the checkout's code (:func:`checkout_code`: every ``.py`` file of this
+    package and of the checkout's ``benchmarks/``): names the exact code, dirty or not, beside
+    :func:`code_version` (the cache keys on each job's own code instead: :func:`loaded_code`)."""
     digest = hashlib.sha256()
-    for root in roots:
+    for root in checkout_code():
         for path in sorted(root.rglob("*.py")):
             digest.update(str(path.relative_to(root.parent)).encode())
             digest.update(path.read_bytes())
     return f"src:{digest.hexdigest()[:16]}"
+
+
+def code_roots(fn: Callable) -> tuple[Path, ...]:
+    """The folders (or module file) whose modules count as code a job of ``fn`` can run: this
+    package, and the top-level package ``fn`` is defined in (its module file where that is a
+    plain module; ``functools.partial`` unwrapped), unless that is installed code or the standard
+    library. Computed from ``fn`` alone, wherever it runs (a Ray node finds its own copy).
+
+    Example:
+        >>> [p.name for p in code_roots(seed_everything)], [p.name for p in code_roots(len)]
+        (['avalanche_plugins'], ['avalanche_plugins'])
+    """
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    home = _home(sys.modules.get(module.__name__.partition(".")[0], module)) if module is not None else None
+    if home is None or home == PACKAGE_ROOT or home.is_relative_to(PACKAGE_ROOT) or _installed(home):
+        return (PACKAGE_ROOT,)
+    return PACKAGE_ROOT, home
+
+
+def _home(module) -> Path | None:
+    """The folder of a package (its ``__init__.py``'s, or a namespace package's first), or a module's file."""
+    file = getattr(module, "__file__", None)
+    if file:
+        path = Path(file).resolve()
+        return path.parent if path.name == "__init__.py" else path
+    folders = list(getattr(module, "__path__", None) or [])
+    return Path(folders[0]).resolve() if folders else None
+
+
+def _installed(path: Path) -> bool:
+    """Whether ``path`` is installed code (under site-packages / dist-packages) or the standard library."""
+    import sysconfig
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    return any(part in ("site-packages", "dist-packages") for part in path.parts) or path.is_relative_to(stdlib)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -182,16 +220,11 @@ def _file_hash(path: str, mtime_ns: int, size: int) -> str:
     return hashlib.sha256(ast.dump(tree).encode()).hexdigest()[:16]
 
 
-def _code_roots() -> list[Path]:
-    return [Path(__file__).resolve().parents[2], *_extra_roots]
-
-
-def loaded_code() -> dict[str, str]:
-    """``{file: sha256 prefix}`` of every ``.py`` file under the package (and the folders of
-    :func:`add_source_root`) that this process has imported: the code a job that ran here can
-    have run (a superset where the process ran other things before). Paths are relative to the
-    root's parent (``avalanche_plugins/core/calls.py``)."""
-    roots = _code_roots()
+def loaded_code(roots: Sequence[Path] = (PACKAGE_ROOT,)) -> dict[str, str]:
+    """``{file: sha256 prefix}`` of every ``.py`` file under ``roots`` (a job function's
+    :func:`code_roots`) that this process has imported: the code a job that ran here can have run
+    (a superset where the process ran other things before). Paths are relative to the root's
+    parent (``avalanche_plugins/core/calls.py``, ``benchmarks/scale/main.py``)."""
     out = {}
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None)
@@ -205,9 +238,9 @@ def loaded_code() -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-def _changed_code(code: dict[str, str]) -> list[str]:
-    """The files of ``code`` (from :func:`loaded_code`) whose code here differs (or that are gone)."""
-    parents = [r.parent for r in _code_roots()]
+def _changed_code(code: dict[str, str], roots: Sequence[Path] = (PACKAGE_ROOT,)) -> list[str]:
+    """The files of ``code`` (from :func:`loaded_code` with ``roots``) whose code here differs (or that are gone)."""
+    parents = [r.parent for r in roots]
     changed = []
     for name, digest in code.items():
         path = next((p / name for p in parents if (p / name).is_file()), None)
@@ -220,17 +253,17 @@ def _changed_code(code: dict[str, str]) -> list[str]:
     return changed
 
 
-def _code_unchanged(code: dict[str, str]) -> bool:
-    """Whether every file of ``code`` (from :func:`loaded_code`) still has the hash it had."""
-    return not _changed_code(code)
+def _code_unchanged(code: dict[str, str], roots: Sequence[Path] = (PACKAGE_ROOT,)) -> bool:
+    """Whether every file of ``code`` (from :func:`loaded_code` with ``roots``) still has the hash it had."""
+    return not _changed_code(code, roots)
 
 
-def _refuse_other_code(row, code: dict[str, str]):
+def _refuse_other_code(row, code: dict[str, str], roots: Sequence[Path] = (PACKAGE_ROOT,)):
     """A Ray row (``node_ip``) whose node ran code that differs from the driver's becomes a failed
     run (status ``error``, naming the node and the files): its numbers are not those of this code."""
     if not (isinstance(row, dict) and "node_ip" in row):
         return row
-    changed = _changed_code(code)
+    changed = _changed_code(code, roots)
     if not changed:
         return row
     shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
@@ -253,22 +286,24 @@ CODE_FIELD = "_code_ran"  # the key a dict row carries its code in, from the wor
 def _run_recording_code(fn: Callable, job, *args, **kwargs):
     """``fn(job, ...)`` (an executor may pass more, e.g. a progress callback) with the code it ran:
     a dict row carries it under :data:`CODE_FIELD` (so an executor that reads or amends rows sees
-    a row), anything else comes back as a :class:`_Ran`."""
+    a row), anything else comes back as a :class:`_Ran`. The code is :func:`loaded_code` under
+    ``fn``'s :func:`code_roots`, found in the process that ran it."""
     row = fn(job, *args, **kwargs)
+    code = loaded_code(code_roots(fn))
     if isinstance(row, dict):
-        return {**row, CODE_FIELD: loaded_code()}
-    return _Ran(row, loaded_code())
+        return {**row, CODE_FIELD: code}
+    return _Ran(row, code)
 
 
-def _unpack(ran) -> _Ran:
+def _unpack(ran, roots: Sequence[Path] = (PACKAGE_ROOT,)) -> _Ran:
     """What a worker sent back, as ``_Ran(row, code)``; an executor's own row (a timeout, a
-    killed child) carries no code: this process's code stands in for it."""
+    killed child) carries no code: this process's code under ``roots`` stands in for it."""
     if isinstance(ran, _Ran):
         return ran
     if isinstance(ran, dict) and CODE_FIELD in ran:
         row = dict(ran)
         return _Ran(row, row.pop(CODE_FIELD))
-    return _Ran(ran, loaded_code())
+    return _Ran(ran, loaded_code(roots))
 
 
 def jsonable(obj):
@@ -297,7 +332,7 @@ def jsonable(obj):
 
 def job_key(job, version: str | None = None) -> str:
     """Hash of the job's type, its fields and ``version`` (None: :func:`source_version`, the whole
-    package's source, as every key was before the cache recorded the code each job ran; :func:`run_jobs`
+    checkout's source, as every key was before the cache recorded the code each job ran; :func:`run_jobs`
     keys on ``version="code-per-job"`` and checks the recorded code itself). Dataclass fields with
     ``metadata={"cache_key": False}`` (where a job runs, not what it computes) are left out.
 
@@ -665,9 +700,10 @@ def run_jobs(fn: Callable, jobs: Iterable, *, cache: str | Path | None = None, w
              desc: str = "jobs", progress: bool = True, retry: Callable[[dict], bool] | None = None) -> list:
     """``[fn(job) for job in jobs]`` through an executor, resumable.
 
-    Finished rows are appended to ``cache`` (JSON lines ``{"key", "job", "row", "code"}``: the
-    job's :func:`job_key` and the code it ran, :func:`loaded_code`) and reused when the same jobs
-    are run again while that code is unchanged (a line of the older format, without ``code``, while
+    Finished rows are appended to ``cache`` (JSON lines ``{"key", "job", "row", "code",
+    "code_version"}``: the job's :func:`job_key`, the code it ran, :func:`loaded_code` under
+    ``fn``'s :func:`code_roots`, and the :func:`code_version` it ran under) and reused when the same
+    jobs are run again while that code is unchanged (a line of the older format, without ``code``, while
     the whole package's source is: :func:`source_version`), except a cached
     row for which ``retry(row)`` is true (e.g. a run that failed for a reason outside the method:
     it runs again, and its new row is the one kept). ``executor`` defaults to
@@ -675,12 +711,13 @@ def run_jobs(fn: Callable, jobs: Iterable, *, cache: str | Path | None = None, w
     ``jobs`` (a job listed twice runs once).
     """
     jobs = list(jobs)
-    code_version()  # the commit and whether it was dirty when the jobs started, not when results are written
+    version = code_version()  # the commit and whether it was dirty when the jobs started, not when results are written
+    roots = code_roots(fn)
     keys = [job_key(job, CODE_PER_JOB) for job in jobs]
     done: dict = {}
     cache = Path(cache) if cache is not None else None
     if cache is not None and cache.exists():
-        done = _read_cache(cache, jobs, keys)
+        done = _read_cache(cache, jobs, keys, roots)
     if retry is not None:
         done = {key: row for key, row in done.items() if not retry(row)}
     todo, queued = [], set()
@@ -697,22 +734,23 @@ def run_jobs(fn: Callable, jobs: Iterable, *, cache: str | Path | None = None, w
                 f.write("\n")
     recording = functools.partial(_run_recording_code, fn)
     for job, ran in tqdm(executor.map_unordered(recording, todo), total=len(todo), desc=desc, disable=not progress):
-        ran = _unpack(ran)
+        ran = _unpack(ran, roots)
         key = job_key(job, CODE_PER_JOB)
-        row = json.loads(json.dumps(jsonable(_refuse_other_code(ran.row, ran.code))))  # fresh and cached look alike
+        row = json.loads(json.dumps(jsonable(_refuse_other_code(ran.row, ran.code, roots))))  # fresh and cached alike
         done[key] = row
         if cache is not None:
+            line = {"key": key, "job": jsonable(job), "row": row, "code": ran.code, "code_version": version}
             with open(cache, "a") as f:
-                f.write(json.dumps({"key": key, "job": jsonable(job), "row": row, "code": ran.code}) + "\n")
+                f.write(json.dumps(line) + "\n")
     return [done[key] for key in keys]
 
 
 CODE_PER_JOB = "code-per-job"  # job_key's version in caches that record each job's code
 
 
-def _read_cache(cache: Path, jobs: list, keys: list[str]) -> dict:
-    """``{key: row}`` of the cache's lines whose code is unchanged; a later line of a key (a
-    retried job) wins. Lines without ``code`` (the older format) count under their old key, the
+def _read_cache(cache: Path, jobs: list, keys: list[str], roots: Sequence[Path] = (PACKAGE_ROOT,)) -> dict:
+    """``{key: row}`` of the cache's lines whose code (under ``roots``) is unchanged; a later line
+    of a key (a retried job) wins. Lines without ``code`` (the older format) count under their old key, the
     job's fields with the whole package's source."""
     entries = []
     for line in cache.read_text().splitlines():
@@ -729,7 +767,7 @@ def _read_cache(cache: Path, jobs: list, keys: list[str]) -> dict:
                 done[by_old_key[entry["key"]]] = entry["row"]
     for entry in entries:
         if "code" in entry:
-            if _code_unchanged(entry["code"]):
+            if _code_unchanged(entry["code"], roots):
                 done[entry["key"]] = entry["row"]
             else:
                 done.pop(entry["key"], None)

@@ -1,13 +1,9 @@
-"""Hand-written training loops, accuracy, ACC and forgetting, written once for every benchmark.
+"""ACC and forgetting of an accuracy matrix, and the Avalanche helpers the study's runs share.
 
-Avalanche strategies are trained by the study (:mod:`avalanche_plugins.study.runner`: one harness);
-this module keeps what the benchmarks that a study cannot express share:
-
-* Avalanche helpers: :func:`quiet_evaluator` / :func:`accuracy_evaluator`, :func:`quiet_deprecations`.
-* Hand-written loops on tensors: :func:`train_minibatches` (shuffled minibatch epochs with Adam
-  or SGD and a seeded generator).
-* Accuracy: :func:`accuracy` (logits), :func:`batched_accuracy` (a forward over chunks); over a
-  union of experiences, the library's ``avalanche_plugins.stream_accuracy``.
+* Avalanche helpers: :func:`quiet_evaluator` (re-exported from the package), :func:`quiet_deprecations`.
+* Scores: :func:`average_accuracy`, :func:`average_forgetting`; over a union of experiences, the
+  library's ``avalanche_plugins.stream_accuracy``. (The benchmarks' hand-written loops and
+  accuracies live in ``benchmarks/_training.py``.)
 
 ``R[i, j]`` is the test accuracy on experience ``j`` after training on experiences ``0..i``
 (read from Avalanche's ``Top1_Acc_Exp`` metric). From it: final average accuracy
@@ -19,24 +15,18 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable
 
 import numpy as np
-import torch
-from torch import nn
 
 from avalanche_plugins import quiet_evaluator
 
 __all__ = [
-    "accuracy",
-    "accuracy_evaluator",
     "average_accuracy",
     "average_forgetting",
-    "batched_accuracy",
     "quiet_deprecations",
     "quiet_evaluator",
-    "train_minibatches",
 ]
+
 
 @contextlib.contextmanager
 def quiet_deprecations():
@@ -54,13 +44,6 @@ def quiet_deprecations():
         yield
     finally:
         warnings.showwarning = original
-
-
-def accuracy_evaluator(*extra_metrics, loggers=()):
-    """:func:`quiet_evaluator` with per-experience accuracy (``Top1_Acc_Exp``)."""
-    from avalanche.evaluation.metrics import accuracy_metrics
-
-    return quiet_evaluator(accuracy_metrics(experience=True), *extra_metrics, loggers=loggers)
 
 
 def average_accuracy(acc: np.ndarray) -> float:
@@ -85,65 +68,3 @@ def average_forgetting(acc: np.ndarray) -> float:
     last = acc.shape[0] - 1
     drops = [np.nanmax(acc[j:last, j]) - acc[last, j] for j in range(last)]
     return float(np.mean(drops))
-
-
-def train_minibatches(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float,
-                      batch_size: int, generator: torch.Generator, optimizer: str = "adam",
-                      task: int | None = None) -> int:
-    """Cross-entropy training on ``(x, y)``: each epoch a fresh permutation from ``generator``,
-    minibatches of ``batch_size`` in that order, one ``torch.optim.Adam`` or plain ``SGD`` step
-    each; ``model(x, task)`` when ``task`` is given. Leaves the model in eval mode; returns the
-    number of steps.
-
-    Example:
-        >>> model = nn.Linear(3, 2)
-        >>> train_minibatches(model, torch.randn(10, 3), torch.randint(0, 2, (10,)), epochs=2, lr=0.1,
-        ...                   batch_size=4, generator=torch.Generator().manual_seed(0), optimizer="sgd")
-        6
-    """
-    if optimizer not in ("adam", "sgd"):
-        raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
-    opt = torch.optim.Adam(model.parameters(), lr=lr) if optimizer == "adam" else \
-        torch.optim.SGD(model.parameters(), lr=lr)
-    loss_fn = nn.CrossEntropyLoss()
-    model.train()
-    steps = 0
-    for _ in range(epochs):
-        order = torch.randperm(len(x), generator=generator)
-        for start in range(0, len(x), batch_size):
-            idx = order[start:start + batch_size]
-            opt.zero_grad()
-            out = model(x[idx]) if task is None else model(x[idx], task)
-            loss_fn(out, y[idx]).backward()
-            opt.step()
-            steps += 1
-    model.eval()
-    return steps
-
-
-def accuracy(logits: torch.Tensor, targets: torch.Tensor) -> float:
-    """Top-1 accuracy of ``logits`` ``(N, C)``.
-
-    Example:
-        >>> accuracy(torch.tensor([[2.0, 1.0], [0.0, 1.0]]), torch.tensor([0, 0]))
-        0.5
-    """
-    return float((logits.argmax(1) == targets).float().mean())
-
-
-@torch.no_grad()
-def batched_accuracy(forward: Callable[..., torch.Tensor], *inputs: torch.Tensor, targets: torch.Tensor,
-                     batch_size: int = 500) -> float:
-    """Top-1 accuracy of ``forward(*chunks)`` over aligned chunks of ``inputs`` of ``batch_size``
-    rows (memory-bounded evaluation).
-
-    Example:
-        >>> x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
-        >>> batched_accuracy(lambda a: a, x, targets=torch.tensor([0, 1, 1]), batch_size=2)
-        0.6666666666666666
-    """
-    correct = 0
-    for s in range(0, len(targets), batch_size):
-        out = forward(*(t[s:s + batch_size] for t in inputs))
-        correct += int((out.argmax(-1) == targets[s:s + batch_size]).sum())
-    return correct / len(targets)
