@@ -105,7 +105,7 @@ def import_paths(paths):
 class Resolver:
     """Resolves a study's dotted ``module:callable`` names against ``folders`` (the config's, the
     working directory: on ``sys.path`` only while a name is imported, :func:`import_paths`) and
-    records the folder each user module was imported from (:attr:`imported_from`: the folder of its
+    records the folder each user module was imported from (``imported_from``: the folder of its
     top-level package), which the study keeps so its jobs can import the modules where they run.
 
     Example:

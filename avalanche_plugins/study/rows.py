@@ -1,7 +1,7 @@
 """Typed results: a run's row, the setting chosen for a cell, and a saved study read back.
 
 Every run of a study gives one :class:`RunRow`: its context (scenario, strategy, setting label,
-seed, split), its scores (:data:`SCORES`), its costs (seconds, peak
+seed, split), its scores (``SCORES``), its costs (seconds, peak
 memory, per-callback seconds), its accuracy matrices, the tidy metric rows it logged, the facts
 of the stream it saw, its status and, for a failed run, its error. Every tuned cell gives a
 :class:`Choice` (the winning grid setting) or a :class:`TuningFailed` (every setting failed).

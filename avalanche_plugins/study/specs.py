@@ -157,7 +157,7 @@ class StrategySpec:
 
     @classmethod
     def from_dict(cls, spec: Mapping) -> StrategySpec:
-        """The inverse of :meth:`as_dict` (a validated strategy, or one a ``results.json`` saved),
+        """The inverse of ``as_dict`` (a validated strategy, or one a ``results.json`` saved),
         its grid keys parsed (:func:`~avalanche_plugins.study.grid.grid_target`: a key naming no
         plugin of the strategy is a ``ConfigError``).
 
