@@ -169,8 +169,6 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: Config, wi
         v = stage_activations(theta_a, stage, xa)
         h_test = stage_activations(theta_ab, stage, xte)
     rows = []
-    if with_controls:  # the late layers' accuracy under an error of the cross-channel key's size
-        rows.append(_noise_at_residual(theta_a, stage, u, v, (xte, yte), cfg))
 
     def record(variant, key, seconds, **extra):
         stitched = stitch(theta_ab, theta_a, stage, key)
@@ -188,6 +186,8 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: Config, wi
         with Timer() as t:
             key = fit_transport_key(u, v, family, ridge=cfg.ridge)
         record(family, key, t.seconds)
+        if family == "cross_channel" and with_controls:  # the late layers under an error of this key's size
+            rows.append(_noise_at_residual(theta_a, stage, v, key.residual, (xte, yte)))
         if family == "cross_channel":  # label-free refinements of a copy of the closed form
             for name, refine in refiners.items():
                 refined = copy.deepcopy(key)
@@ -205,12 +205,12 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: Config, wi
     return rows
 
 
-def _noise_at_residual(theta_a, stage: str, u, v, test, cfg: Config) -> dict:
+def _noise_at_residual(theta_a, stage: str, v, residual: float, test) -> dict:
     """θ_A's late layers on θ_A's own test activations plus Gaussian noise of relative energy equal
-    to the cross-channel key's anchor residual (``‖ε‖² = residual · ‖V − μ_v‖²`` per sample on
-    average): how much accuracy an error of the key's size costs in a random direction."""
+    to a key's anchor ``residual`` (``‖ε‖² = residual · ‖V − μ_v‖²`` per sample on average, ``v``
+    θ_A's anchor activations): how much accuracy an error of the key's size costs in a random
+    direction."""
     xte, yte = test
-    residual = fit_transport_key(u, v, "cross_channel", ridge=cfg.ridge).residual
     with torch.no_grad():
         h = stage_activations(theta_a, stage, xte)
         scale = (residual * (v - v.mean(0)).pow(2).mean()).sqrt()

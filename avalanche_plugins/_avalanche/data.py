@@ -88,10 +88,7 @@ def experience_tensors(strategy, *, n_samples: int | None = None, seed: int = 0,
     reads = cache.get("reads", []) if cache is not None and eval_transforms else []
     for dataset, read_key, tensors in reads:
         if dataset is source and read_key == key:
-            if whole and idx is not None:
-                rows = torch.as_tensor(idx, device=tensors[0].device)
-                return tuple(t.index_select(0, rows.to(t.device)) for t in tensors)
-            return tuple(t.clone() for t in tensors)
+            return _rows(tensors, idx if whole else None)
     read = data if idx is None or whole else dataset_subset(data, idx)
     xs, ys, ts = [], [], []
     for x, y, t in experience_batches(strategy, dataset=read, batch_size=512):
@@ -100,11 +97,16 @@ def experience_tensors(strategy, *, n_samples: int | None = None, seed: int = 0,
         ts.append(torch.as_tensor(t))
     tensors = (torch.cat(xs), torch.cat(ys), torch.cat(ts).to(strategy.device))
     if eval_transforms:
-        strategy.__dict__[_READS] = TransientCache(reads=[*reads[-1:], (source, key, tuple(t.clone() for t in tensors))])
-    if whole and idx is not None:
-        rows = torch.as_tensor(idx)
-        return tuple(t.index_select(0, rows.to(t.device)) for t in tensors)
+        strategy.__dict__[_READS] = TransientCache(reads=[*reads[-1:], (source, key, tensors)])
+        return _rows(tensors, idx if whole else None)
     return tensors
+
+
+def _rows(tensors: tuple, idx: list[int] | None) -> tuple:
+    """Copies of the kept ``tensors`` (all rows, or the rows ``idx``): a caller may change its own."""
+    if idx is None:
+        return tuple(t.clone() for t in tensors)
+    return tuple(t.index_select(0, torch.as_tensor(idx, device=t.device)) for t in tensors)
 
 
 def experience_example(strategy):

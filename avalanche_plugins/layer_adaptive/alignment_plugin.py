@@ -136,18 +136,15 @@ class ClassifierAlignmentPlugin(SupervisedPlugin):
         measured = class_statistics(features, labels, ridge=self.ridge)
         self.statistics = measured if self.statistics is None else self.statistics.merged(measured)
         exp_id = int(strategy.experience.current_experience)
-        if not any(p.requires_grad for p in head.parameters()):
+        frozen = not any(p.requires_grad for p in head.parameters())
+        if frozen:
             # a strategy froze the head (LFL after its first experience): re-training it would undo
             # that strategy's choice, so the statistics are kept and the head is left alone
             warnings.warn(f"ClassifierAlignmentPlugin: the head's parameters are frozen (requires_grad=False) after "
                           f"experience {exp_id}; its alignment is skipped (history[-1]['skipped'])", stacklevel=2)
-            self.history.append({"experience": exp_id, "classes": measured.classes.tolist(),
-                                 "seen": self.statistics.classes.tolist(), "losses": [], "skipped": "frozen head",
-                                 "seconds": time.perf_counter() - start})
-            return
-        losses = align_head(head, self.statistics, n_per_class=self.n_per_class, epochs=self.epochs, lr=self.lr,
-                            momentum=self.momentum, batch_size=self.batch_size, temperature=self.temperature,
-                            seed=self.seed + exp_index)
-        self.history.append({"experience": exp_id,
-                             "classes": measured.classes.tolist(), "seen": self.statistics.classes.tolist(),
-                             "losses": losses, "seconds": time.perf_counter() - start})
+        losses = [] if frozen else align_head(
+            head, self.statistics, n_per_class=self.n_per_class, epochs=self.epochs, lr=self.lr, momentum=self.momentum,
+            batch_size=self.batch_size, temperature=self.temperature, seed=self.seed + exp_index)
+        self.history.append({"experience": exp_id, "classes": measured.classes.tolist(),
+                             "seen": self.statistics.classes.tolist(), "losses": losses,
+                             **({"skipped": "frozen head"} if frozen else {}), "seconds": time.perf_counter() - start})
