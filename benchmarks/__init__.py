@@ -1,9 +1,10 @@
 """Experiments that reproduce the five results (run from a checkout; not part of the wheel).
 
 * :mod:`benchmarks._cli` — the one command line of every benchmark (here, not in the wheel).
-* :mod:`avalanche_plugins.study.harness` (installed with the package) — one job protocol with a
-  resumable executor, results files and ``--report``, data, the model zoo, hand-written training
-  loops on tensors. Avalanche strategies are trained by one harness, the study runner
+* The study's ground, installed with the package: :mod:`avalanche_plugins.study.jobs` (one job
+  protocol with a resumable executor), :mod:`avalanche_plugins.study.report.files` (results files and
+  ``--report``), :mod:`avalanche_plugins.study.catalog` (data, the model zoo); the hand-written
+  training loops on tensors are :mod:`benchmarks._training`'s. Avalanche strategies are trained by the study runner
   ``avalanche-study`` (strategy comparisons: ``studies/*.yaml``).
 * One module or package per experiment a study config cannot express (the standard baselines are
   ``studies/baselines.yaml`` and ``studies/baselines_mnist.yaml``, the layer-adaptive EWC grid

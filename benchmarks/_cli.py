@@ -21,7 +21,7 @@ nothing of ``benchmarks/``).
 Benchmarks add their own options to :func:`benchmark_parser` and read the result of
 :func:`parse_args`. Importing this module changes nothing else: a benchmark job's cache entry holds
 the code it ran under ``benchmarks/`` and the package because its job function lives in
-``benchmarks`` (:func:`avalanche_plugins.study.harness.jobs.code_roots`), so a changed module the
+``benchmarks`` (:func:`avalanche_plugins.study.jobs.code_roots`), so a changed module the
 job ran reruns it and any other edit keeps it.
 """
 
@@ -31,10 +31,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from avalanche_plugins.study import jobs
 from avalanche_plugins.study.cli import add_executor_arguments, positive_int
-from avalanche_plugins.study.harness import jobs
-from avalanche_plugins.study.harness.protocol import is_skipped, split_list
-from avalanche_plugins.study.harness.results import command_line
+from avalanche_plugins.study.jobs.protocol import is_skipped, split_list
+from avalanche_plugins.study.report.files import command_line
 
 __all__ = ["DEFAULT_SEEDS", "EXECUTORS", "QUICK_SEEDS", "add_run_arguments", "benchmark_parser", "is_skipped",
            "make_executor", "parse_args", "split_list"]
@@ -98,7 +98,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
 
 
 def make_executor(args, *, warmup=None, isolate: bool = False):
-    """The executor the flags ask for (:func:`avalanche_plugins.study.harness.jobs.make_executor`
+    """The executor the flags ask for (:func:`avalanche_plugins.study.jobs.make_executor`
     with ``args.executor``, ``args.workers``, ``args.threads`` and ``args.address``; missing
     attributes take the parser's defaults, so any namespace works).
 

@@ -1,6 +1,6 @@
 """The benchmarks' own results helpers (not in the wheel: a study has its own tables).
 
-* :func:`write_results`: the package's :func:`~avalanche_plugins.study.harness.results.write_results`
+* :func:`write_results`: the package's :func:`~avalanche_plugins.study.report.files.write_results`
   with a benchmark's parsed command line (``args``: its ``command`` and the fingerprint of its
   ``--data-root``, where ``command`` / ``data`` are not given).
 * :func:`summarize` / :func:`format_table`: mean ± std per group of rows, as a Markdown table.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from avalanche_plugins.study.harness import results
-from avalanche_plugins.study.harness.data import data_fingerprint
+from avalanche_plugins.study.catalog.datasets import data_fingerprint
+from avalanche_plugins.study.report import files as results
 
 __all__ = ["format_table", "rounded_floats", "summarize", "write_results"]
 
@@ -28,7 +28,7 @@ def write_results(out_dir, args=None, *, config: dict, rows: Sequence[dict], sum
     ``command``: the command line that made the run (default: ``args.command``); ``data``: what data
     it read (default: the fingerprint of the one dataset at ``args.data_root``, a benchmark's
     ``--data-root``). ``args`` is any object with those attributes (a benchmark's parsed command
-    line), or ``None``. See :func:`avalanche_plugins.study.harness.results.write_results`.
+    line), or ``None``. See :func:`avalanche_plugins.study.report.files.write_results`.
     """
     return results.write_results(
         out_dir, config=config, rows=rows, summary=summary, wall_seconds=wall_seconds, extra=extra,

@@ -1,5 +1,5 @@
 """The benchmarks' own training helpers (not in the wheel: the study trains with Avalanche's
-strategies, :mod:`avalanche_plugins.study.runner`).
+strategies, :mod:`avalanche_plugins.study.run.job`).
 
 * :func:`accuracy_evaluator`: :func:`~avalanche_plugins.quiet_evaluator` with per-experience accuracy.
 * :func:`train_minibatches`: shuffled minibatch epochs on tensors with Adam or SGD and a seeded generator.

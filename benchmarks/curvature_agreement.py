@@ -36,10 +36,10 @@ from avalanche_plugins.core.stats import spearman
 from avalanche_plugins.layer_adaptive.curvature import layer_curvature
 from avalanche_plugins.layer_adaptive.hessian import condition_number, geometric_fit
 from avalanche_plugins.layer_adaptive.schedules import layer_weights
-from avalanche_plugins.study.harness.data import load_digits_arrays, load_mnist_arrays
-from avalanche_plugins.study.harness.jobs import run_jobs, seed_everything
-from avalanche_plugins.study.harness.models import build_model
-from avalanche_plugins.study.harness.results import print_report
+from avalanche_plugins.study.catalog.datasets import load_digits_arrays, load_mnist_arrays
+from avalanche_plugins.study.catalog.zoo import build_model
+from avalanche_plugins.study.jobs import run_jobs, seed_everything
+from avalanche_plugins.study.report.files import print_report
 from benchmarks._cli import (
     benchmark_parser,
     is_skipped,

@@ -42,9 +42,9 @@ from avalanche_plugins.core.layers import discover_layers
 from avalanche_plugins.layer_adaptive.curvature import DEFAULT_SAMPLES, layer_curvature
 from avalanche_plugins.layer_adaptive.fisher_blocks import layer_fisher_eigenvalues
 from avalanche_plugins.layer_adaptive.hessian import layer_top_eigenvalues
-from avalanche_plugins.study.harness.data import load_digits_arrays
-from avalanche_plugins.study.harness.models import build_model
-from avalanche_plugins.study.harness.results import print_report
+from avalanche_plugins.study.catalog.datasets import load_digits_arrays
+from avalanche_plugins.study.catalog.zoo import build_model
+from avalanche_plugins.study.report.files import print_report
 from benchmarks._cli import benchmark_parser, is_skipped, parse_args
 from benchmarks._results import write_results
 from benchmarks._training import train_minibatches

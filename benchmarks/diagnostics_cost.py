@@ -1,6 +1,6 @@
 """What the diagnostics cost end to end: the same run with and without every diagnostic attached.
 
-Issue 41. Each run is a study job (:func:`avalanche_plugins.study.runner.run_job`) in this
+Issue 41. Each run is a study job (:func:`avalanche_plugins.study.run.job.run_job`) in this
 process, on ``--threads`` torch threads: training seconds are the job's ``train_s`` (its wall time,
 training and the evaluations after every experience, minus the time inside the diagnostics'
 callbacks), diagnostics seconds its ``callback_s`` per metric, figures seconds its ``figures_s``
@@ -40,9 +40,9 @@ from pathlib import Path
 import torch
 
 from avalanche_plugins.study.api import load_study, plan_test_jobs
-from avalanche_plugins.study.harness.jobs import Timer, torch_threads
-from avalanche_plugins.study.harness.results import print_report
-from avalanche_plugins.study.runner import run_job
+from avalanche_plugins.study.jobs import Timer, torch_threads
+from avalanche_plugins.study.report.files import print_report
+from avalanche_plugins.study.run.job import run_job
 from benchmarks._cli import benchmark_parser, is_skipped, parse_args
 from benchmarks._results import write_results
 

@@ -22,10 +22,10 @@ import torch
 
 from avalanche_plugins import quiet_evaluator
 from avalanche_plugins.layer_adaptive import layer_curvature, layer_top_eigenvalues
-from avalanche_plugins.study.harness.data import make_stream
-from avalanche_plugins.study.harness.jobs import Timer, seed_everything, torch_threads
-from avalanche_plugins.study.harness.models import build_model
-from avalanche_plugins.study.harness.results import print_report
+from avalanche_plugins.study.catalog.datasets import make_stream
+from avalanche_plugins.study.catalog.zoo import build_model
+from avalanche_plugins.study.jobs import Timer, seed_everything, torch_threads
+from avalanche_plugins.study.report.files import print_report
 from benchmarks._cli import benchmark_parser, parse_args
 from benchmarks._results import write_results
 from benchmarks.scale.measure import penalty_times

@@ -89,8 +89,8 @@ def _measure(model, x, y, job: Job) -> dict:
 
 def run_job(job: Job) -> dict:
     """Both measures of ``s_ℓ`` at the pretrained weights and after fine-tuning on experience 0."""
-    from avalanche_plugins.study.harness.data import make_stream
-    from avalanche_plugins.study.harness.models import build_model
+    from avalanche_plugins.study.catalog.datasets import make_stream
+    from avalanche_plugins.study.catalog.zoo import build_model
 
     stream = make_stream("fashion_mnist", "split", n_experiences=5, data_root=job.data_root, seed=job.seed,
                          train_per_class=job.train_per_class)
@@ -170,7 +170,7 @@ def figure(rows: list[dict], path: Path) -> None:
 
 
 def main(argv=None) -> None:
-    from avalanche_plugins.study.harness.jobs import run_jobs
+    from avalanche_plugins.study.jobs import run_jobs
 
     parser = benchmark_parser("lae_lite0_profile", __doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=256, help="samples of the Fisher blocks")

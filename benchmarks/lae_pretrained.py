@@ -18,13 +18,13 @@ class-incremental (one 10-way head).
   momentum 0.9, batch 64). Methods: Naive, Avalanche ``EWCPlugin`` (uniform), and
   ``LayerAdaptiveEWCPlugin`` geometric (α grid), measured and smoothed (s_ℓ from the plugin's
   Fisher blocks). λ (and α) are chosen on a validation split (15 % of the training images) with
-  seed 0 (:mod:`avalanche_plugins.study.harness.protocol`); the chosen settings run on the test
+  seed 0 (:mod:`avalanche_plugins.study.jobs.protocol`); the chosen settings run on the test
   split with ``--seeds`` seeds. Reported: final average accuracy over the three experiences,
   the pretraining classes' final accuracy and average forgetting. ``--replay N`` puts an
   Avalanche ``ReplayPlugin`` of N samples beside every method (Naive included): without memory a
   class-incremental stream is decided by the head's bias toward new classes, whatever the schedule.
 
-Every job goes through :func:`avalanche_plugins.study.harness.jobs.run_jobs` (resumable cache
+Every job goes through :func:`avalanche_plugins.study.jobs.run_jobs` (resumable cache
 ``OUT/jobs.jsonl``). Run ``python -m benchmarks.lae_pretrained --help``.
 """
 
@@ -40,12 +40,12 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from avalanche_plugins.study.harness.data import VALIDATION_FRACTION, load_mnist_arrays
-from avalanche_plugins.study.harness.jobs import Timer, run_jobs, seed_everything
-from avalanche_plugins.study.harness.models import build_model
-from avalanche_plugins.study.harness.protocol import TUNE_SEED, select_best
-from avalanche_plugins.study.harness.results import print_report
-from avalanche_plugins.study.harness.training import quiet_deprecations
+from avalanche_plugins.study.catalog.datasets import VALIDATION_FRACTION, load_mnist_arrays
+from avalanche_plugins.study.catalog.zoo import build_model
+from avalanche_plugins.study.jobs import Timer, run_jobs, seed_everything
+from avalanche_plugins.study.jobs.environment import quiet_deprecations
+from avalanche_plugins.study.jobs.protocol import TUNE_SEED, select_best
+from avalanche_plugins.study.report.files import print_report
 from benchmarks._cli import (
     benchmark_parser,
     make_executor,

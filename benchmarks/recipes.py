@@ -45,8 +45,8 @@ def _mean_std(values) -> tuple[float, float]:
 
 def recipe_from_results(saved: dict) -> tuple[dict, list[str]]:
     """``(recipe file contents, strategies not shipped with the reason)`` of a tuning run."""
-    from avalanche_plugins.study.rows import SavedStudy, TuningFailed
-    from avalanche_plugins.study.specs import StrategySpec
+    from avalanche_plugins.study.contracts.rows import SavedStudy, TuningFailed
+    from avalanche_plugins.study.contracts.specs import StrategySpec
 
     config = saved["config"]
     scenario = dict(config["scenarios"][0])
@@ -149,8 +149,8 @@ def _kept_tables(saved: dict, folder: Path) -> str:
     from the merged runs (paired tests against the reference over all strategies, Holm-corrected)."""
     if not saved.get("rounds"):
         return (folder / "tables.md").read_text()
-    from avalanche_plugins.study.stats import summarize_study
-    from avalanche_plugins.study.tables import failed_runs_table, markdown_tables
+    from avalanche_plugins.study.report.stats import summarize_study
+    from avalanche_plugins.study.report.tables import failed_runs_table, markdown_tables
 
     reference = saved["config"].get("reference") or saved["config"]["strategies"][0]["name"]
     names = [s["name"] for s in saved["config"]["strategies"]]

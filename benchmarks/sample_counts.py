@@ -32,9 +32,9 @@ import numpy as np
 
 from avalanche_plugins.core.calls import sample_stride
 from avalanche_plugins.study.api import load_study, plan_test_jobs
-from avalanche_plugins.study.harness.jobs import Timer, torch_threads
-from avalanche_plugins.study.harness.results import print_report
-from avalanche_plugins.study.runner import run_job
+from avalanche_plugins.study.jobs import Timer, torch_threads
+from avalanche_plugins.study.report.files import print_report
+from avalanche_plugins.study.run.job import run_job
 from benchmarks._cli import benchmark_parser, parse_args
 from benchmarks._results import write_results
 from benchmarks.diagnostics_cost import METRICS, setting_config

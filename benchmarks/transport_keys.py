@@ -35,7 +35,7 @@ running statistics); ``bn_mode`` is recorded with each row.
 Writes ``results.json`` / ``results.csv`` (one row per pair, model, seed, stage, anchors and
 variant), ``recovery.png``, and prints the tables quoted in docs/RESULTS.md (``--report`` re-prints
 them from a saved ``results.json``). Every (pair, model, seed) is one job of the shared executor
-(:mod:`avalanche_plugins.study.harness.jobs`; resumable, ``--workers N``).
+(:mod:`avalanche_plugins.study.jobs`; resumable, ``--workers N``).
 """
 
 from __future__ import annotations
@@ -50,14 +50,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from avalanche_plugins.study.harness.data import (
+from avalanche_plugins.study.catalog.datasets import (
     load_digits_arrays,
     load_fashion_mnist_arrays,
     load_mnist_arrays,
 )
-from avalanche_plugins.study.harness.jobs import Timer, run_jobs, seed_everything
-from avalanche_plugins.study.harness.models import TaskHeadsNet, build_model
-from avalanche_plugins.study.harness.results import print_report
+from avalanche_plugins.study.catalog.zoo import TaskHeadsNet, build_model
+from avalanche_plugins.study.jobs import Timer, run_jobs, seed_everything
+from avalanche_plugins.study.report.files import print_report
 from avalanche_plugins.transport import (
     CONTROLS,
     TransportKey,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 
 from avalanche_plugins.study import run_study
+from avalanche_plugins.study.contracts.rows import Choice
 
 STUDY = {
     "name": "regularisers_on_split_digits",
@@ -45,10 +46,11 @@ def main(quick: bool = False, out_dir="out/examples/07"):
     result = run_study(STUDY, out=out_dir, quick=quick, progress=False)  # workers=2 / executor="ray" scale it
     print(result.tables["markdown"])  # the paper table; result.tables["latex"] is the same in LaTeX
     for scenario, strategies in result.chosen.items():
-        for strategy, choice in strategies.items():
-            print(f"chosen on validation: {scenario} / {strategy}: {choice['label']} (ACC {choice['val_acc']:.3f})")
-    for row in result.rows:  # one per (scenario, strategy, setting, seed) test run
-        print(f"{row['strategy']:<17} seed {row['seed']}  ACC {row['acc']:.3f}  forgetting {row['forgetting']:.3f}")
+        for strategy, choice in strategies.items():  # a Choice, or TuningFailed where every setting failed
+            said = f"{choice.label} (ACC {choice.val_acc:.3f})" if isinstance(choice, Choice) else choice.failed
+            print(f"chosen on validation: {scenario} / {strategy}: {said}")
+    for row in result.rows:  # a RunRow per (scenario, strategy, setting, seed) test run
+        print(f"{row.strategy:<17} seed {row.seed}  ACC {row.acc:.3f}  forgetting {row.score('forgetting'):.3f}")
     print(f"report: {result.report}   every logged value: {result.csv}")
     return result
 

@@ -4,7 +4,7 @@
 (``cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}`` or
 ``cifar-100-python/{train,test,meta}``: pickles with ``data`` as ``N x 3072`` ``uint8`` in
 row-major CHW order and ``labels`` / ``fine_labels`` (plus ``coarse_labels``) as lists), so
-:func:`avalanche_plugins.study.harness.data.load_cifar_arrays` and :func:`~avalanche_plugins.study.harness.data.make_stream`
+:func:`avalanche_plugins.study.catalog.datasets.load_cifar_arrays` and :func:`~avalanche_plugins.study.catalog.datasets.make_stream`
 run their real loading code on it. Images are a per-class template plus noise, so a model can
 learn them; MD5 sums differ from the originals (torchvision's own loader rejects the files).
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from avalanche_plugins.study.harness.data import CIFAR
+from avalanche_plugins.study.catalog.datasets import CIFAR
 
 __all__ = ["write_fake_cifar"]
 
@@ -46,7 +46,7 @@ def write_fake_cifar(root, kind: str = "cifar10", n_train_per_class: int = 10, n
 
     Example:
         >>> import tempfile
-        >>> from avalanche_plugins.study.harness.data import load_cifar_arrays
+        >>> from avalanche_plugins.study.catalog.datasets import load_cifar_arrays
         >>> with tempfile.TemporaryDirectory() as root:
         ...     folder = write_fake_cifar(root, "cifar100", n_train_per_class=2, n_test_per_class=1)
         ...     xtr, ytr, xte, yte = load_cifar_arrays(root, "cifar100")

@@ -56,7 +56,7 @@ def diagnostic_values(rows) -> dict[str, float]:
 def run_reference_jobs() -> dict[str, dict[str, float]]:
     """Run each strategy of :data:`CONFIG` in this process; ``{strategy: diagnostic values}``."""
     from avalanche_plugins.study.api import load_study, plan_test_jobs
-    from avalanche_plugins.study.runner import run_job
+    from avalanche_plugins.study.run.job import run_job
 
     study = load_study(CONFIG)
     out = {}

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from avalanche_plugins.study.harness import jobs
-from avalanche_plugins.study.harness.jobs import job_key, run_jobs
-from avalanche_plugins.study.harness.results import command_line, load_results
+from avalanche_plugins.study import jobs
+from avalanche_plugins.study.jobs import job_key, run_jobs
+from avalanche_plugins.study.report.files import command_line, load_results
 from benchmarks._cli import (
     DEFAULT_SEEDS,
     QUICK_SEEDS,
@@ -78,9 +78,9 @@ def test_cache_key_changes_with_job_fields_and_code_version(monkeypatch):
     assert base != job_key(Job("ewc", 0, lr=0.2), "v1")
     assert base != job_key(Job("naive", 0), "v1")
     assert base != job_key(Job("ewc", 0), "v2")
-    monkeypatch.setattr(jobs, "source_version", lambda: "v1")
+    monkeypatch.setattr(jobs.cache, "source_version", lambda: "v1")
     assert job_key(Job("ewc", 0)) == base  # the default version is the hash of the code's source
-    monkeypatch.setattr(jobs, "source_version", lambda: "v2")
+    monkeypatch.setattr(jobs.cache, "source_version", lambda: "v2")
     assert job_key(Job("ewc", 0)) != base
 
 
@@ -172,7 +172,7 @@ def test_the_cache_survives_edits_to_code_the_job_never_ran_and_not_to_code_it_r
         lines = [json.loads(line) for line in cache.read_text().splitlines()]
         assert all(f"{PROBE}/used.py" in e["code"] and f"{PROBE}/jobs.py" in e["code"] for e in lines)
         assert not any(f"{PROBE}/unused.py" in e["code"] for e in lines)
-        assert "avalanche_plugins/study/harness/jobs.py" in lines[0]["code"]  # the package's own modules too
+        assert "avalanche_plugins/study/jobs/cache.py" in lines[0]["code"]  # the package's own modules too
         assert all(e["code_version"] == jobs.code_version() for e in lines)  # the full code version, per row
         (code / "unused.py").write_text("VALUE = 3  # edited\n")
         benchmark.write_text("x = 1\n")
@@ -193,8 +193,8 @@ def test_the_cache_survives_edits_to_code_the_job_never_ran_and_not_to_code_it_r
 def test_importing_the_benchmark_cli_changes_no_cache_key():
     import subprocess
 
-    code = ("from avalanche_plugins.study.harness import jobs\n"
-            "from avalanche_plugins.study.runner import run_job\n"
+    code = ("from avalanche_plugins.study import jobs\n"
+            "from avalanche_plugins.study.run.job import run_job\n"
             "before = (jobs.source_version(), jobs.code_roots(run_job), jobs.code_version())\n"
             "import benchmarks._cli  # noqa: F401\n"
             "jobs.source_version.cache_clear(); jobs.code_version.cache_clear()\n"
@@ -208,11 +208,11 @@ def test_importing_the_benchmark_cli_changes_no_cache_key():
 def test_a_cache_line_of_the_older_format_counts_under_the_whole_source(tmp_path, monkeypatch):
     calls = []
     cache = tmp_path / "jobs.jsonl"
-    monkeypatch.setattr(jobs, "source_version", lambda: "v1")
+    monkeypatch.setattr(jobs.cache, "source_version", lambda: "v1")
     cache.write_text(json.dumps({"key": job_key(Job("a", 0)), "job": {}, "row": {"value": 7}}) + "\n")
     assert run_jobs(lambda job: calls.append(job) or {"value": 0}, [Job("a", 0)], cache=cache,
                     progress=False) == [{"value": 7}] and calls == []
-    monkeypatch.setattr(jobs, "source_version", lambda: "v2")  # the package changed since that line
+    monkeypatch.setattr(jobs.cache, "source_version", lambda: "v2")  # the package changed since that line
     assert run_jobs(lambda job: calls.append(job) or {"value": 0}, [Job("a", 0)], cache=cache,
                     progress=False) == [{"value": 0}] and len(calls) == 1
 
@@ -256,7 +256,7 @@ class _Example:
         return format_table(saved["summary"], ["method"], ["acc"])
 
     def main(self, argv):
-        from avalanche_plugins.study.harness.results import print_report
+        from avalanche_plugins.study.report.files import print_report
         from benchmarks._results import summarize
 
         args = parse_args(benchmark_parser("example", "example benchmark"), argv)
@@ -292,10 +292,10 @@ def test_a_ray_row_whose_node_ran_other_code_is_a_failed_run(tmp_path, monkeypat
     code.mkdir()
     (code / "shared.py").write_text("VALUE = 1\n")
     roots = (jobs.PACKAGE_ROOT, code.resolve())
-    same = {"node_code/shared.py": jobs._file_hash(str(code / "shared.py"), 0, 0)}
+    same = {"node_code/shared.py": jobs.code._file_hash(str(code / "shared.py"), 0, 0)}
     row = {"status": "ok", "acc": 0.5, "node_ip": "10.0.0.2"}
-    assert jobs._refuse_other_code(row, same, roots) == row
-    assert jobs._refuse_other_code({"status": "ok"}, {"node_code/shared.py": "other"}, roots) == {"status": "ok"}
-    refused = jobs._refuse_other_code(row, {"node_code/shared.py": "0123456789abcdef"}, roots)
+    assert jobs.code._refuse_other_code(row, same, roots) == row
+    assert jobs.code._refuse_other_code({"status": "ok"}, {"node_code/shared.py": "other"}, roots) == {"status": "ok"}
+    refused = jobs.code._refuse_other_code(row, {"node_code/shared.py": "0123456789abcdef"}, roots)
     assert refused["status"] == "error" and "node 10.0.0.2 ran other code than the driver's (node_code/shared.py)" \
         in refused["error"]

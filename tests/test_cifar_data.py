@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from avalanche_plugins.study.harness.data import (
+from avalanche_plugins.study.catalog.datasets import (
     CIFAR,
     data_fingerprint,
     load_cifar_arrays,

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from avalanche_plugins.study.harness.jobs import git_state
+from avalanche_plugins.study.jobs import git_state
 
 pytestmark = pytest.mark.skipif(subprocess.run(["git", "--version"], capture_output=True).returncode != 0,
                                 reason="needs git")
@@ -51,8 +51,8 @@ def test_changes_outside_the_code_or_not_python_keep_it_clean(repo):
 def test_results_record_the_source_hash(tmp_path):
     import json
 
-    from avalanche_plugins.study.harness.jobs import source_version
-    from avalanche_plugins.study.harness.results import write_results
+    from avalanche_plugins.study.jobs import source_version
+    from avalanche_plugins.study.report.files import write_results
 
     write_results(tmp_path, config={}, rows=[], summary=[], wall_seconds=0.0, data={})
     saved = json.loads((tmp_path / "results.json").read_text())

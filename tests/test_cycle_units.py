@@ -280,7 +280,7 @@ def test_iteration_clocks_on_a_hidden_boundary_stream_are_refused_naming_the_opt
 
 
 def test_the_study_gives_cycle_accuracy_the_plugins_clock():
-    from avalanche_plugins.study.diagnostics import _cycle_accuracy
+    from avalanche_plugins.study.catalog.diagnostics import _cycle_accuracy
 
     stream = types.SimpleNamespace(benchmark=four_class_digits())
     for plugin, expected in ((grow(cycle_unit="samples", cycle_length=50), {"cycle_unit": "samples", "cycle_length": 50}),

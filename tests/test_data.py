@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from avalanche_plugins.study.harness.data import (
+from avalanche_plugins.study.catalog.datasets import (
     check_mnist_root,
     data_fingerprint,
     load_digits_arrays,

@@ -40,7 +40,8 @@ def test_every_public_name_has_an_api_entry(api):
 def test_every_public_module_is_on_an_api_page(api):
     pages = [page for page, _, _ in avp_docs.API_GROUPS]
     assert {avp_docs.group_of(m) for m in api.modules} == set(pages)
-    assert avp_docs.group_of("avalanche_plugins.study.harness.jobs") == "study.harness"
+    assert avp_docs.group_of("avalanche_plugins.study.jobs.cache") == "study.jobs"
+    assert avp_docs.group_of("avalanche_plugins.study.catalog.zoo") == "study.catalog"
     assert avp_docs.group_of("avalanche_plugins.study.api") == "study"
     assert avp_docs.group_of("avalanche_plugins") == "avalanche_plugins"
 

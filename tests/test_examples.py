@@ -119,8 +119,8 @@ def test_06_all_metrics_to_tensorboard(tmp_path, capsys):
 def test_07_comparative_study(tmp_path, capsys):
     pytest.importorskip("yaml")  # avalanche_plugins.study's config reader; installed with the [bench] extra
     result = load("07_comparative_study").main(quick=True, out_dir=tmp_path)
-    assert [r["strategy"] for r in result.rows] == ["Naive", "EWC", "LwF", "LayerAdaptiveEWC"]
-    assert all(0.0 <= r["acc"] <= 1.0 and r["seed"] == 0 for r in result.rows)
+    assert [r.strategy for r in result.rows] == ["Naive", "EWC", "LwF", "LayerAdaptiveEWC"]
+    assert all(0.0 <= r.acc <= 1.0 and r.seed == 0 for r in result.rows)
     assert set(result.chosen["split_digits_task"]) == {"EWC", "LayerAdaptiveEWC"}
     assert "| LayerAdaptiveEWC |" in result.tables["markdown"] and "\\begin{tabular}" in result.tables["latex"]
     assert result.report.is_file() and result.csv.is_file()

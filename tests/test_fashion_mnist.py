@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
+from avalanche_plugins.study.catalog import prepare as P
+from avalanche_plugins.study.catalog.datasets import MNIST_FILES, data_fingerprint, make_stream
 from avalanche_plugins.study.cli import run_command
-from avalanche_plugins.study.harness import prepare as P
-from avalanche_plugins.study.harness.data import MNIST_FILES, data_fingerprint, make_stream
 from tests.test_data import exp_tensors, write_fake_idx, write_idx
 
 FOLDER = "FashionMNIST/raw"
@@ -95,8 +95,8 @@ def test_fewer_evaluation_images_per_class_the_same_for_every_seed(tmp_path):
 
 def test_the_study_takes_images_per_class_as_scenario_keys(tmp_path):
     from avalanche_plugins.study.api import load_study
-    from avalanche_plugins.study.build import build_stream
-    from avalanche_plugins.study.config import ConfigError
+    from avalanche_plugins.study.describe.config import ConfigError
+    from avalanche_plugins.study.run.build import build_stream
 
     write_fake_idx(tmp_path, FOLDER, n_train=200, n_test=50)
     study = load_study({"scenarios": [{"benchmark": "split_fashion_mnist", "data_root": str(tmp_path),
@@ -127,7 +127,7 @@ def test_results_json_records_the_files_sha256(tmp_path):
     assert fingerprint["sha256"] == {f"{FOLDER}/{f}": _sha(root / FOLDER / f) for f in MNIST_FILES}
     # what run_study writes into results.json for the scenario (test_study_runner runs it end to end)
     from avalanche_plugins.study.api import load_study
-    from avalanche_plugins.study.provenance import scenario_provenance
+    from avalanche_plugins.study.report.provenance import scenario_provenance
 
     study = load_study({"scenarios": [{"benchmark": "split_fashion_mnist", "data_root": str(root)}],
                         "model": {"name": "mlp", "kwargs": {"hidden": [8]}}, "strategies": ["Naive"]})
@@ -231,7 +231,7 @@ def test_the_command_prepares_from_a_source_folder(tmp_path, monkeypatch, capsys
 
 
 def test_the_spec_matches_the_study_catalog():
-    from avalanche_plugins.study.harness.data import CATALOG, FASHION_MNIST_MEAN
+    from avalanche_plugins.study.catalog.datasets import CATALOG, FASHION_MNIST_MEAN
 
     assert tuple(P.FASHION_MNIST.sha256) == MNIST_FILES
     assert CATALOG["fashion_mnist"].files == tuple(f"{P.FASHION_MNIST.folder}/{f}" for f in MNIST_FILES)

@@ -92,9 +92,9 @@ def test_the_wheel_holds_the_runner_and_declares_its_extra(installed):
         names = archive.namelist()
         metadata = archive.read(next(n for n in names if n.endswith("METADATA"))).decode()
         entry_points = archive.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    assert "avalanche_plugins/study/cli.py" in names and "avalanche_plugins/study/harness/data.py" in names
+    assert "avalanche_plugins/study/cli.py" in names and "avalanche_plugins/study/catalog/datasets.py" in names
     assert not any(n.startswith(("benchmarks/", "tests/")) for n in names)
-    assert not any(n.endswith(("harness/cli.py", "cifar_fixture.py")) for n in names)  # no benchmark CLI, no fixture
+    assert not any(n.endswith(("_cli.py", "cifar_fixture.py")) for n in names)  # no benchmark CLI, no fixture
     assert "avalanche-study = avalanche_plugins.study.cli:main" in entry_points
     assert "Provides-Extra: study" in metadata
     for requirement in ("pyyaml", "scipy", "tqdm", "torchvision", "scikit-learn"):

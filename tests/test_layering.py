@@ -277,15 +277,42 @@ def test_every_benchmark_package_runs_with_python_m(name):
 
 
 def test_helpers_only_benchmarks_use_live_in_benchmarks_not_in_the_wheel():
-    # issue 42: the wheel's harness holds what the study runs; the benchmarks' own loops and tables are theirs
+    # issue 42: the wheel holds what the study runs; the benchmarks' own loops and tables are theirs
     import benchmarks._results
     import benchmarks._training
-    from avalanche_plugins.study.harness import results, training
+    from avalanche_plugins.study.contracts import scores
+    from avalanche_plugins.study.report import files
 
-    moved = {training: ("accuracy", "accuracy_evaluator", "batched_accuracy", "train_minibatches"),
-             results: ("format_table", "plot_final_accuracy", "rounded_floats", "summarize")}
+    moved = {scores: ("accuracy", "accuracy_evaluator", "batched_accuracy", "train_minibatches"),
+             files: ("format_table", "plot_final_accuracy", "rounded_floats", "summarize")}
     for module, names in moved.items():
         assert not [n for n in names if hasattr(module, n)], module.__name__
-    assert set(moved[training]) <= set(benchmarks._training.__all__)
-    assert set(moved[results]) - {"plot_final_accuracy"} <= set(benchmarks._results.__all__)
-    assert "args" not in __import__("inspect").signature(results.write_results).parameters
+    assert set(moved[scores]) <= set(benchmarks._training.__all__)
+    assert set(moved[files]) - {"plot_final_accuracy"} <= set(benchmarks._results.__all__)
+    assert "args" not in __import__("inspect").signature(files.write_results).parameters
+
+
+def _reachable(graph: dict[str, set[str]], roots: set[str]) -> set[str]:
+    """The modules importing ``roots`` runs: their imports, transitively, and every enclosing package."""
+    seen, todo = set(), list(roots)
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        todo += [dep for dep in graph.get(module, ()) if dep in graph]
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+    return seen
+
+
+def test_every_module_of_the_wheel_serves_its_users_not_only_benchmarks_or_tests():
+    # a user reaches the wheel through its top-level names, the study API and the avalanche-study command;
+    # a module none of those runs is one only benchmarks or tests use (issue 42: it moves to benchmarks/)
+    import avalanche_plugins
+
+    roots = {PACKAGE.name, f"{PACKAGE.name}.study", f"{PACKAGE.name}.study.__main__", *avalanche_plugins._EXPORTS.values()}
+    graph = _internal_graph()
+    unused = sorted(set(graph) - _reachable(graph, roots))
+    assert not unused, f"modules no entry point runs (used only by benchmarks or tests?): {unused}"
+    assert _reachable({"a": {"a.b"}, "a.b": set(), "a.c": set()}, {"a"}) == {"a", "a.b"}  # the check can fail

@@ -237,7 +237,7 @@ def test_layer_sensitivity_on_fewer_samples_than_asked_warns_once_and_records_th
 
 
 def test_the_study_summary_carries_the_sample_counts():
-    from avalanche_plugins.study.diagnostics import summary_scalars
+    from avalanche_plugins.study.catalog.diagnostics import summary_scalars
 
     titles = summary_scalars()
     assert titles["ORSamplesUsed"] == "OR samples" and titles["ADSSamplesUsed"] == "ADS samples"

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from avalanche_plugins.study.harness.models import MLP
+from avalanche_plugins.study.catalog.zoo import MLP
 from benchmarks import plasticity_ranking as pr
 from benchmarks.scr import SlowlyChangingRegression, ltu_thresholds, scr_benchmark, scr_period
 

@@ -172,7 +172,7 @@ def _mlp(bias=True, bn=False):
 
 def _efficientnet_lite0():
     """The zoo's EfficientNet-Lite0 (issue 39), random init, inputs resized to 32 px inside the model."""
-    from avalanche_plugins.study.harness.efficientnet import efficientnet_lite0
+    from avalanche_plugins.study.catalog.efficientnet import efficientnet_lite0
 
     return efficientnet_lite0(N_CLASSES, pretrained=False, input_size=32, input_norm="unit")
 

@@ -173,7 +173,7 @@ def test_a_study_on_a_two_node_cluster_runs_on_the_worker_and_gives_the_local_ro
     assert f"joined the cluster at '{address}'" in done.stderr
     remote = json.loads((tmp_path / "remote" / "results.json").read_text())["runs"]
     assert len(remote) == 4 and {r["node_ip"] for r in remote} == {worker_ip}  # the head has no CPU to run one
-    local = run_study(STUDY, out=tmp_path / "local", progress=False).rows
+    local = [r.as_dict() for r in run_study(STUDY, out=tmp_path / "local", progress=False).rows]
     where = ("wall_s", "train_s", "diagnostics_s", "figures_s", "callback_s", "peak_memory_mb", "node_ip")
 
     def numbers(rows):

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from avalanche_plugins.study.harness import jobs
-from avalanche_plugins.study.harness.jobs import LocalExecutor, RayExecutor, run_jobs
+from avalanche_plugins.study import jobs
+from avalanche_plugins.study.jobs import LocalExecutor, RayExecutor, run_jobs
 from benchmarks._cli import benchmark_parser, make_executor, parse_args
 
 ray = pytest.importorskip("ray")
@@ -75,7 +75,7 @@ def executor():
 
 @pytest.mark.slow  # starting Ray here takes 20-40 s
 def test_ray_rows_equal_local_rows_and_come_from_ray_workers(executor, tmp_path, monkeypatch):
-    monkeypatch.setattr(jobs, "code_version", lambda: "v1")
+    monkeypatch.setattr(jobs.cache, "code_version", lambda: "v1")
     local = run_jobs(fit, JOBS, executor=LocalExecutor(1), progress=False)
     remote = run_jobs(fit, JOBS, cache=tmp_path / "jobs.jsonl", executor=executor, progress=False)
     assert executor.started and ray.is_initialized()
@@ -185,7 +185,7 @@ def test_a_ray_study_brings_every_per_run_file_to_the_drivers_out(executor, tmp_
     executor.start()  # the study's Ray executor uses this instance (and leaves it running)
     local = run_study(FILES_STUDY, out=tmp_path / "local", progress=False)
     remote = run_study(FILES_STUDY, out=tmp_path / "ray", executor="ray", progress=False)
-    assert [r["status"] for r in remote.rows] == ["ok"] and "node_ip" in remote.rows[0]  # it ran on Ray
+    assert [r.status for r in remote.rows] == ["ok"] and "node_ip" in remote.rows[0].extra  # it ran on Ray
     here, there = _run_files(tmp_path / "local"), _run_files(tmp_path / "ray")
     # every file the metrics.csv rows name exists under the driver's out, as the local executor wrote it
     named = [m for m in csv.DictReader(remote.csv.read_text().splitlines()) if m["file"]]

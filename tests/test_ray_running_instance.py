@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from avalanche_plugins.study.harness.jobs import LocalExecutor, RayExecutor, run_jobs
+from avalanche_plugins.study.jobs import LocalExecutor, RayExecutor, run_jobs
 from tests.test_ray_executor import JOBS, _numbers, fit
 
 ray = pytest.importorskip("ray")

@@ -11,7 +11,12 @@ import yaml
 
 from avalanche_plugins.study import ConfigError, load_study, run_study
 from avalanche_plugins.study.cli import run_command
-from avalanche_plugins.study.recipe_book import RECIPE_DIR, load_recipes, merge_recipe, tolerance
+from avalanche_plugins.study.describe.recipes import (
+    RECIPE_DIR,
+    load_recipes,
+    merge_recipe,
+    tolerance,
+)
 
 FAKE = {
     "scenario": {"benchmark": "split_digits", "n_experiences": 2, "task_incremental": False},
@@ -49,7 +54,7 @@ def test_recipe_true_takes_the_scenarios_recipe_and_explicit_kwargs_win(fake_rec
     lae = study.strategy("LAE").on("digits2")
     assert lae.cls == "Naive" and lae.plugins[0].kwargs == {"ewc_lambda": 10, "schedule": "smoothed"}
     result = run_study(study, out=tmp_path / "out", progress=False)
-    assert {r["setting"] for r in result.rows} == {"recipe (kwargs.ewc_lambda overridden)", "recipe"}
+    assert {r.setting for r in result.rows} == {"recipe (kwargs.ewc_lambda overridden)", "recipe"}
     report = result.report.read_text()
     assert "## Recipes" in report
     assert "digits2 / EWC: recipe `split_digits/EWC` (ewc_lambda=5, mode=separate, lr=0.01; overridden by the " \

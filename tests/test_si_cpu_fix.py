@@ -8,9 +8,9 @@ from avalanche.training.plugins import SynapticIntelligencePlugin
 from avalanche.training.supervised import Naive
 
 from avalanche_plugins import fix_synaptic_intelligence_on_cpu
-from avalanche_plugins.study.harness.data import make_stream
-from avalanche_plugins.study.harness.models import build_model
-from avalanche_plugins.study.harness.training import average_forgetting
+from avalanche_plugins.study.catalog.datasets import make_stream
+from avalanche_plugins.study.catalog.zoo import build_model
+from avalanche_plugins.study.contracts.scores import average_forgetting
 from benchmarks._training import accuracy_evaluator
 
 

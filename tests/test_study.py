@@ -3,6 +3,7 @@ resuming from the cache, the CLI, and the demo study in its quick form."""
 
 from __future__ import annotations
 
+import ast
 import csv
 import json
 import math
@@ -16,8 +17,8 @@ import pytest
 from scipy import stats
 
 from avalanche_plugins.study import ConfigError, load_study, run_study
-from avalanche_plugins.study.registry import source_hash
-from avalanche_plugins.study.stats import holm, summarize_study
+from avalanche_plugins.study.catalog.registry import source_hash
+from avalanche_plugins.study.report.stats import holm, summarize_study
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +27,7 @@ USER_MODULE = textwrap.dedent('''
     import torch
     from torch import nn
 
-    from avalanche_plugins.study.harness.data import make_stream
+    from avalanche_plugins.study.catalog.datasets import make_stream
 
 
     def tiny_mlp(input_shape, n_classes, width=16):
@@ -216,7 +217,7 @@ def test_tiny_study_writes_csv_tables_figures_and_report(tiny_study):
     names = {r["metric"] for r in rows if r["split"] == "test"}
     assert {"Top1_Acc_Exp", "StreamForgetting", "StreamBWT", "OptimizationReadiness", "Loss_Exp"} <= names
     assert {r["split"] for r in rows} == {"validation", "test"}
-    assert len(result.rows) == 4 and {(r["strategy"], r["seed"]) for r in result.rows} == {
+    assert len(result.rows) == 4 and {(r.strategy, r.seed) for r in result.rows} == {
         ("Naive", 0), ("Naive", 1), ("LwF", 0), ("LwF", 1)}
     assert "\\begin{tabular}" in result.tables["latex"] and "\\textbf{" in result.tables["latex"]
     factory = json.loads((out / "results.json").read_text())["data"]["two_tasks"]  # a user's factory: named, hashed
@@ -261,12 +262,12 @@ def test_tiny_study_statistics_match_an_independent_computation(tiny_study):
 
 def test_tiny_study_tunes_on_validation_and_tests_the_chosen_setting(tiny_study):
     result, _ = tiny_study
-    tuning = [r for r in result.tuning if r["strategy"] == "LwF"]
+    tuning = [r.as_dict() for r in result.tuning if r.strategy == "LwF"]
     assert sorted(r["setting"] for r in tuning) == ["alpha=0.1", "alpha=3"]
     assert all(r["split"] == "validation" and r["seed"] == 0 for r in tuning)
     winner = max(tuning, key=lambda r: r["acc"])
-    assert result.chosen["two_tasks"]["LwF"]["label"] == winner["setting"]
-    assert {r["setting"] for r in result.rows if r["strategy"] == "LwF"} == {winner["setting"]}
+    assert result.chosen["two_tasks"]["LwF"].label == winner["setting"]
+    assert {r.setting for r in result.rows if r.strategy == "LwF"} == {winner["setting"]}
 
 
 def test_rerun_reuses_the_cache(tiny_study, user_module):
@@ -278,20 +279,20 @@ def test_rerun_reuses_the_cache(tiny_study, user_module):
 
 
 def test_saved_study_reads_the_tiny_study_back_into_typed_rows(tiny_study):
-    from avalanche_plugins.study.rows import Choice, SavedStudy
+    from avalanche_plugins.study.contracts.rows import Choice, SavedStudy
 
     result, out = tiny_study
     saved = SavedStudy.load(out)
-    assert json.dumps([r.as_dict() for r in saved.runs]) == json.dumps(result.rows)
-    assert json.dumps([r.as_dict() for r in saved.tuning]) == json.dumps(result.tuning)
+    assert json.dumps([r.as_dict() for r in saved.runs]) == json.dumps([r.as_dict() for r in result.rows])
+    assert json.dumps([r.as_dict() for r in saved.tuning]) == json.dumps([r.as_dict() for r in result.tuning])
     assert isinstance(saved.chosen["two_tasks"]["LwF"], Choice)
-    assert saved.chosen["two_tasks"]["LwF"].label == result.chosen["two_tasks"]["LwF"]["label"]
+    assert saved.chosen == result.chosen
     # the JSON form of a finished run is what it always was: these keys, in this order
     assert list(json.loads((out / "results.json").read_text())["runs"][0]) == [
         "scenario", "strategy", "setting", "seed", "split", "acc", "acc_til", "forgetting", "bwt", "fwt", "wall_s",
         "train_s", "diagnostics_s", "figures_s", "callback_s", "peak_memory_mb", "accuracy_matrix", "til_matrix",
         "baseline_accuracy", "stream", "status"]
-    assert list(result.tuning[0])[-2:] == ["status", "setting_values"]
+    assert list(result.tuning[0].as_dict())[-2:] == ["status", "setting_values"]
 
 
 def test_cli_report_reprints_a_saved_study(tiny_study, capsys):
@@ -324,9 +325,9 @@ def test_ray_study_gives_the_local_rows(tiny_study, user_module, tmp_path, monke
     def numbers(rows):
         costs = ("wall_s", "train_s", "diagnostics_s", "figures_s", "callback_s", "peak_memory_mb",  # measured
                  "node_ip")  # where it ran
-        return [{k: v for k, v in r.items() if k not in costs} for r in rows]
+        return [{k: v for k, v in r.as_dict().items() if k not in costs} for r in rows]
 
-    assert numbers(remote.rows) == numbers([r for r in result.rows if r["strategy"] == "LwF"])
+    assert numbers(remote.rows) == numbers([r for r in result.rows if r.strategy == "LwF"])
     assert numbers(remote.tuning) == numbers(result.tuning)
     assert _metric_rows(tmp_path) == [r for r in _metric_rows(local_out) if r["strategy"] == "LwF"]
 
@@ -410,7 +411,7 @@ def test_loggers_write_per_run_files(tmp_path):
     tags = events.Tags()["scalars"]
     assert "OptimizationReadiness/train_phase/train_stream/Task000/Exp001" in tags
     final = events.Scalars("Top1_Acc_Exp/eval_phase/test_stream/Task000/Exp001")[-1].value
-    assert final == pytest.approx(result.rows[0]["accuracy_matrix"][-1][1], abs=1e-6)
+    assert final == pytest.approx(result.rows[0].accuracy_matrix[-1][1], abs=1e-6)
     text = (tmp_path / "text" / "split_digits" / "Naive" / "default" / "seed0.txt").read_text()
     assert "Top1_Acc_Exp/eval_phase/test_stream/Task000/Exp001" in text
 
@@ -424,9 +425,9 @@ def test_the_study_package_is_layered():
     parsing = sorted(name for name, path in study.items() if "argparse" in _runtime_imports(path))
     assert parsing == ["avalanche_plugins.study.cli"]
     graph = {name: {d for d in deps if d in study} for name, deps in _internal_graph().items() if name in study}
-    assert not graph["avalanche_plugins.study.config"] & {"avalanche_plugins.study.build",
-                                                         "avalanche_plugins.study.runner"}
-    assert not graph["avalanche_plugins.study.runner"] & {"avalanche_plugins.study.config",
+    assert not graph["avalanche_plugins.study.describe.config"] & {"avalanche_plugins.study.run.build",
+                                                         "avalanche_plugins.study.run.job"}
+    assert not graph["avalanche_plugins.study.run.job"] & {"avalanche_plugins.study.describe.config",
                                                          "avalanche_plugins.study.cli"}
     assert _find_cycle(graph) is None
 
@@ -435,7 +436,7 @@ def test_adding_a_dataset_is_one_catalog_entry(tmp_path):
     # the documented entry, as written in docs/study.md, makes split_/permuted_ scenarios a study can name
     import torch
 
-    from avalanche_plugins.study.harness import data
+    from avalanche_plugins.study.catalog import datasets as data
 
     text = (ROOT / "docs" / "study.md").read_text()
     block = text.split("## Adding a built-in dataset", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
@@ -464,16 +465,20 @@ def test_adding_a_dataset_is_one_catalog_entry(tmp_path):
         data.CATALOG.pop("kmnist", None)
 
 
-# --- the study's shape (issue 42): describe, run and report side by side; only api joins them -----
+# --- the study's shape (issue 42): one rule per folder; only api joins describe, run and report ---
 
-STUDY_PARTS = {
-    "describe": {"config", "recipe_book"},  # a config → a validated, typed Study
-    "run": {"runner", "build", "watch"},  # one job: build, train, evaluate, its row
-    "report": {"stats", "tables", "figures", "provenance", "markdown"},  # saved rows → tables, figures, report
+STUDY = ROOT / "avalanche_plugins" / "study"
+# folder -> the other folders of the study it may import (README "Comparative studies", docs/development.md)
+STUDY_FOLDERS = {
+    "catalog": set(),  # what a study can name (datasets, zoo, scenarios, diagnostics, names): the ground
+    "jobs": set(),  # generic job machinery (environment, code, cache, executors, protocol): knows no study
+    "contracts": {"catalog"},  # the typed values the parts hand one another (specs, grid, rows, scores)
+    "describe": {"contracts", "catalog", "jobs"},  # a config → a validated, typed Study
+    "run": {"contracts", "catalog", "jobs"},  # one job: build, train, evaluate, its row
+    "report": {"contracts", "catalog", "jobs"},  # saved rows → statistics, tables, figures, report, files
 }
-# below them, used by all: specs, grid, rows, scores, registry, scenarios, diagnostics, harness.*;
-# above them: api (plan → run → choose → write), cli and reproduce (which call api)
-STUDY_TOP = {"api", "cli", "reproduce", "__main__", ""}
+PARTS = ("describe", "run", "report")
+STUDY_TOP = {"", "api", "cli", "reproduce", "__main__"}  # api: plan → run → choose → write; cli, reproduce call it
 
 
 def _study_imports() -> dict[str, set[str]]:
@@ -489,17 +494,41 @@ def _study_imports() -> dict[str, set[str]]:
             for name, deps in test_layering._internal_graph().items() if name.startswith(prefix)}
 
 
+def _folder(module: str) -> str | None:
+    return module.split(".")[0] if "." in module or module in STUDY_FOLDERS else None
+
+
+def test_every_study_module_is_in_a_folder_whose_docstring_states_its_rule():
+    graph = _study_imports()
+    assert {m for m in graph if _folder(m) is None} == STUDY_TOP
+    assert {_folder(m) for m in graph} - {None} == set(STUDY_FOLDERS)
+    for folder in STUDY_FOLDERS:
+        doc = ast.get_docstring(ast.parse((STUDY / folder / "__init__.py").read_text()))
+        assert doc and "The rule of this folder" in doc, f"study/{folder}/__init__.py does not state its rule"
+
+
+def _violations(graph: dict[str, set[str]], folder: str) -> list[str]:
+    """The imports of ``folder``'s modules its rule (:data:`STUDY_FOLDERS`) forbids."""
+    allowed = {folder, *STUDY_FOLDERS[folder]}
+    return [f"{module} ({folder}) imports {dep or 'avalanche_plugins.study'} ({_folder(dep) or 'the top'}): "
+            f"{folder} may import {sorted(STUDY_FOLDERS[folder])}"
+            for module, deps in graph.items() if _folder(module) == folder
+            for dep in deps if _folder(dep) not in allowed]
+
+
+@pytest.mark.parametrize("folder", sorted(STUDY_FOLDERS))
+def test_each_study_folder_imports_only_the_folders_its_rule_allows(folder):
+    graph = _study_imports()
+    assert not _violations(graph, folder)
+    # the rule can fail: the folder's first module importing the top (api) or a folder it may not
+    module = min(m for m in graph if _folder(m) == folder)
+    forbidden = min(set(STUDY_FOLDERS) - {folder, *STUDY_FOLDERS[folder]}, default="api")
+    other = "api" if forbidden == "api" else min(m for m in graph if _folder(m) == forbidden)
+    assert _violations({**graph, module: graph[module] | {other}}, folder)
+
+
 def test_describe_run_and_report_import_none_of_one_another_and_only_api_imports_all_three():
     graph = _study_imports()
-    part_of = {module: part for part, modules in STUDY_PARTS.items() for module in modules}
-    assert set(part_of) <= set(graph), set(part_of) - set(graph)
-    for module, deps in graph.items():
-        here = part_of.get(module)
-        for dep in deps:
-            there = part_of.get(dep)
-            if here is not None and there is not None:
-                assert here == there, f"{module} ({here}) imports {dep} ({there})"
-            if here is None and module not in STUDY_TOP:  # the ground imports no part
-                assert there is None, f"{module} (below the parts) imports {dep} ({there})"
-    joins = {m for m, deps in graph.items() if {part_of.get(d) for d in deps} >= set(STUDY_PARTS)}
+    assert all(not set(PARTS) & STUDY_FOLDERS[part] for part in PARTS)
+    joins = {m for m, deps in graph.items() if {_folder(d) for d in deps} >= set(PARTS)}
     assert joins == {"api"}, joins

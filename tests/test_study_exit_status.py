@@ -20,7 +20,7 @@ def streams(seed=0, validation=False):
 '''
 
 FIXED = '''
-from avalanche_plugins.study.harness.data import make_stream
+from avalanche_plugins.study.catalog.datasets import make_stream
 
 
 def streams(seed=0, validation=False):
@@ -60,16 +60,16 @@ def test_runs_failed_outside_the_method_exit_1_naming_the_cause_once_and_rerun(s
     (study_folder / "exit_status_streams.py").write_text(FIXED)
     sys.modules.pop("exit_status_streams", None)
     result = run_command(argv)  # exit 0: returns
-    assert [r["status"] for r in result.rows] == ["ok", "ok"]
+    assert [r.status for r in result.rows] == ["ok", "ok"]
     assert _statuses(out) == ["error", "error", "ok", "ok"]  # both failed rows ran again, appended
     again = run_command(argv)
     assert _statuses(out) == ["error", "error", "ok", "ok"]  # finished rows are reused, none repeated
-    assert [r["acc"] for r in again.rows] == [r["acc"] for r in result.rows]
+    assert [r.acc for r in again.rows] == [r.acc for r in result.rows]
 
 
 def test_a_diverged_run_is_a_cached_result_and_fails_the_study_only_when_nothing_finished(tmp_path, capsys):
     from avalanche_plugins.study.api import failure_summary
-    from avalanche_plugins.study.harness.jobs import run_jobs
+    from avalanche_plugins.study.jobs import run_jobs
 
     def diverge(job):
         return {"status": "diverged" if job == 1 else "ok", "error": "gradient norm = inf" if job == 1 else None}
@@ -144,7 +144,7 @@ class _FakeRay:
 
 
 def test_jobs_no_node_can_run_are_said_and_stopped_at_the_wait_limit(monkeypatch, capsys):
-    from avalanche_plugins.study.harness.jobs import NoNodeCanRun, RayExecutor
+    from avalanche_plugins.study.jobs import NoNodeCanRun, RayExecutor
 
     fake = _FakeRay([HEAD, LOST])
     monkeypatch.setattr(RayExecutor, "start", lambda self: fake)
@@ -161,11 +161,11 @@ def test_jobs_no_node_can_run_are_said_and_stopped_at_the_wait_limit(monkeypatch
 
 
 def test_the_wait_is_said_every_report_and_its_clock_restarts_when_a_node_is_back(monkeypatch, capsys):
-    from avalanche_plugins.study.harness import jobs
+    from avalanche_plugins.study.jobs import executors
 
     now = [100.0]
-    monkeypatch.setattr(jobs.time, "monotonic", lambda: now[0])
-    wait = jobs._Starved(threads=2, limit=None, report=60.0)
+    monkeypatch.setattr(executors.time, "monotonic", lambda: now[0])
+    wait = executors._Starved(threads=2, limit=None, report=60.0)
     said = []
     for t, capacity in ((0, 0), (30, 0), (61, 0), (70, 1), (80, 0), (100, 0), (141, 0)):
         now[0] = 100.0 + t
@@ -174,16 +174,16 @@ def test_the_wait_is_said_every_report_and_its_clock_restarts_when_a_node_is_bac
     assert [bool(s) for s in said] == [True, False, True, False, True, False, True]
     assert "1 job(s) waiting for 61 s, until a node joins (a wait limit stops the study)" in said[2]
     assert "1 job(s) waiting, until" in said[4] and "waiting for 61 s" in said[6]  # from 80 s on, not from 0
-    assert jobs._Starved(threads=1, limit=10.0, report=60.0).report == 2.5  # a quarter of the limit
+    assert executors._Starved(threads=1, limit=10.0, report=60.0).report == 2.5  # a quarter of the limit
     # capacity: CPUs of alive nodes over threads; a dead node whose address is back is not lost
     back = {"Alive": True, "Resources": {"CPU": 3.0}, "NodeManagerAddress": "10.0.0.2"}
-    assert jobs._ray_capacity(_FakeRay([HEAD, LOST]), 1) == (0, ["10.0.0.2"])
-    assert jobs._ray_capacity(_FakeRay([HEAD, LOST, back]), 2) == (1, [])
+    assert executors._ray_capacity(_FakeRay([HEAD, LOST]), 1) == (0, ["10.0.0.2"])
+    assert executors._ray_capacity(_FakeRay([HEAD, LOST, back]), 2) == (1, [])
 
 
 def test_a_stopped_wait_exits_1_saying_a_rerun_resumes_and_wait_limit_needs_ray(tmp_path, monkeypatch, capsys):
     from avalanche_plugins.study import api
-    from avalanche_plugins.study.harness.jobs import NoNodeCanRun, RayExecutor, make_executor
+    from avalanche_plugins.study.jobs import NoNodeCanRun, RayExecutor, make_executor
 
     config = tmp_path / "study.yaml"
     config.write_text(yaml.safe_dump({"scenarios": ["split_digits"], "strategies": ["Naive"]}))
@@ -224,4 +224,4 @@ def test_a_loaded_study_takes_seeds_and_refuses_quick_and_data_root_before_runni
             run_study(study, out=tmp_path / "refused", progress=False, **kwargs)
     assert not (tmp_path / "refused" / "jobs.jsonl").exists()  # refused before any job
     result = run_study(study, out=tmp_path / "one", seeds=1, progress=False, isolate=False)
-    assert [row["seed"] for row in result.rows] == [0] and result.study.seeds == 1
+    assert [row.seed for row in result.rows] == [0] and result.study.seeds == 1

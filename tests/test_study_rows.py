@@ -1,4 +1,4 @@
-"""``avalanche_plugins.study.rows``: typed run rows, chosen settings and saved studies, whose JSON
+"""``avalanche_plugins.study.contracts.rows``: typed run rows, chosen settings and saved studies, whose JSON
 form is exactly the dicts a study has always written (keys, values and order)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from avalanche_plugins.study.rows import (
+from avalanche_plugins.study.contracts.rows import (
     Choice,
     RunRow,
     SavedStudy,
@@ -17,13 +17,7 @@ from avalanche_plugins.study.rows import (
     choices_as_dict,
     choices_from_dict,
 )
-from avalanche_plugins.study.runner import (
-    StudyJob,
-    _failed_row,
-    failed_outside_the_method,
-    lost_row,
-)
-from avalanche_plugins.study.specs import (
+from avalanche_plugins.study.contracts.specs import (
     GridKey,
     ModelSpec,
     PluginSpec,
@@ -31,6 +25,12 @@ from avalanche_plugins.study.specs import (
     ScenarioSpec,
     StrategySpec,
     TrainingSpec,
+)
+from avalanche_plugins.study.run.job import (
+    StudyJob,
+    _failed_row,
+    failed_outside_the_method,
+    lost_row,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -79,7 +79,7 @@ def failing_study(tmp_path_factory):
 
 def test_a_diverged_run_is_named_and_never_scored(failing_study):
     result, out = failing_study
-    exploding = next(r for r in result.rows if r["strategy"] == "Exploding")
+    exploding = next(r for r in result.rows if r.strategy == "Exploding").as_dict()
     assert exploding["status"] == "diverged"
     assert re.fullmatch(r"diverged at experience 0, epoch 0, iteration \d+ \((loss|model output|gradient norm) = "
                         r"(nan|inf|-inf)\)", exploding["error"]), exploding["error"]
@@ -99,14 +99,14 @@ def test_a_diverged_run_is_named_and_never_scored(failing_study):
 
 def test_a_plugin_exception_names_class_callback_and_experience(failing_study):
     result, _ = failing_study
-    buggy = next(r for r in result.rows if r["strategy"] == "Buggy")
+    buggy = next(r for r in result.rows if r.strategy == "Buggy").as_dict()
     assert buggy["status"] == "callback"
     assert buggy["error"] == "BoomPlugin.after_training_exp at experience 0: ValueError: boom"
 
 
 def test_paper_columns(failing_study):
     result, out = failing_study
-    naive = next(r for r in result.rows if r["strategy"] == "Naive")
+    naive = next(r for r in result.rows if r.strategy == "Naive").as_dict()
     acc = np.array(naive["accuracy_matrix"])
     b = naive["baseline_accuracy"]
     assert naive["fwt"] == pytest.approx(acc[0, 1] - b[1])  # FWT = mean_{j>=1} R[j-1, j] - b_j, T = 2
@@ -195,7 +195,7 @@ def test_a_scenario_whose_every_run_failed_still_gets_its_tables(tmp_path):
       - {name: Exploding, class: Naive, training: {lr: 1.0e+8}}
     """), module="all_failed_models")
     result = run_study(path, out=tmp_path / "out", progress=False)
-    assert result.rows[0]["status"] == "diverged" and result.figures == []
+    assert result.rows[0].status == "diverged" and result.figures == []
     assert "| Exploding† | default | failed |" in result.tables["markdown"]
     assert "## Failed runs" in result.report.read_text()
 
@@ -275,8 +275,8 @@ metrics:
 
 
 def test_an_online_study_with_every_diagnostic_measures_once_per_original_experience(tmp_path):
-    from avalanche_plugins.study.build import build_stream
-    from avalanche_plugins.study.runner import _training_units
+    from avalanche_plugins.study.run.build import build_stream
+    from avalanche_plugins.study.run.job import _training_units
 
     study = load_study(_write_study(tmp_path, ONLINE, module="online_models"))
     online = study.scenarios[0]
@@ -289,7 +289,7 @@ def test_an_online_study_with_every_diagnostic_measures_once_per_original_experi
     assert [sum(u) for u in units] == sizes and all(len(u) == -(-n // 64) > 1 for u, n in zip(units, sizes))
 
     result = run_study(study, out=tmp_path / "out", progress=False, skip=["online_hidden/Naive", "online_hidden/ER_ACE"])
-    runs = {(r["scenario"], r["strategy"]): r for r in result.rows}
+    runs = {(r.scenario, r.strategy): r.as_dict() for r in result.rows}
     with open(tmp_path / "out" / "metrics.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["split"] == "test"]
     hidden = runs.pop(("online_hidden", "LAE"))
@@ -331,7 +331,7 @@ def test_an_online_scenario_never_takes_an_offline_recipe():
 def test_the_online_baselines_have_shipped_recipes_and_the_online_study_takes_them():
     from pathlib import Path
 
-    from avalanche_plugins.study.recipe_book import load_recipes
+    from avalanche_plugins.study.describe.recipes import load_recipes
 
     recipe = load_recipes()["split_digits_online"]
     assert recipe["scenario"]["online"] == {"experience_size": 10, "access_task_boundaries": True}
@@ -360,8 +360,13 @@ def test_reading_a_config_leaves_sys_path_as_it_was_and_the_study_names_its_modu
 def test_a_job_puts_its_import_paths_on_sys_path_only_while_it_runs():
     import sys
 
-    from avalanche_plugins.study.runner import StudyJob, run_job
-    from avalanche_plugins.study.specs import ModelSpec, RunSpec, ScenarioSpec, TrainingSpec
+    from avalanche_plugins.study.contracts.specs import (
+        ModelSpec,
+        RunSpec,
+        ScenarioSpec,
+        TrainingSpec,
+    )
+    from avalanche_plugins.study.run.job import StudyJob, run_job
 
     job = StudyJob("s", ScenarioSpec("nowhere", "no_such_module_here:factory"), ModelSpec("mlp"), TrainingSpec(),
                    RunSpec("Naive", "Naive"), "default", (), (), 0, "test", paths=("/nonexistent/user/folder",))
@@ -372,7 +377,7 @@ def test_a_job_puts_its_import_paths_on_sys_path_only_while_it_runs():
 
 
 def test_every_figure_of_a_scenario_names_its_failed_runs(tmp_path, monkeypatch):
-    from avalanche_plugins.study import figures
+    from avalanche_plugins.study.report import figures
 
     notes = []
     monkeypatch.setattr(figures, "_annotate_missing", lambda fig, note: notes.append(note))

@@ -6,8 +6,8 @@ the table showed a tie of five winners and the report did not say why (issue 38,
 
 from __future__ import annotations
 
-from avalanche_plugins.study.stats import summarize_study
-from avalanche_plugins.study.tables import markdown_tables
+from avalanche_plugins.study.report.stats import summarize_study
+from avalanche_plugins.study.report.tables import markdown_tables
 
 
 def _row(strategy, seed, acc, fwt, matrix):

@@ -15,7 +15,12 @@ import pytest
 import torch
 from avalanche.core import SupervisedPlugin
 
-from avalanche_plugins.study.watch import CallbackFailed, Diverged, DivergenceWatch, time_callbacks
+from avalanche_plugins.study.run.watch import (
+    CallbackFailed,
+    Diverged,
+    DivergenceWatch,
+    time_callbacks,
+)
 from tests.test_cycle_units import four_class_digits, naive, online_stream
 
 

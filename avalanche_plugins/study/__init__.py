@@ -8,7 +8,7 @@ Python::
     result = run_study("studies/demo.yaml", out="out/demo", quick=True)
     print(result.tables["markdown"])    # also result.rows, result.summary, result.report
 
-Modules: :mod:`~avalanche_plugins.study.config` (format and validation), ``registry`` (names → objects,
+Modules: :mod:`~avalanche_plugins.study.describe.config` (format and validation), ``registry`` (names → objects,
 argument checks), ``build`` (a run's stream, model, plugins, evaluator, strategy), ``runner``
 (one job), ``api`` (tuning, test runs, outputs), ``markdown`` (``report.md``, ``tables.md``, the
 terminal summary, from the saved results), ``rows`` (typed run rows, chosen settings, a saved
@@ -16,7 +16,7 @@ study read back), ``stats``, ``tables``, ``figures``.
 """
 
 from avalanche_plugins.study.api import StudyResult, load_study, run_study
-from avalanche_plugins.study.config import Study
-from avalanche_plugins.study.registry import ConfigError
+from avalanche_plugins.study.catalog.registry import ConfigError
+from avalanche_plugins.study.describe.config import Study
 
 __all__ = ["ConfigError", "Study", "StudyResult", "load_study", "run_study"]

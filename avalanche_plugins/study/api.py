@@ -2,7 +2,7 @@
 
 1. Every strategy with a ``grid`` runs each setting once on the validation split with the
    study's ``tune_seed`` (diagnostics left out: accuracy, forgetting and BWT only); the setting
-   with the best final average accuracy is chosen (:mod:`avalanche_plugins.study.harness.protocol`).
+   with the best final average accuracy is chosen (:mod:`avalanche_plugins.study.jobs.protocol`).
 2. Every strategy (at its chosen setting) runs on the test stream with seeds ``0..seeds-1``,
    every configured metric attached.
 3. ``OUT/`` receives ``metrics.csv`` (every value every metric logged, tidy long format, tuning
@@ -23,26 +23,35 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from avalanche_plugins.study.config import Study, read_study
-from avalanche_plugins.study.diagnostics import summary_scalars
-from avalanche_plugins.study.harness.jobs import Timer, make_executor, run_jobs
-from avalanche_plugins.study.harness.protocol import (
-    expand_grid,
-    is_skipped,
-    setting_label,
-)
-from avalanche_plugins.study.harness.results import print_report, write_results
-from avalanche_plugins.study.markdown import report, tables_markdown, terminal_summary
-from avalanche_plugins.study.provenance import study_provenance
-from avalanche_plugins.study.registry import ErrorList, import_paths
-from avalanche_plugins.study.rows import (
+from avalanche_plugins.study.catalog.diagnostics import summary_scalars
+from avalanche_plugins.study.catalog.registry import ErrorList, import_paths
+from avalanche_plugins.study.contracts.rows import (
     Choice,
     RunRow,
     TuningFailed,
     choices_as_dict,
     choices_from_dict,
 )
-from avalanche_plugins.study.runner import (
+from avalanche_plugins.study.contracts.specs import ScenarioSpec, StrategySpec, apply_setting
+from avalanche_plugins.study.describe.config import Study, read_study
+from avalanche_plugins.study.jobs import Timer, make_executor, run_jobs
+from avalanche_plugins.study.jobs.protocol import (
+    expand_grid,
+    is_skipped,
+    setting_label,
+)
+from avalanche_plugins.study.report.files import print_report, write_results
+from avalanche_plugins.study.report.markdown import report, tables_markdown, terminal_summary
+from avalanche_plugins.study.report.provenance import study_provenance
+from avalanche_plugins.study.report.stats import summarize_diagnostics, summarize_study
+from avalanche_plugins.study.report.tables import (
+    accuracy_matrix_tables,
+    diagnostics_tables,
+    failed_runs_table,
+    latex_tables,
+    markdown_tables,
+)
+from avalanche_plugins.study.run.job import (
     CONTEXT,
     FILES,
     StudyJob,
@@ -50,15 +59,6 @@ from avalanche_plugins.study.runner import (
     lost_row,
     run_job,
     write_files,
-)
-from avalanche_plugins.study.specs import ScenarioSpec, StrategySpec, apply_setting
-from avalanche_plugins.study.stats import summarize_diagnostics, summarize_study
-from avalanche_plugins.study.tables import (
-    accuracy_matrix_tables,
-    diagnostics_tables,
-    failed_runs_table,
-    latex_tables,
-    markdown_tables,
 )
 
 __all__ = ["FilesToOut", "StudyResult", "failure_summary", "load_study", "make_study_executor", "plan_test_jobs",
@@ -70,17 +70,19 @@ TIDY_COLUMNS = ("phase", "stream", "training_experience", "experience", "task", 
 
 @dataclass
 class StudyResult:
-    """What a study produced. ``rows``: one per test run (scenario, strategy, setting, seed,
-    split, acc, forgetting, bwt, accuracy_matrix, wall_s); ``tuning``: the validation runs;
-    ``chosen``: ``{scenario: {strategy: {"setting": {...}, "label", "val_acc"}}}``; ``summary``:
-    per (scenario, strategy) statistics and tests; ``tables``: ``{"markdown", "latex"}``;
-    ``report``, ``csv``: paths of ``report.md`` and ``metrics.csv``."""
+    """What a study produced, typed as :class:`~avalanche_plugins.study.contracts.rows.SavedStudy`
+    reads it back: ``rows``, one :class:`~avalanche_plugins.study.contracts.rows.RunRow` per test run
+    (scenario, strategy, setting, seed, split, ``scores``, ``costs``, accuracy matrix, status, error;
+    ``row.as_dict()`` is its ``results.json`` form); ``tuning``: the validation runs; ``chosen``:
+    ``{scenario: {strategy: Choice | TuningFailed}}``; ``summary``: per (scenario, strategy)
+    statistics and tests; ``tables``: ``{"markdown", "latex", ...}``; ``report``, ``csv``: paths of
+    ``report.md`` and ``metrics.csv``."""
 
     study: Study
     out: Path
-    rows: list[dict]
-    tuning: list[dict]
-    chosen: dict
+    rows: tuple[RunRow, ...]
+    tuning: tuple[RunRow, ...]
+    chosen: dict[str, dict[str, Choice | TuningFailed]]
     summary: list[dict]
     tables: dict
     report: Path
@@ -91,17 +93,17 @@ class StudyResult:
 
 def make_study_executor(executor: str = "local", *, workers: int = 1, threads: int = 1, address: str | None = None,
                         isolate: bool = True, wait_limit: float | None = None):
-    """The job executor (:func:`~avalanche_plugins.study.harness.jobs.make_executor`): a local pool of
+    """The job executor (:func:`~avalanche_plugins.study.jobs.make_executor`): a local pool of
     ``workers`` processes, or Ray (started locally with ``workers × threads`` CPUs, or joined at ``address``;
     ``wait_limit``: seconds jobs may wait with no node able to run one before the study stops); a job
     the executor loses (a dead worker or node, Ray's retries used up) becomes a failed row
-    (:func:`~avalanche_plugins.study.runner.lost_row`), not an error that stops the study."""
+    (:func:`~avalanche_plugins.study.run.job.lost_row`), not an error that stops the study."""
     return make_executor(executor, workers=workers, threads=threads, address=address, isolate=isolate,
                          wait_limit=wait_limit, lost_row=lost_row)
 
 
 class FilesToOut:
-    """An executor whose rows' shipped files (:data:`~avalanche_plugins.study.runner.FILES`, from
+    """An executor whose rows' shipped files (:data:`~avalanche_plugins.study.run.job.FILES`, from
     ``run_job(..., ship_files=True)`` on a Ray node) are written under ``out`` and taken out of the
     row as each row arrives, before :func:`run_jobs` caches it: a cached row's files exist on the driver."""
 
@@ -123,13 +125,13 @@ class FilesToOut:
 def load_study(config, *, quick: bool = False, seeds: int | None = None, data_root=None, deep: bool = True,
                recipe_folder=None) -> Study:
     """Read and validate a study: a YAML/TOML path or an already parsed mapping
-    (:func:`~avalanche_plugins.study.config.read_study`: every error of the config at once, each
+    (:func:`~avalanche_plugins.study.describe.config.read_study`: every error of the config at once, each
     naming its key); ``deep`` (default) then builds the model for every built-in scenario's input
     shape and class count and runs it on two zero inputs (the builder's
-    :func:`~avalanche_plugins.study.build.check_model_builds`), every failure in one
+    :func:`~avalanche_plugins.study.run.build.check_model_builds`), every failure in one
     :class:`ConfigError`. ``quick``, ``seeds``, ``data_root``, ``recipe_folder``: as
-    :func:`~avalanche_plugins.study.config.read_study` takes them."""
-    from avalanche_plugins.study.build import check_model_builds  # imports Avalanche
+    :func:`~avalanche_plugins.study.describe.config.read_study` takes them."""
+    from avalanche_plugins.study.run.build import check_model_builds  # imports Avalanche
 
     study = read_study(config, quick=quick, seeds=seeds, data_root=data_root, recipe_folder=recipe_folder)
     if deep and study.model is not None:
@@ -236,7 +238,7 @@ def run_study(config, *, out, quick: bool = False, seeds: int | None = None, exe
     ``echo``: print the tables when done. On Ray, every run's files (``runs/``, logger folders) come
     back with its row and are written under ``out`` (:class:`FilesToOut`); while no node can run a
     job the study says so on stderr, and ``wait_limit`` (seconds, None: no limit) stops it with
-    :class:`~avalanche_plugins.study.harness.jobs.NoNodeCanRun` naming the lost nodes and the jobs not
+    :class:`~avalanche_plugins.study.jobs.NoNodeCanRun` naming the lost nodes and the jobs not
     done (finished rows stay in ``jobs.jsonl``: a rerun resumes)."""
     study = _with_overrides(config, quick, seeds, data_root) if isinstance(config, Study) else \
         load_study(config, quick=quick, seeds=seeds, data_root=data_root)
@@ -278,10 +280,10 @@ def _with_overrides(study: Study, quick: bool, seeds: int | None, data_root) -> 
 def write_outputs(study: Study, out: Path, test_rows, tuning_rows, chosen, wall_seconds: float, *,
                   command: str | None = None, echo: bool = False) -> StudyResult:
     """Tidy CSV, results.json (with per-scenario provenance), tables, figures and report of
-    finished runs. Rows are :class:`~avalanche_plugins.study.rows.RunRow` s (or their JSON form),
+    finished runs. Rows are :class:`~avalanche_plugins.study.contracts.rows.RunRow` s (or their JSON form),
     ``chosen`` is ``{scenario: {strategy: Choice | TuningFailed}}`` (or its JSON form); the
-    :class:`StudyResult` holds the JSON forms, as ``results.json`` does."""
-    from avalanche_plugins.study.figures import make_figures
+    :class:`StudyResult` holds them typed, ``results.json`` their JSON forms."""
+    from avalanche_plugins.study.report.figures import make_figures
 
     test_rows, tuning_rows = [RunRow.of(row) for row in test_rows], [RunRow.of(row) for row in tuning_rows]
     csv_path = out / "metrics.csv"
@@ -313,8 +315,8 @@ def write_outputs(study: Study, out: Path, test_rows, tuning_rows, chosen, wall_
     print_report(out / "results.json", report, out_dir=out, echo=False)
     if echo:
         print(terminal_summary(out / "results.json"), flush=True)
-    return StudyResult(study, out, runs, tuning, chosen, summary, tables, out / "report.md", csv_path, figures,
-                       wall_seconds)
+    return StudyResult(study, out, tuple(run_rows), tuple(tuning_rows), choices_from_dict(chosen), summary, tables,
+                       out / "report.md", csv_path, figures, wall_seconds)
 
 
 def failure_summary(rows, tuning=()) -> str | None:

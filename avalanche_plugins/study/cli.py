@@ -22,7 +22,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from avalanche_plugins.study.registry import ConfigError
+from avalanche_plugins.study.catalog.registry import ConfigError
 
 __all__ = ["add_executor_arguments", "build_parser", "main", "positive_int", "positive_seconds", "run_command"]
 
@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_data_flags(data: argparse.ArgumentParser) -> None:
-    from avalanche_plugins.study.harness.prepare import DATASETS
+    from avalanche_plugins.study.catalog.prepare import DATASETS
 
     data.add_argument("dataset", choices=sorted(DATASETS), help="the dataset to prepare")
     data.add_argument("--data-root", required=True, metavar="DIR",
@@ -127,9 +127,9 @@ def _add_data_flags(data: argparse.ArgumentParser) -> None:
 
 def _run(args, argv: list[str]) -> object:
     from avalanche_plugins.study.api import failure_summary, load_study, run_study
-    from avalanche_plugins.study.harness.jobs import NoNodeCanRun
-    from avalanche_plugins.study.harness.protocol import split_list
-    from avalanche_plugins.study.harness.results import command_line
+    from avalanche_plugins.study.jobs import NoNodeCanRun
+    from avalanche_plugins.study.jobs.protocol import split_list
+    from avalanche_plugins.study.report.files import command_line
 
     try:
         study = load_study(args.config, quick=args.quick, seeds=args.seeds, data_root=args.data_root)
@@ -170,8 +170,8 @@ def _check(args) -> object:
 
 
 def _report(args) -> dict:
-    from avalanche_plugins.study.harness.results import print_report
-    from avalanche_plugins.study.markdown import report, terminal_summary
+    from avalanche_plugins.study.report.files import print_report
+    from avalanche_plugins.study.report.markdown import report, terminal_summary
 
     if not Path(args.results).is_file():
         print(f"{PROG} report: no file {args.results!r}", file=sys.stderr)
@@ -182,7 +182,7 @@ def _report(args) -> dict:
 
 
 def _recipes(args) -> str:
-    from avalanche_plugins.study.recipe_book import recipe_table
+    from avalanche_plugins.study.describe.recipes import recipe_table
 
     text = recipe_table(args.folder)
     print(text, flush=True)
@@ -211,7 +211,7 @@ def _reproduce(args) -> list[dict]:
 
 
 def _data(args) -> object:
-    from avalanche_plugins.study.harness.prepare import DataUnavailable, prepare
+    from avalanche_plugins.study.catalog.prepare import DataUnavailable, prepare
 
     try:
         done = prepare(args.dataset, args.data_root, source=args.source)

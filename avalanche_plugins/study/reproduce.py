@@ -1,7 +1,7 @@
 """``avalanche-study reproduce``: rerun shipped recipes and compare each ACC with the recipe's.
 
 A strategy passes when the mean test ACC of the rerun seeds lies within ``min(3 · SE, 0.02)`` of the
-recipe's mean over the same seeds (:func:`~avalanche_plugins.study.recipe_book.tolerance`, SE of
+recipe's mean over the same seeds (:func:`~avalanche_plugins.study.describe.recipes.tolerance`, SE of
 the recipe's own seeds). ``quick``: four Split digits recipes, seed 0.
 """
 
@@ -10,8 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from avalanche_plugins.study.recipe_book import load_recipes, tolerance
-from avalanche_plugins.study.rows import RunRow
+from avalanche_plugins.study.describe.recipes import load_recipes, tolerance
 
 __all__ = ["QUICK", "reproduce", "reproduction_study"]
 
@@ -51,7 +50,7 @@ def reproduce(keys=None, *, quick: bool = False, folder=None, out="out/reproduce
         for name in config["strategies"]:
             name = name["name"]
             entry = recipe["strategies"][name]
-            runs = {r.seed: r for r in map(RunRow.from_dict, result.rows) if r.strategy == name}
+            runs = {r.seed: r for r in result.rows if r.strategy == name}
             expected = entry["test"]["acc"][: len(runs) or 1]
             got = [runs[s].acc if s in runs else float("nan") for s in entry["test"]["seeds"][: len(expected)]]
             tol = tolerance(entry["test"]["acc"])

@@ -13,7 +13,7 @@ from torch import nn
 
 from avalanche_plugins.ads import architecture_driven_shift, distance_path, logit_shift
 from avalanche_plugins.core.stats import expected_calibration_error
-from avalanche_plugins.study.harness.jobs import Timer, seed_everything
+from avalanche_plugins.study.jobs import Timer, seed_everything
 from benchmarks._training import accuracy, train_minibatches
 from benchmarks.ads_zoo.settings import ScenarioConfig
 from benchmarks.ads_zoo.tasks import scenario_data, subset

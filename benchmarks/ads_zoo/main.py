@@ -6,8 +6,8 @@ import time
 from dataclasses import asdict
 
 import benchmarks.ads_zoo as package
-from avalanche_plugins.study.harness.jobs import run_jobs
-from avalanche_plugins.study.harness.results import print_report
+from avalanche_plugins.study.jobs import run_jobs
+from avalanche_plugins.study.report.files import print_report
 from benchmarks._cli import (
     benchmark_parser,
     is_skipped,

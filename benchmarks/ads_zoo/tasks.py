@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from avalanche_plugins.study.harness.data import (
+from avalanche_plugins.study.catalog.datasets import (
     load_digits_arrays,
     load_fashion_mnist_arrays,
     load_mnist_arrays,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from avalanche_plugins.study.harness.models import MLP, TinyViT
+from avalanche_plugins.study.catalog.zoo import MLP, TinyViT
 
 WIDTHS = (16, 32, 64, 128, 256, 512)
 PATTERNS = ("constant", "increasing", "decreasing", "bottleneck")

@@ -20,7 +20,7 @@ cycles). Cost: time per training epoch of the masked model (fixed mask at c) ove
 model, measured in the same process. ``--quick``: one seed, c = 30 %, fewer methods.
 
 Every (setting, method, compactness, seed) run and every timing measurement is one job of
-:func:`avalanche_plugins.study.harness.jobs.run_jobs`: finished jobs are appended to ``OUT/jobs.jsonl`` and reused
+:func:`avalanche_plugins.study.jobs.run_jobs`: finished jobs are appended to ``OUT/jobs.jsonl`` and reused
 when the same command is run again, so an interrupted run resumes where it stopped. To fit a
 budget: ``--settings`` (a subset of the settings by name), ``--epochs`` / ``--iid-epochs`` (epochs
 per experience of the split / IID settings), ``--cnn-methods`` / ``--iid-methods`` (fewer methods

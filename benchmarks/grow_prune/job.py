@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from avalanche_plugins.study.harness.data import make_stream
+from avalanche_plugins.study.catalog.datasets import make_stream
 from benchmarks.grow_prune.learner import (
     run_one,
     time_per_epoch,
@@ -32,7 +32,7 @@ class Job:
 def _stream(dataset: str, scenario: str, n_experiences: int, data_root, subset: int | None = None):
     if subset is None:
         return make_stream(dataset, scenario, n_experiences=n_experiences, data_root=data_root, seed=0)
-    from avalanche_plugins.study.harness import data
+    from avalanche_plugins.study.catalog import datasets as data
 
     full = make_stream(dataset, "permuted" if scenario == "random_labels" else scenario, n_experiences=1,
                        data_root=data_root, seed=0)

@@ -15,12 +15,13 @@ from avalanche_plugins import (
     GrowPlugin,
     NewbornGradientMetric,
     PrunePlugin,
+    quiet_evaluator,
     retrain_ticket,
     stream_accuracy,
 )
 from avalanche_plugins.structural.cycles import CycleClock
-from avalanche_plugins.study.harness.jobs import Timer, seed_everything
-from avalanche_plugins.study.harness.training import quiet_deprecations, quiet_evaluator
+from avalanche_plugins.study.jobs import Timer, seed_everything
+from avalanche_plugins.study.jobs.environment import quiet_deprecations
 from benchmarks.grow_prune.settings import (
     _LEAKY,
     GROW_VARIANTS,

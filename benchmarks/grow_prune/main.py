@@ -7,8 +7,8 @@ import time
 from dataclasses import asdict, replace
 
 import benchmarks.grow_prune as package
-from avalanche_plugins.study.harness.jobs import run_jobs
-from avalanche_plugins.study.harness.results import print_report
+from avalanche_plugins.study.jobs import run_jobs
+from avalanche_plugins.study.report.files import print_report
 from benchmarks._cli import (
     benchmark_parser,
     is_skipped,

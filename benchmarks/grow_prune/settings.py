@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from avalanche_plugins.study.harness.models import build_model
+from avalanche_plugins.study.catalog.zoo import build_model
 
 GROW_VARIANTS = {  # method -> GrowPlugin interventions
     "grow": {},

@@ -89,7 +89,7 @@ job, so roughly halve it unloaded): SCR ≈ 5 s per checkpoint (three ground tru
 10,000 validation examples) plus ≈ 140 s of training (150 periods × 10,000 steps) per run, i.e.
 ≈ 5 min per run, 4 learners × 3 seeds ≈ 1 h; P-MNIST (MNIST subset, 10,000 images per task,
 2,000 validation images) ≈ 40 s per checkpoint plus ≈ 4 min of training, ≈ 25 min per seed.
-Every (learner, seed) run is one job of the shared executor (:mod:`avalanche_plugins.study.harness.jobs`):
+Every (learner, seed) run is one job of the shared executor (:mod:`avalanche_plugins.study.jobs`):
 ``--workers N`` runs them in parallel and an interrupted run resumes from ``OUT/jobs.jsonl``;
 ``--only`` / ``--skip`` select learners. ``--quick``: 3 SCR learners and Permuted digits, one
 seed, k ∈ {1, 10} (G^(100) timed once per run for the cost ratio).

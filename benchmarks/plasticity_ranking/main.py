@@ -8,8 +8,8 @@ import types
 from dataclasses import asdict
 from pathlib import Path
 
-from avalanche_plugins.study.harness.jobs import run_jobs
-from avalanche_plugins.study.harness.results import print_report
+from avalanche_plugins.study.jobs import run_jobs
+from avalanche_plugins.study.report.files import print_report
 from benchmarks._cli import (
     benchmark_parser,
     is_skipped,
@@ -104,7 +104,7 @@ def main(argv=None) -> dict:
     args = parse_args(parser, argv)
     if args.report:
         if args.keep:
-            from avalanche_plugins.study.harness.results import load_results
+            from avalanche_plugins.study.report.files import load_results
 
             files = keep(load_results(args.report), args.keep, args.keep_name)
             print(f"kept {', '.join(files)} in {args.keep}")

@@ -227,9 +227,9 @@ def pooled_table(result: dict, benchmark: str, columns) -> str:
 def paired_against_or(rows, benchmark: str, gain: str, metrics=METRICS, stratum: str = "all",
                       reference: str = "or") -> dict:
     """Per k: for every metric, its PRA minus the ``reference`` metric's (OR by default), paired over
-    runs (seeds), with a paired t-test (:func:`avalanche_plugins.study.stats.paired_test`; no test
+    runs (seeds), with a paired t-test (:func:`avalanche_plugins.study.report.stats.paired_test`; no test
     under 3 paired runs): ``{k: {metric: {"mean_diff", "t", "p", "n"}}}``."""
-    from avalanche_plugins.study.stats import paired_test
+    from avalanche_plugins.study.report.stats import paired_test
 
     out: dict = {}
     sel = [r for r in rows if r["benchmark"] == benchmark and r["gain"] == gain and r["stratum"] == stratum]

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from avalanche_plugins.study.harness.jobs import seed_everything
-from avalanche_plugins.study.harness.models import MLP
+from avalanche_plugins.study.catalog.zoo import MLP
+from avalanche_plugins.study.jobs import seed_everything
 from benchmarks.plasticity_ranking.learner import MinibatchLearner, OnlineLearner
 from benchmarks.plasticity_ranking.scoring import score_checkpoint
 from benchmarks.plasticity_ranking.settings import Setting

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from avalanche_plugins.study.harness.data import load_digits_arrays, load_mnist_arrays
+from avalanche_plugins.study.catalog.datasets import load_digits_arrays, load_mnist_arrays
 from benchmarks.plasticity_ranking.settings import Setting
 from benchmarks.scr import SlowlyChangingRegression
 

@@ -3,7 +3,7 @@
 Models (100 classes, seeded synthetic tensors of CIFAR shape ``3×32×32``):
 
 * MLP with two hidden layers of width 256 → 4096 (inputs flattened);
-* CIFAR-style ResNet-8 / 18 / 34 (``avalanche_plugins.study.harness.models.cifar_resnet``: torchvision's
+* CIFAR-style ResNet-8 / 18 / 34 (``avalanche_plugins.study.catalog.zoo.cifar_resnet``: torchvision's
   ``ResNet``/``BasicBlock``, 3×3 stride-1 stem, no max-pool; ResNet-8 is He et al.'s three-stage
   16/32/64 CIFAR ResNet);
 * TinyViT (patch 4, 64 tokens + class token), depth 1/2/4 at width 128 and width 64/128/256 at

@@ -9,8 +9,8 @@ import time
 from dataclasses import asdict, replace
 
 import benchmarks.scale as package
-from avalanche_plugins.study.harness.jobs import run_jobs
-from avalanche_plugins.study.harness.results import print_report
+from avalanche_plugins.study.jobs import run_jobs
+from avalanche_plugins.study.report.files import print_report
 from benchmarks._cli import benchmark_parser, is_skipped, parse_args, split_list
 from benchmarks._results import write_results
 from benchmarks.scale.measure import EPOCH_IMAGES, ESTIMATORS, MODELS, Config, Job, setting_for

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from avalanche_plugins.study.harness.jobs import seed_everything
-from avalanche_plugins.study.harness.models import MLP, TinyViT, cifar_resnet
+from avalanche_plugins.study.catalog.zoo import MLP, TinyViT, cifar_resnet
+from avalanche_plugins.study.jobs import seed_everything
 
 __all__ = ["Config", "Job", "MODELS", "ESTIMATORS", "Unavailable", "measure", "middle_stage", "model_params", "rss_gb",
            "setting_for", "synthetic"]

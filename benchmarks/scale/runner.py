@@ -1,6 +1,6 @@
 """Run each measurement in a fresh process with a timeout and a memory cap.
 
-:class:`ProcessExecutor` is an executor of :func:`avalanche_plugins.study.harness.jobs.run_jobs` (it yields
+:class:`ProcessExecutor` is an executor of :func:`avalanche_plugins.study.jobs.run_jobs` (it yields
 ``(job, row)`` pairs, so rows are cached and a run resumes). Each job runs in a new process:
 
 * ``forkserver`` (default): forked from a server process that imported torch, torchvision,

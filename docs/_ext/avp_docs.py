@@ -46,7 +46,8 @@ API_GROUPS = [
     ("ads", "ads: Architecture-Driven Shift", ["avalanche_plugins.ads"]),
     ("transport", "transport: transport keys", ["avalanche_plugins.transport"]),
     ("study", "study: the study runner's Python API", ["avalanche_plugins.study"]),
-    ("study.harness", "study.harness: data, models, jobs, protocol", ["avalanche_plugins.study.harness"]),
+    ("study.catalog", "study.catalog: datasets, the model zoo, scenarios, names", ["avalanche_plugins.study.catalog"]),
+    ("study.jobs", "study.jobs: executors, the cache, the protocol", ["avalanche_plugins.study.jobs"]),
 ]
 
 

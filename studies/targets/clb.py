@@ -71,7 +71,7 @@ def split_mnist_subsampled(data_root: str, experience_size: int = 1000, class_or
     keeps ``experience_size`` images drawn with ``seed``; the test stream is whole."""
     from avalanche.benchmarks import data_incremental_benchmark
 
-    from avalanche_plugins.study.harness.data import Stream, make_stream
+    from avalanche_plugins.study.catalog.datasets import Stream, make_stream
 
     base = make_stream("mnist", "split", n_experiences=5, data_root=data_root, seed=class_order_seed)
     generator = torch.Generator().manual_seed(seed)

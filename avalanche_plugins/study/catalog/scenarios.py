@@ -1,10 +1,10 @@
 """The study's built-in scenarios, read from the dataset catalog
-(:data:`avalanche_plugins.study.harness.data.CATALOG`): ``{kind}_{dataset}`` for every kind a
+(:data:`avalanche_plugins.study.catalog.datasets.CATALOG`): ``{kind}_{dataset}`` for every kind a
 dataset supports (``split_digits``, ``permuted_mnist``, ...), with its input shape and classes."""
 
 from __future__ import annotations
 
-from avalanche_plugins.study.harness.data import CATALOG, Dataset
+from avalanche_plugins.study.catalog.datasets import CATALOG, Dataset
 
 __all__ = ["BUILTIN_SCENARIOS", "INPUT_SHAPES", "builtin_scenarios", "dataset_of"]
 

@@ -1,7 +1,7 @@
 """The study's Markdown, from what it saved: ``tables.md``, ``report.md`` and the terminal summary.
 
-Everything here reads the saved ``results.json`` (a dict, as :func:`~avalanche_plugins.study.harness.results.print_report`
-passes it; its rows and chosen settings read through :mod:`~avalanche_plugins.study.rows`), so
+Everything here reads the saved ``results.json`` (a dict, as :func:`~avalanche_plugins.study.report.files.print_report`
+passes it; its rows and chosen settings read through :mod:`~avalanche_plugins.study.contracts.rows`), so
 ``avalanche-study report`` re-renders an old study with today's code and renders it exactly as the
 run did.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from avalanche_plugins.study.provenance import provenance_lines, setting_lines
-from avalanche_plugins.study.rows import RunRow, TuningFailed, choices_from_dict
+from avalanche_plugins.study.contracts.rows import RunRow, TuningFailed, choices_from_dict
+from avalanche_plugins.study.report.provenance import provenance_lines, setting_lines
 
 __all__ = ["DIAGNOSTICS_NOTE", "report", "tables_markdown", "terminal_summary"]
 
@@ -62,7 +62,7 @@ def _failed_tuning_lines(saved: dict) -> list[str]:
 
 def terminal_summary(results) -> str:
     """The paper-style tables and chosen settings of a saved study (what the CLI prints)."""
-    from avalanche_plugins.study.harness.results import load_results
+    from avalanche_plugins.study.report.files import load_results
 
     saved = load_results(results)
     chosen = _chosen_lines(saved)

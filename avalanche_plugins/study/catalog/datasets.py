@@ -9,7 +9,7 @@
   read with torchvision's ``FashionMNIST(download=False)`` and normalised with its own mean / std
   (0.2860, 0.3530); split and permuted like MNIST, through the generic path. ``avalanche-study data
   fashion_mnist --data-root ROOT`` writes and verifies those files from the Debian package
-  ``dataset-fashion-mnist`` (:mod:`~avalanche_plugins.study.harness.prepare`); a missing file
+  ``dataset-fashion-mnist`` (:mod:`~avalanche_plugins.study.catalog.prepare`); a missing file
   raises :class:`FileNotFoundError` naming that command.
 * ``cifar10`` / ``cifar100``: CIFAR from ``--data-root`` in torchvision's layout
   (``ROOT/cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}``,

@@ -156,10 +156,11 @@ class StrategySpec:
         return out
 
     @classmethod
-    def from_dict(cls, spec: Mapping) -> StrategySpec:
+    def from_dict(cls, spec: Mapping, grid: tuple[GridKey, ...] | None = None) -> StrategySpec:
         """The inverse of ``as_dict`` (a validated strategy, or one a ``results.json`` saved),
-        its grid keys parsed (:func:`~avalanche_plugins.study.grid.grid_target`: a key naming no
-        plugin of the strategy is a ``ConfigError``).
+        its grid keys parsed (:func:`~avalanche_plugins.study.contracts.grid.grid_target`: a key naming no
+        plugin of the strategy is a ``ConfigError``), unless ``grid`` holds them parsed already (the
+        loader parses each key once, while checking it).
 
         Example:
             >>> spec = StrategySpec("EWC", "EWC", {"ewc_lambda": 1.0}, grid=(GridKey("ewc_lambda", "strategy",
@@ -167,10 +168,11 @@ class StrategySpec:
             >>> StrategySpec.from_dict(spec.as_dict()) == spec
             True
         """
-        from avalanche_plugins.study.grid import grid_target
+        from avalanche_plugins.study.contracts.grid import grid_target
 
-        grid = tuple(GridKey(key, *grid_target(key, spec["plugins"], key), tuple(values))
-                     for key, values in spec.get("grid", {}).items())
+        if grid is None:
+            grid = tuple(GridKey(key, *grid_target(key, spec["plugins"], key), tuple(values))
+                         for key, values in spec.get("grid", {}).items())
         return cls(spec["name"], spec["class"], dict(spec["kwargs"]),
                    tuple(PluginSpec(p["name"], dict(p["kwargs"])) for p in spec["plugins"]), grid,
                    dict(spec.get("training", {})), spec.get("recipe"), tuple(spec.get("overridden", ())))

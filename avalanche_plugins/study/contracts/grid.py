@@ -8,16 +8,16 @@ A key names where its values go:
   name, or by position).
 
 :func:`grid_target` parses a key: the loader calls it once per key, for its checks and for the
-typed :class:`~avalanche_plugins.study.specs.GridKey` that build and run then read
-(:func:`avalanche_plugins.study.specs.apply_setting`); a strategy saved in a ``results.json`` is
-read back with :meth:`~avalanche_plugins.study.specs.StrategySpec.from_dict`, which parses its keys here.
+typed :class:`~avalanche_plugins.study.contracts.specs.GridKey` that build and run then read
+(:func:`avalanche_plugins.study.contracts.specs.apply_setting`); a strategy saved in a ``results.json`` is
+read back with :meth:`~avalanche_plugins.study.contracts.specs.StrategySpec.from_dict`, which parses its keys here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from avalanche_plugins.study.registry import ConfigError
+from avalanche_plugins.study.catalog.registry import ConfigError
 
 __all__ = ["grid_target", "plugin_index"]
 

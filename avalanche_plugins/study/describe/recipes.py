@@ -79,7 +79,7 @@ def find_recipe(scenario: dict, name: str, where: str, folder=None, model: str |
     """``(label, entry)``: the recipe ``name`` for ``scenario`` — from ``<scenario>_<model>.yaml``
     when one was tuned for ``model`` (the study's zoo model name), else ``<scenario>.yaml``;
     ``ConfigError`` naming ``where`` and listing the recipes that exist otherwise."""
-    from avalanche_plugins.study.registry import ConfigError
+    from avalanche_plugins.study.catalog.registry import ConfigError
 
     recipes = load_recipes(folder)
     key = recipe_key(scenario)

@@ -1,7 +1,7 @@
 """Study configs: YAML or TOML files (or dicts) → a validated :class:`Study` (the validator).
 
 It imports neither the builder nor the runner: checks that need to build a model are the
-builder's (:func:`avalanche_plugins.study.build.check_model_builds`), which
+builder's (:func:`avalanche_plugins.study.run.build.check_model_builds`), which
 :func:`avalanche_plugins.study.api.load_study` runs after :func:`read_study`.
 
 Every key is checked before anything runs: unknown keys are rejected, names resolved (strategy,
@@ -17,10 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from avalanche_plugins.study.diagnostics import ATTACHED, check_kwargs
-from avalanche_plugins.study.grid import grid_target
-from avalanche_plugins.study.harness.models import DEFAULT_MODEL
-from avalanche_plugins.study.registry import (
+from avalanche_plugins.study.catalog.diagnostics import ATTACHED, check_kwargs
+from avalanche_plugins.study.catalog.registry import (
     ConfigError,
     ErrorList,
     Resolver,
@@ -32,8 +30,15 @@ from avalanche_plugins.study.registry import (
     plugin_class,
     strategy_class,
 )
-from avalanche_plugins.study.scenarios import BUILTIN_SCENARIOS, builtin_scenarios, dataset_of
-from avalanche_plugins.study.specs import (
+from avalanche_plugins.study.catalog.scenarios import (
+    BUILTIN_SCENARIOS,
+    builtin_scenarios,
+    dataset_of,
+)
+from avalanche_plugins.study.catalog.zoo import DEFAULT_MODEL
+from avalanche_plugins.study.contracts.grid import grid_target
+from avalanche_plugins.study.contracts.specs import (
+    GridKey,
     MetricSpec,
     ModelSpec,
     ScenarioSpec,
@@ -152,7 +157,7 @@ def read_study(config, *, quick: bool = False, seeds: int | None = None, data_ro
     :class:`ConfigError` listing them, each naming its key), experience counts that do not
     divide a split scenario's classes included. A strategy with ``recipe: true`` takes the tuned
     recipe of each scenario (``recipe_folder``: recipe files other than the shipped ones;
-    :mod:`~avalanche_plugins.study.recipe_book`). Whether the model builds for each scenario is
+    :mod:`~avalanche_plugins.study.describe.recipes`). Whether the model builds for each scenario is
     the builder's check (:func:`avalanche_plugins.study.api.load_study` runs both).
     """
     raw, source = _raw_config(config)
@@ -170,8 +175,12 @@ def read_study(config, *, quick: bool = False, seeds: int | None = None, data_ro
 
 def _typed(draft: _Draft, sources: dict, paths: list, modules: dict) -> Study:
     """The validated draft as a :class:`Study` of typed, frozen specs."""
-    strategies = tuple(StrategyEntry(s["name"], None if "per_scenario" in s else StrategySpec.from_dict(s),
-                                     {k: StrategySpec.from_dict(v) for k, v in s.get("per_scenario", {}).items()})
+    def typed(spec: dict) -> StrategySpec:  # its grid keys as _strategy parsed them
+        targets = spec[_GRID_TARGETS]
+        return StrategySpec.from_dict(spec, tuple(GridKey(k, *targets[k], tuple(v)) for k, v in spec["grid"].items()))
+
+    strategies = tuple(StrategyEntry(s["name"], None if "per_scenario" in s else typed(s),
+                                     {k: typed(v) for k, v in s.get("per_scenario", {}).items()})
                        for s in draft.strategies)
     return Study(draft.name, draft.description, draft.seeds, draft.tune_seed, draft.reference,
                  tuple(ScenarioSpec(**s) for s in draft.scenarios), ModelSpec(draft.model["name"], draft.model["kwargs"]),
@@ -449,7 +458,7 @@ def _model(entry, resolver: Resolver) -> dict:
     spec = _named(entry, "model")
     factory = model_factory(spec["name"], "model.name", resolver)
     if factory is None:  # a zoo model: its kwargs against its class, without what the study injects
-        from avalanche_plugins.study.harness.models import ZOO
+        from avalanche_plugins.study.catalog.zoo import ZOO
 
         entry = ZOO[spec["name"]]
         check_arguments(entry.target, spec["kwargs"], "model.kwargs", injected=entry.injected,
@@ -495,7 +504,7 @@ def _strategy_or_recipe(entry, path: str, training: dict, scenarios: list[dict],
     merged in (``per_scenario``: ``{scenario name: spec with "recipe" and "overridden"}``)."""
     if not isinstance(entry, Mapping) or entry.get("recipe") in (None, False):
         return _strategy(entry, path, training, resolver)
-    from avalanche_plugins.study.recipe_book import find_recipe, merge_recipe
+    from avalanche_plugins.study.describe.recipes import find_recipe, merge_recipe
 
     name = _string(entry.get("name"), f"{path}.name")
     recipe = entry["recipe"]
@@ -545,7 +554,7 @@ def _strategy(entry, path: str, training: dict, resolver: Resolver | None = None
         classes.append(None)
         with found.attempt():
             classes[i] = plugin_class(p["name"], f"{path}.plugins[{i}].name", resolver)
-    targets = {}  # grid key → (kind, plugin index, argument)
+    targets = out[_GRID_TARGETS] = {}  # grid key → (kind, plugin index, argument): parsed here only
     for key, values in grid.items():
         with found.attempt():
             targets[key] = _grid_target(key, values, path, plugins)
@@ -579,8 +588,11 @@ def _strategy(entry, path: str, training: dict, resolver: Resolver | None = None
     return out
 
 
+_GRID_TARGETS = "_grid_targets"  # a draft strategy's {grid key: (kind, plugin index, argument)}, parsed once
+
+
 def _grid_target(key: str, values, path: str, plugins: list[dict]) -> tuple[str, int | None, str]:
-    """Where a grid key goes (:func:`~avalanche_plugins.study.grid.grid_target`), its values checked
+    """Where a grid key goes (:func:`~avalanche_plugins.study.contracts.grid.grid_target`), its values checked
     where the target is known here (training values)."""
     where = f"{path}.grid.{key}"
     if not isinstance(values, list) or not values:

@@ -1,6 +1,6 @@
 """The benchmark model zoo: MLP, small CNN (with/without BatchNorm), mini ResNet, tiny ViT, the
 CIFAR-style ResNet-8/18/34 (:func:`cifar_resnet`), EfficientNet-Lite0 with ImageNet weights
-(:func:`efficientnet_lite0`; the network is :mod:`~avalanche_plugins.study.harness.efficientnet`),
+(:func:`efficientnet_lite0`; the network is :mod:`~avalanche_plugins.study.catalog.efficientnet`),
 and the two multi-head wrappers.
 
 All take image-shaped inputs ``(N, C, H, W)`` (28×28 MNIST or 8×8 digits) so one data pipeline
@@ -298,8 +298,8 @@ class TaskHeadsNet(nn.Module):
 
 def _input_norm(input_norm) -> str | tuple:
     """A dataset name of the data catalog (its ``norm``), ``"imagenet"``, ``"unit"`` or a
-    ``(mean, std)`` pair, as :class:`~avalanche_plugins.study.harness.efficientnet.ImageNetInput` takes it."""
-    from avalanche_plugins.study.harness.data import CATALOG
+    ``(mean, std)`` pair, as :class:`~avalanche_plugins.study.catalog.efficientnet.ImageNetInput` takes it."""
+    from avalanche_plugins.study.catalog.datasets import CATALOG
 
     if isinstance(input_norm, str):
         if input_norm in ("imagenet", "unit"):
@@ -332,14 +332,14 @@ def efficientnet_lite0(input_shape: Sequence[int], n_classes: int, *, input_norm
     before ImageNet's is applied: a dataset of the data catalog (``fashion_mnist`` for the
     study's Fashion-MNIST tensors ``(p - 0.2860) / 0.3530``, ``mnist``, ``cifar10``,
     ``cifar100``), ``imagenet`` (already ImageNet-normalised RGB), ``unit`` (pixels in [0, 1])
-    or ``[mean, std]``. See :func:`avalanche_plugins.study.harness.efficientnet.efficientnet_lite0`.
+    or ``[mean, std]``. See :func:`avalanche_plugins.study.catalog.efficientnet.efficientnet_lite0`.
 
     Example:
         >>> net = efficientnet_lite0((1, 28, 28), 10, input_norm="fashion_mnist", pretrained=False, input_size=32)
         >>> net(torch.randn(2, 1, 28, 28)).shape
         torch.Size([2, 10])
     """
-    from avalanche_plugins.study.harness.efficientnet import efficientnet_lite0 as lite0
+    from avalanche_plugins.study.catalog.efficientnet import efficientnet_lite0 as lite0
 
     if len(input_shape) != 3:
         raise ValueError(f"efficientnet_lite0: input_shape must be (C, H, W), got {tuple(input_shape)}")

@@ -42,7 +42,7 @@ class Diagnostic:
     """One catalog entry. ``injected``: arguments the study always supplies (never in a config);
     ``optional``: arguments the study chooses when the config leaves them out or says ``auto``;
     ``prepare(kwargs, run)``: the final kwargs for one run (``None``: leave the metric off this
-    run); ``figure``: the key of its figure in :mod:`avalanche_plugins.study.figures`;
+    run); ``figure``: the key of its figure in :mod:`avalanche_plugins.study.report.figures`;
     ``summary``: ``(emitted scalar, column title)`` pairs the report's Diagnostics table gives,
     per strategy, as the mean over seeds of each run's mean of the logged values (whichever
     component logged them: ``LayerAdaptiveEWCPlugin(log_profile=True)`` logs the same κ and α̂ as

@@ -1,9 +1,10 @@
 """One run's scores from its accuracy matrices (what a run's row carries; the statistics over seeds
-are :mod:`~avalanche_plugins.study.stats`'s).
+are :mod:`~avalanche_plugins.study.report.stats`'s).
 
 ``R[i, j]`` is the test accuracy on experience ``j`` after training experience ``i`` (``T``
 experiences); ``b_j`` the accuracy of the same run's untrained model: ACC, forgetting, BWT and FWT
-as :mod:`~avalanche_plugins.study.stats` defines them.
+as :mod:`~avalanche_plugins.study.report.stats` defines them: ``ACC = mean_j R[T-1, j]``,
+``F = mean_{j<T-1} (max_{j<=i<T-1} R[i, j] - R[T-1, j])`` (Chaudhry et al., 2018).
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from avalanche_plugins.study.harness.training import average_accuracy, average_forgetting
-from avalanche_plugins.study.rows import SCORES
+from avalanche_plugins.study.contracts.rows import SCORES
 
-__all__ = ["backward_transfer", "forgetting_per_experience", "forward_transfer", "run_scores"]
+__all__ = ["average_accuracy", "average_forgetting", "backward_transfer", "forgetting_per_experience", "forward_transfer", "run_scores"]
 
 
 def backward_transfer(acc: np.ndarray) -> float:
@@ -70,3 +70,27 @@ def run_scores(acc: np.ndarray, baseline: Sequence[float] | None = None,
         til = average_accuracy(task_il)
     return {"acc": average_accuracy(acc), "acc_til": til, "forgetting": average_forgetting(acc),
             "bwt": backward_transfer(acc), "fwt": forward_transfer(acc, baseline) if baseline is not None else nan}
+
+
+def average_accuracy(acc: np.ndarray) -> float:
+    """Mean accuracy over all experiences after the last one was trained.
+
+    Example:
+        >>> average_accuracy(np.array([[0.9, 0.1], [0.6, 0.8]]))
+        0.7
+    """
+    return float(np.mean(acc[-1]))
+
+
+def average_forgetting(acc: np.ndarray) -> float:
+    """Mean drop from each earlier experience's best accuracy to its final accuracy.
+
+    Example:
+        >>> round(average_forgetting(np.array([[0.9, 0.1], [0.6, 0.8]])), 3)
+        0.3
+    """
+    if acc.shape[0] < 2:
+        return 0.0
+    last = acc.shape[0] - 1
+    drops = [np.nanmax(acc[j:last, j]) - acc[last, j] for j in range(last)]
+    return float(np.mean(drops))

@@ -19,7 +19,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from avalanche_plugins.study.stats import COSTS, HIGHER_IS_BETTER, MIN_SEEDS_FOR_TESTS, TESTED
+from avalanche_plugins.study.report.stats import (
+    COSTS,
+    HIGHER_IS_BETTER,
+    MIN_SEEDS_FOR_TESTS,
+    TESTED,
+)
 
 __all__ = ["COLUMN_TITLES", "accuracy_matrix_tables", "diagnostics_tables", "failed_runs_table", "format_cell", "latex_tables",
            "markdown_tables"]
@@ -224,7 +229,7 @@ def latex_tables(summary: Sequence[Mapping], reference: str) -> str:
 
 def diagnostics_tables(entries: Sequence[Mapping], latex: bool = False) -> str:
     """Per scenario, the diagnostics' scalars per strategy (``mean ± std`` over seeds of each run's
-    mean over its measurements; :func:`~avalanche_plugins.study.stats.summarize_diagnostics`);
+    mean over its measurements; :func:`~avalanche_plugins.study.report.stats.summarize_diagnostics`);
     ``""`` when no run logged one."""
     blocks = []
     for scenario in dict.fromkeys(e["scenario"] for e in entries):

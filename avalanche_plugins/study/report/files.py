@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from avalanche_plugins.study.harness.data import data_fingerprint
-from avalanche_plugins.study.harness.jobs import code_version, jsonable, source_version
+from avalanche_plugins.study.catalog.datasets import data_fingerprint
+from avalanche_plugins.study.jobs import code_version, jsonable, source_version
 
 __all__ = [
     "command_line",

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from avalanche_plugins.study.diagnostics import figure_keys
-from avalanche_plugins.study.rows import RunRow
+from avalanche_plugins.study.catalog.diagnostics import figure_keys
+from avalanche_plugins.study.contracts.rows import RunRow
 
 __all__ = ["PLOTS", "FigureFile", "make_figures"]
 

@@ -6,7 +6,7 @@
   (``avalanche.training.plugins``), or a dotted path;
 * metrics: this package's metrics, Avalanche's metric helpers and classes
   (``avalanche.evaluation.metrics``: ``loss_metrics``, ``timing_metrics``, …), or a dotted path;
-* models: the zoo (``avalanche_plugins.study.harness.models.ZOO``) or a dotted path.
+* models: the zoo (``avalanche_plugins.study.catalog.zoo.ZOO``) or a dotted path.
 
 :func:`check_arguments` compares config kwargs with the callable's signature (unknown names,
 missing required ones, and the types the annotations or defaults state) and raises
@@ -278,7 +278,7 @@ def metric_factory(name: str, where: str, resolver: Resolver | None = None) -> C
 
 def model_factory(name: str, where: str, resolver: Resolver | None = None) -> Callable | None:
     """``None`` for a zoo name (built by ``build_model``), else the dotted callable."""
-    from avalanche_plugins.study.harness.models import ZOO
+    from avalanche_plugins.study.catalog.zoo import ZOO
 
     if ":" in name:
         return _resolve(name, where, resolver)

@@ -1,6 +1,6 @@
 """Statistics of a study: summaries over seeds with intervals that respect each metric's range,
 paired t-tests against a reference strategy with Holm's correction, of the per-run scores from the
-accuracy matrix (:mod:`~avalanche_plugins.study.scores`, re-exported here).
+accuracy matrix (:mod:`~avalanche_plugins.study.contracts.scores`, re-exported here).
 
 ``R[i, j]`` is the test accuracy on experience ``j`` after training experience ``i`` (``T``
 experiences); ``b_j`` the accuracy of the same run's untrained (randomly initialised) model:
@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from avalanche_plugins.study.rows import SCORES, RunRow
-from avalanche_plugins.study.scores import (
+from avalanche_plugins.study.contracts.rows import SCORES, RunRow
+from avalanche_plugins.study.contracts.scores import (
     backward_transfer,
     forgetting_per_experience,
     forward_transfer,

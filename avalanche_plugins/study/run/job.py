@@ -21,12 +21,18 @@ from pathlib import Path
 
 import numpy as np
 
-from avalanche_plugins.study.diagnostics import ACCURACY, TASK_IL_ACCURACY
-from avalanche_plugins.study.harness.jobs import Timer, seed_everything
-from avalanche_plugins.study.registry import import_paths
-from avalanche_plugins.study.rows import CONTEXT_KEYS, SCORES, RunRow
-from avalanche_plugins.study.scores import run_scores
-from avalanche_plugins.study.specs import MetricSpec, ModelSpec, RunSpec, ScenarioSpec, TrainingSpec
+from avalanche_plugins.study.catalog.diagnostics import ACCURACY, TASK_IL_ACCURACY
+from avalanche_plugins.study.catalog.registry import import_paths
+from avalanche_plugins.study.contracts.rows import CONTEXT_KEYS, SCORES, RunRow
+from avalanche_plugins.study.contracts.scores import run_scores
+from avalanche_plugins.study.contracts.specs import (
+    MetricSpec,
+    ModelSpec,
+    RunSpec,
+    ScenarioSpec,
+    TrainingSpec,
+)
+from avalanche_plugins.study.jobs import Timer, seed_everything
 
 __all__ = ["CONTEXT", "FILES", "OUTSIDE_THE_METHOD", "StudyJob", "accuracy_matrix", "failed_outside_the_method",
            "lost_row", "read_files", "run_job", "write_files"]
@@ -154,7 +160,7 @@ def write_files(out, files: dict[str, bytes]) -> list[Path]:
 
 def _run_job(job: StudyJob, log_dir: str | None) -> dict:
     """:func:`run_job` writing the run's files under ``log_dir`` (None: a scratch folder, no images)."""
-    from avalanche_plugins.study.watch import CallbackFailed, Diverged
+    from avalanche_plugins.study.run.watch import CallbackFailed, Diverged
 
     facts: dict = {}  # the stream's setting, experiences and classes, once it is built (provenance)
     try:
@@ -191,7 +197,7 @@ def lost_row(job: StudyJob, cause: str) -> dict:
     the study exits non-zero and a rerun runs it again.
 
     Example:
-        >>> from avalanche_plugins.study.specs import ModelSpec, RunSpec, ScenarioSpec, TrainingSpec
+        >>> from avalanche_plugins.study.contracts.specs import ModelSpec, RunSpec, ScenarioSpec, TrainingSpec
         >>> job = StudyJob("s", ScenarioSpec("digits", "split_digits"), ModelSpec("mlp"), TrainingSpec(),
         ...                RunSpec("Naive", "Naive"), "default", (), (), 0, "test")
         >>> row = lost_row(job, "NodeDiedError: the node running it died")
@@ -239,16 +245,16 @@ def _peak_memory_mb(device: str) -> float:
 def _train(job: StudyJob, log_dir: str | None, facts: dict) -> dict:
     """Build and run ``job``; returns what it measured as :class:`RunRow` fields (scores, costs,
     matrices, the tidy rows), ``facts`` filled with its stream's facts once the stream is built."""
-    from avalanche_plugins.study.build import (
+    from avalanche_plugins.study.catalog.datasets import stream_facts
+    from avalanche_plugins.study.jobs.environment import quiet_deprecations
+    from avalanche_plugins.study.run.build import (
         build_evaluator,
         build_model,
         build_plugins,
         build_strategy,
         build_stream,
     )
-    from avalanche_plugins.study.harness.data import stream_facts
-    from avalanche_plugins.study.harness.training import quiet_deprecations
-    from avalanche_plugins.study.watch import DivergenceWatch, time_callbacks
+    from avalanche_plugins.study.run.watch import DivergenceWatch, time_callbacks
 
     stream = build_stream(job.scenario, job.seed, validation=job.split == "validation")
     facts.update(stream_facts(stream))

@@ -54,7 +54,7 @@ class RunRow:
     til_matrix: list | None = None
     baseline_accuracy: list | None = None
     metrics: list | None = None  # the tidy rows every metric logged (left out of results.json's runs)
-    stream: dict | None = None  # the facts of the stream the run saw (harness.data.stream_facts)
+    stream: dict | None = None  # the facts of the stream the run saw (catalog.datasets.stream_facts)
     status: str | None = None  # "ok", "diverged", "callback", "error", "tuning" (its grid failed)
     error: str | None = None
     extra: Mapping[str, object] = field(default_factory=dict)  # keys this type does not know, kept in order

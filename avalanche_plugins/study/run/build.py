@@ -4,13 +4,13 @@ Called inside the job's process (local pool or Ray worker), so every object is b
 runs. What the study supplies that a config cannot:
 
 * a dotted **benchmark factory** gets ``seed`` (and ``validation=True`` for tuning runs) when it
-  accepts them; it may return a ``avalanche_plugins.study.harness.data.Stream`` or an Avalanche benchmark
+  accepts them; it may return a ``avalanche_plugins.study.catalog.datasets.Stream`` or an Avalanche benchmark
   (input shape read from its first sample, classes from ``n_classes`` or the targets);
 * a dotted **model** callable gets ``input_shape`` ``(C, H, W)``, ``n_classes`` and ``multihead``
   (task-incremental scenario) when it accepts them, on top of its kwargs;
 * **metrics**: what each configured metric gets from the run (a stream, a plugin, stages chosen
   for the model) and what the study adds by itself are the diagnostics catalog's
-  (:mod:`avalanche_plugins.study.diagnostics`).
+  (:mod:`avalanche_plugins.study.catalog.diagnostics`).
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from avalanche_plugins.study.diagnostics import (
+from avalanche_plugins.study.catalog.diagnostics import (
     RunContext,
     always_metrics,
     configured_metrics,
     run_analyses,
 )
-from avalanche_plugins.study.registry import (
+from avalanche_plugins.study.catalog.registry import (
     ConfigError,
     metric_factory,
     parameters,
@@ -35,8 +35,8 @@ from avalanche_plugins.study.registry import (
     resolve_dotted,
     strategy_class,
 )
-from avalanche_plugins.study.scenarios import dataset_of
-from avalanche_plugins.study.specs import ModelSpec, RunSpec, ScenarioSpec, TrainingSpec
+from avalanche_plugins.study.catalog.scenarios import dataset_of
+from avalanche_plugins.study.contracts.specs import ModelSpec, RunSpec, ScenarioSpec, TrainingSpec
 
 __all__ = ["check_model_builds", "build_evaluator", "build_model", "build_optimizer",
            "build_plugins", "build_stream", "build_strategy", "resolve_device"]
@@ -44,7 +44,7 @@ __all__ = ["check_model_builds", "build_evaluator", "build_model", "build_optimi
 
 def build_stream(scenario: ScenarioSpec, seed: int, validation: bool):
     """The scenario's ``Stream`` for ``seed`` (class order, permutations, validation split)."""
-    from avalanche_plugins.study.harness.data import Stream, make_stream
+    from avalanche_plugins.study.catalog.datasets import Stream, make_stream
 
     if not scenario.is_factory:
         dataset, kind, _ = dataset_of(scenario.benchmark)
@@ -77,7 +77,7 @@ def build_stream(scenario: ScenarioSpec, seed: int, validation: bool):
 def build_model(spec: ModelSpec, stream) -> nn.Module:
     """The study's model for ``stream``: a zoo model, or the user's callable given what it accepts
     of ``input_shape``, ``n_classes`` and ``multihead``."""
-    from avalanche_plugins.study.harness.models import build_model as zoo
+    from avalanche_plugins.study.catalog.zoo import build_model as zoo
 
     if not spec.modules():
         kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.kwargs.items()}
@@ -112,7 +112,7 @@ def build_evaluator(metric_specs, stream, model, plugins, *, tidy_path, context:
                     task_il: bool = False):
     """One ``EvaluationPlugin``: accuracy / forgetting / BWT (and task-incremental accuracy with
     ``task_il``), the configured metrics with what the diagnostics catalog says each gets from the
-    run (:mod:`~avalanche_plugins.study.diagnostics`), the study's own analyses, and a
+    run (:mod:`~avalanche_plugins.study.catalog.diagnostics`), the study's own analyses, and a
     ``TidyCSVLogger`` (plus the configured TensorBoard / W&B / text loggers). Returns
     ``(evaluator, loggers, configured metrics)``."""
     from avalanche.training.plugins import EvaluationPlugin
@@ -184,7 +184,7 @@ def check_model_builds(model: ModelSpec, scenario: ScenarioSpec, where: str) -> 
         return
     from avalanche.models import avalanche_forward
 
-    from avalanche_plugins.study.harness.data import Stream
+    from avalanche_plugins.study.catalog.datasets import Stream
 
     _, kind, dataset = dataset_of(scenario.benchmark)
     shape, total = dataset.input_shape, dataset.n_classes

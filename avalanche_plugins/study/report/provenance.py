@@ -5,7 +5,7 @@ Every scenario of a study has its own data, so provenance is recorded per scenar
 
 * a built-in scenario: its dataset, ``data_root`` and the SHA-256 of every file read there (the
   scikit-learn version for the bundled digits), from
-  :func:`~avalanche_plugins.study.harness.data.data_fingerprint`;
+  :func:`~avalanche_plugins.study.catalog.datasets.data_fingerprint`;
 * a user's benchmark factory (``package.module:callable``): its dotted name, its kwargs and a hash
   of its module's source;
 * both: the setting the runs saw (class-, task- or domain-incremental), the number of experiences
@@ -13,17 +13,17 @@ Every scenario of a study has its own data, so provenance is recorded per scenar
   ``stream``).
 
 The software (Python, torch, avalanche-lib, this package, ...) is recorded by
-:func:`~avalanche_plugins.study.harness.results.versions`.
+:func:`~avalanche_plugins.study.report.files.versions`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from avalanche_plugins.study.harness.data import (
+from avalanche_plugins.study.catalog.datasets import (
     stream_facts,  # re-exported: the facts a row carries
 )
-from avalanche_plugins.study.rows import RunRow
+from avalanche_plugins.study.contracts.rows import RunRow
 
 __all__ = ["SETTINGS", "describe_scenario", "provenance_lines", "rows_facts", "scenario_provenance", "setting_lines",
            "stream_facts", "study_provenance"]
@@ -36,7 +36,7 @@ def scenario_provenance(scenario, facts: Mapping | None, *, dataset: str | None,
     """Provenance of one scenario: its ``ScenarioSpec`` (benchmark, data_root, kwargs), ``dataset``
     the built-in dataset it reads (``None`` for a factory, whose module hashes to ``source_hash``),
     and ``facts`` (:func:`stream_facts`) from one of its runs (``None``: no run built it)."""
-    from avalanche_plugins.study.harness.data import data_fingerprint
+    from avalanche_plugins.study.catalog.datasets import data_fingerprint
 
     out: dict = {"benchmark": scenario.benchmark}
     if dataset is None:
@@ -101,7 +101,7 @@ def study_provenance(scenarios: Sequence, sources: Mapping, rows: Sequence[RunRo
     """``{scenario name: provenance}`` of a study's scenarios (:func:`scenario_provenance`), the
     setting and classes read from ``rows`` (its runs), a factory's module hash from ``sources``
     (``{module: source hash}``, the study's)."""
-    from avalanche_plugins.study.scenarios import dataset_of
+    from avalanche_plugins.study.catalog.scenarios import dataset_of
 
     out = {}
     for scenario in scenarios:
