@@ -53,6 +53,9 @@ def test_recipe_true_takes_the_scenarios_recipe_and_explicit_kwargs_win(fake_rec
     assert ewc.recipe == "split_digits/EWC" and ewc.overridden == ("kwargs.ewc_lambda",)
     lae = study.strategy("LAE").on("digits2")
     assert lae.cls == "Naive" and lae.plugins[0].kwargs == {"ewc_lambda": 10, "schedule": "smoothed"}
+    # one spelling: a recipe strategy's JSON form is its name and one spec per scenario, nothing duplicated
+    saved = study.as_dict()["strategies"][0]
+    assert saved == {"name": "EWC", "per_scenario": {"digits2": ewc.as_dict()}}
     result = run_study(study, out=tmp_path / "out", progress=False)
     assert {r.setting for r in result.rows} == {"recipe (kwargs.ewc_lambda overridden)", "recipe"}
     report = result.report.read_text()

@@ -100,11 +100,10 @@ class StrategyEntry:
         return list(self.per_scenario.values()) or [self.spec]
 
     def as_dict(self) -> dict:
-        """The config form (a recipe strategy: its first scenario's spec and ``per_scenario``)."""
+        """The config form: the spec's, or (a recipe strategy) ``{"name", "per_scenario": {scenario: spec}}``."""
         if not self.per_scenario:
             return self.spec.as_dict()
-        per = {name: spec.as_dict() for name, spec in self.per_scenario.items()}
-        return {**next(iter(per.values())), "per_scenario": per}
+        return {"name": self.name, "per_scenario": {name: spec.as_dict() for name, spec in self.per_scenario.items()}}
 
 
 @dataclass(frozen=True)
@@ -521,7 +520,7 @@ def _strategy_or_recipe(entry, path: str, training: dict, scenarios: list[dict],
     found.raise_if_any()
     if not per:
         raise ConfigError(f"{path}.recipe: the study has no scenario to take a recipe for")
-    return {**next(iter(per.values())), "per_scenario": per}
+    return {"name": name, "per_scenario": per}
 
 
 def _strategy(entry, path: str, training: dict, resolver: Resolver | None = None) -> dict:
