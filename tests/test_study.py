@@ -8,6 +8,7 @@ import csv
 import json
 import math
 import os
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -532,3 +533,15 @@ def test_describe_run_and_report_import_none_of_one_another_and_only_api_imports
     assert all(not set(PARTS) & STUDY_FOLDERS[part] for part in PARTS)
     joins = {m for m, deps in graph.items() if {_folder(d) for d in deps} >= set(PARTS)}
     assert joins == {"api"}, joins
+
+
+def test_the_study_reference_lists_each_folder_with_its_modules_and_its_rule():
+    # docs/study.md's layout table is the README's promise: the folders, what they hold, what they may import
+    rows = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(
+        r"^\| `(\w+)/` \| (.*?) \| (.*?) \|$", (ROOT / "docs" / "study.md").read_text(), flags=re.M)}
+    assert set(rows) == set(STUDY_FOLDERS)
+    for folder, (holds, may_import) in rows.items():
+        modules = {p.stem for p in (STUDY / folder).glob("*.py") if p.stem != "__init__"}
+        assert modules <= set(re.findall(r"`(\w+)`", holds)), f"docs/study.md: {folder}/ holds {sorted(modules)}"
+        allowed = set(re.findall(r"\w+", may_import)) - {"nothing", "else"}
+        assert allowed == STUDY_FOLDERS[folder], f"docs/study.md: {folder}/ may import {sorted(STUDY_FOLDERS[folder])}"
