@@ -8,11 +8,13 @@ Python::
     result = run_study("studies/demo.yaml", out="out/demo", quick=True)
     print(result.tables["markdown"])    # also result.rows, result.summary, result.report
 
-Modules: :mod:`~avalanche_plugins.study.describe.config` (format and validation), ``registry`` (names → objects,
-argument checks), ``build`` (a run's stream, model, plugins, evaluator, strategy), ``runner``
-(one job), ``api`` (tuning, test runs, outputs), ``markdown`` (``report.md``, ``tables.md``, the
-terminal summary, from the saved results), ``rows`` (typed run rows, chosen settings, a saved
-study read back), ``stats``, ``tables``, ``figures``.
+Layout (docs/study.md, one import rule per folder): :mod:`~avalanche_plugins.study.api` (plan → run →
+choose → write) over :mod:`~avalanche_plugins.study.describe` (a config → a typed ``Study``),
+:mod:`~avalanche_plugins.study.run` (one job → its row) and :mod:`~avalanche_plugins.study.report` (rows →
+statistics, tables, figures, report), which import none of one another; below them
+:mod:`~avalanche_plugins.study.contracts` (specs, grid keys, typed rows, scores),
+:mod:`~avalanche_plugins.study.catalog` (datasets, zoo, scenarios, diagnostics, names) and
+:mod:`~avalanche_plugins.study.jobs` (executors, the cache, the protocol); ``cli`` reads the command line.
 """
 
 from avalanche_plugins.study.api import StudyResult, load_study, run_study
