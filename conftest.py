@@ -36,20 +36,32 @@ for _name in [n for n in os.environ if n.startswith("WANDB_")] + ["RAY_ADDRESS",
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # offline machines: no usage reports from a test's Ray
 os.chdir(ROOT)
 
-# modules whose tests compare floating-point results against an independent computation
+# test modules (paths under tests/, no suffix) that compare floating-point results against an
+# independent computation
 NUMERICAL_MODULES = frozenset({
-    "test_ads", "test_fisher", "test_fisher_blocks", "test_hessian", "test_layers", "test_outputs",
-    "test_schedules", "test_transport", "test_unit_masks", "test_layer_adaptive_ewc", "test_plasticity",
-    "test_properties", "test_structural_plasticity", "test_input_checks", "test_fallbacks",
-    "test_curvature_peers", "test_plasticity_diagnostics", "test_plasticity_variants", "test_lr_plugin_groups",
-    "test_mask_state", "test_efficientnet", "test_fashion_mnist", "test_loss_reductions", "test_stream_refusals",
-    "test_diagnostics_overhead", "test_diagnostics_reference", "test_distributed",
+    "_avalanche/test_distributed", "_avalanche/test_preflight_streams", "ads/test_shift", "core/test_calls",
+    "core/test_checks", "core/test_layers", "core/test_outputs", "core/test_reductions",
+    "integration/test_diagnostics_overhead", "integration/test_diagnostics_reference", "integration/test_fallbacks",
+    "integration/test_properties", "layer_adaptive/test_curvature_peers", "layer_adaptive/test_ewc_plugin",
+    "layer_adaptive/test_fisher", "layer_adaptive/test_fisher_blocks", "layer_adaptive/test_hessian",
+    "layer_adaptive/test_lr_plugin_groups", "layer_adaptive/test_quadratic", "layer_adaptive/test_schedules",
+    "readiness/test_baselines", "readiness/test_gain", "readiness/test_lookahead", "readiness/test_readiness",
+    "structural/test_masks", "structural/test_masks_state", "structural/test_plugins",
+    "study/catalog/test_datasets_fashion_mnist", "study/catalog/test_efficientnet", "transport/test_keys",
+    "transport/test_refine",
 })
 
 
-# modules whose tests start or join a Ray instance (and, elsewhere, tests named ``..._ray_...``):
+# test modules that start or join a Ray instance (and, elsewhere, tests named ``..._ray_...``):
 # one xdist group, run by a single worker
-RAY_MODULES = frozenset({"test_ray_executor", "test_ray_running_instance", "test_ray_cluster"})
+RAY_MODULES = frozenset({"integration/test_ray_cluster", "study/jobs/test_executors_ray",
+                         "study/jobs/test_executors_ray_running_instance"})
+TESTS = ROOT / "tests"
+
+
+def _test_module(path: Path) -> str | None:
+    """``path`` as a key of the sets above (``"ads/test_shift"``), None outside tests/."""
+    return path.relative_to(TESTS).with_suffix("").as_posix() if TESTS in path.parents else None
 
 
 def _worker_threads() -> str | None:
@@ -75,7 +87,8 @@ def pytest_collection_modifyitems(config, items):
         path = Path(str(item.fspath))
         library_doctest = isinstance(item, pytest.DoctestItem) and "avalanche_plugins" in path.parts \
             and "study" not in path.parts
-        if path.stem in NUMERICAL_MODULES or library_doctest:
+        module = _test_module(path)
+        if module in NUMERICAL_MODULES or library_doctest:
             item.add_marker(pytest.mark.numerical)
-        if path.stem in RAY_MODULES or "_ray_" in f"_{item.name}_":
+        if module in RAY_MODULES or "_ray_" in f"_{item.name}_":
             item.add_marker(pytest.mark.xdist_group("ray"))

@@ -1,0 +1,76 @@
+"""``benchmarks._cli``: the shared parser, the recorded command, and importing it changing no cache key."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from avalanche_plugins.study.report.files import command_line
+from benchmarks._cli import (
+    DEFAULT_SEEDS,
+    QUICK_SEEDS,
+    benchmark_parser,
+    is_skipped,
+    parse_args,
+)
+from tests import REPO_ROOT
+
+
+def _parse(argv):
+    return parse_args(benchmark_parser("example", "example benchmark"), argv)
+
+
+def test_seeds_default_is_stated_once_and_quick_uses_one_unless_given():
+    assert (DEFAULT_SEEDS, QUICK_SEEDS) == (3, 1)
+    assert _parse([]).seeds == DEFAULT_SEEDS
+    assert _parse(["--quick"]).seeds == QUICK_SEEDS
+    assert _parse(["--quick", "--seeds", "3"]).seeds == 3  # explicit wins, even when equal to the default
+    assert _parse(["--seeds", "2"]).seeds == 2
+    help_text = benchmark_parser("example", "example benchmark").format_help()
+    assert "default 3; 1 with --quick" in help_text
+
+
+def test_shared_flags_and_their_defaults():
+    args = _parse([])
+    assert (args.quick, args.workers, args.threads, args.no_progress, args.report, args.data_root) == \
+        (False, 1, 1, False, None, None)
+    assert args.out == "out/example" and args.skip == frozenset()
+    args = _parse(["--quick", "--workers", "2", "--threads", "3", "--no-progress", "--skip", "a/b, c",
+                   "--report", "r.json", "--data-root", "d"])
+    assert (args.quick, args.workers, args.threads, args.no_progress, args.report, args.data_root) == \
+        (True, 2, 3, True, "r.json", "d")
+    assert args.skip == {"a/b", "c"}
+    for bad in (["--seeds", "0"], ["--workers", "0"], ["--threads", "-1"]):
+        with pytest.raises(SystemExit):
+            _parse(bad)
+
+
+def test_skip_names_a_path_or_a_prefix():
+    assert is_skipped({"permuted"}, "permuted", "cnn")
+    assert is_skipped({"permuted/cnn"}, "permuted", "cnn")
+    assert not is_skipped({"permuted/cnn"}, "permuted", "mlp")
+    assert not is_skipped({"cnn"}, "permuted", "cnn")
+
+
+def test_command_is_recorded_with_relative_paths():
+    argv = ["--out", os.path.join(os.getcwd(), "out", "x"), f"--data-root={os.getcwd()}/data", "--quick"]
+    assert command_line("python -m benchmarks.example", argv) == \
+        "python -m benchmarks.example --out out/x --data-root=data --quick"
+    assert _parse(argv).command == "python -m benchmarks.example --out out/x --data-root=data --quick"
+
+
+def test_importing_the_benchmark_cli_changes_no_cache_key():
+    import subprocess
+
+    code = ("from avalanche_plugins.study import jobs\n"
+            "from avalanche_plugins.study.run.job import run_job\n"
+            "before = (jobs.source_version(), jobs.code_roots(run_job), jobs.code_version())\n"
+            "import benchmarks._cli  # noqa: F401\n"
+            "jobs.source_version.cache_clear(); jobs.code_version.cache_clear()\n"
+            "assert (jobs.source_version(), jobs.code_roots(run_job), jobs.code_version()) == before\n"
+            "assert jobs.code_roots(run_job) == (jobs.PACKAGE_ROOT,)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            cwd=str(REPO_ROOT))
+    assert result.returncode == 0, result.stderr[-2000:]

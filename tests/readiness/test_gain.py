@@ -1,0 +1,95 @@
+"""``readiness.gain``: the k-step simulation, step by step, against torch optimizers and loops."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _regression(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, generator=g, dtype=torch.float64), torch.randn(n, 2, generator=g, dtype=torch.float64)
+
+
+def test_gain_steps_simulate_every_run_like_its_own_torch_optimizer():
+    import copy
+
+    from avalanche_plugins.core.calls import batch_loss, split_params
+    from avalanche_plugins.readiness.gain import (
+        _run_indices,
+        _run_optimizer_state,
+        _simulate_steps,
+        _stack_runs,
+    )
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+    x, y = _regression(12, seed=1)
+    indices = _run_indices(None, 12, n_runs=3, k=4, batch_size=5, seed=7)
+    for optimizer, lr in (("sgd", 0.1), ("adam", 0.02)):
+        params, consts = split_params(model)
+        stacked = _stack_runs(params, 3)
+        assert {name: tuple(p.shape) for name, p in stacked.items()} == \
+            {name: (3, *p.shape) for name, p in params.items()}
+        state = _run_optimizer_state(stacked, list(params), optimizer, (0.9, 0.999), 1e-8, None)
+        assert (state is None) == (optimizer == "sgd")
+        with torch.no_grad():
+            _simulate_steps(batch_loss(model, nn.MSELoss(), consts, None), stacked, state, x, y, indices,
+                            lr=lr, optimizer=optimizer)
+        for run in range(3):
+            reference = copy.deepcopy(model)
+            opt = (torch.optim.SGD if optimizer == "sgd" else torch.optim.Adam)(reference.parameters(), lr=lr)
+            for step in range(4):
+                opt.zero_grad()
+                nn.MSELoss()(reference(x[indices[run, step]]), y[indices[run, step]]).backward()
+                opt.step()
+            for name, p in reference.named_parameters():
+                torch.testing.assert_close(stacked[name][run], p.detach(), rtol=1e-12, atol=1e-12)
+
+
+def test_gain_validation_loss_is_the_mean_loss_per_run_whatever_the_chunks():
+    from avalanche_plugins.core.calls import batch_loss, split_params
+    from avalanche_plugins.readiness.gain import _stack_runs, _validation_loss
+
+    model = nn.Linear(3, 2).double()
+    x, y = _regression(11, seed=2)
+    params, consts = split_params(model)
+    run_loss = batch_loss(model, nn.MSELoss(), consts, None)
+    stacked = _stack_runs(params, 2)
+    with torch.no_grad():
+        stacked["weight"][1] += 1.0
+        direct = [float(((x @ stacked["weight"][r].T + stacked["bias"][r] - y) ** 2).mean()) for r in range(2)]
+        for chunk in (1, 4, 11, 100):
+            single = _validation_loss(run_loss, params, x, y, chunk, batched=False)
+            runs = _validation_loss(run_loss, stacked, x, y, chunk, batched=True)
+            assert abs(float(single) - direct[0]) < 1e-12
+            assert runs.shape == (2,) and torch.allclose(runs, torch.tensor(direct, dtype=torch.float64), rtol=1e-12)
+
+
+def test_gain_run_indices_are_seeded_subsets_or_the_checked_given_ones():
+    import pytest
+
+    from avalanche_plugins.readiness.gain import _run_indices
+
+    drawn = _run_indices(None, 9, n_runs=4, k=3, batch_size=5, seed=3)
+    assert drawn.shape == (4, 3, 5) and torch.equal(drawn, _run_indices(None, 9, n_runs=4, k=3, batch_size=5, seed=3))
+    assert all(len(set(row.tolist())) == 5 and max(row.tolist()) < 9 for row in drawn.reshape(-1, 5))
+    given = torch.zeros(2, 1, 3, dtype=torch.int32)
+    assert _run_indices(given, 9, n_runs=2, k=1, batch_size=3, seed=0).dtype == torch.int64
+    with pytest.raises(ValueError, match="shape"):
+        _run_indices(given, 9, n_runs=2, k=2, batch_size=3, seed=0)
+    with pytest.raises(ValueError, match=r"in \[0, 9\)"):
+        _run_indices(given + 9, 9, n_runs=2, k=1, batch_size=3, seed=0)
+
+
+def test_gain_result_is_the_mean_relative_decrease_and_its_standard_error():
+    import math
+
+    from avalanche_plugins.readiness.gain import _gain_result
+
+    after = torch.tensor([1.0, 1.5, 0.5], dtype=torch.float64)
+    res = _gain_result(2.0, after, k=3, n_runs=3, indices=torch.zeros(3, 3, 1))
+    gains = [0.5, 0.25, 0.75]
+    sd = math.sqrt(sum((g - 0.5) ** 2 for g in gains) / 2)
+    assert res.gain == 0.5 and abs(res.stderr - sd / math.sqrt(3)) < 1e-15 and res.loss_after_mean == 1.0
+    assert math.isnan(_gain_result(2.0, after[:1], k=1, n_runs=1, indices=None).stderr)
