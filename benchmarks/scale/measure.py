@@ -1,17 +1,9 @@
-"""The child side of :mod:`benchmarks.scale`: one measurement = one job = one fresh process.
-
-:func:`measure` builds the model (seeded), runs one estimator on seeded synthetic CIFAR-shaped
-tensors (``(N, 3, 32, 32)``, 100 classes), reads the process's peak RSS
-(``resource.getrusage(RUSAGE_SELF).ru_maxrss``) and then times the reference training epoch in
-the same process, after the estimator, so the estimator's peak is its own. Every estimator reads
-only public APIs of ``avalanche_plugins`` (the plugins through a real Avalanche strategy).
-"""
+"""The child side of :mod:`benchmarks.scale`: one measurement = one job = one fresh process
+(:func:`measure`; docs/benchmarks.md, "benchmarks.scale")."""
 
 from __future__ import annotations
 
 import copy
-import importlib
-import inspect
 import math
 import resource
 import time
@@ -25,8 +17,9 @@ from torch import nn
 
 from avalanche_plugins.study.catalog.zoo import MLP, TinyViT, cifar_resnet
 from avalanche_plugins.study.jobs import seed_everything
+from benchmarks.scale.runner import child_rss_gb, peak_rss_gb
 
-__all__ = ["Config", "Job", "MODELS", "ESTIMATORS", "Unavailable", "measure", "middle_stage", "model_params", "rss_gb",
+__all__ = ["Config", "Job", "MODELS", "ESTIMATORS", "measure", "middle_stage", "model_params", "rss_gb",
            "setting_for", "synthetic"]
 
 N_CLASSES = 100
@@ -65,10 +58,6 @@ class Job:
     estimator: str
     seed: int
     config: Config
-
-
-class Unavailable(RuntimeError):
-    """The library does not provide what the measurement needs (yet)."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -138,7 +127,9 @@ def setting_for(job: Job) -> str:
 def curvature_samples(method: str, cfg: Config) -> int:
     """Samples of a ``layer_curvature`` measurement: the library's default for the method (the
     adapters' ``DEFAULT_SAMPLES``), the exact Hessian capped at ``hessian_samples``."""
-    n = cfg.curvature_samples or _layer_curvature()[1].get(method, 64 if method == "fisher" else 256)
+    from avalanche_plugins.layer_adaptive import DEFAULT_SAMPLES
+
+    n = cfg.curvature_samples or DEFAULT_SAMPLES[method]
     return min(n, cfg.hessian_samples) if method == "hessian" else n
 
 
@@ -150,18 +141,8 @@ def synthetic(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def rss_gb() -> float:
     """Current resident set size (``/proc/self/status``; the peak where that is unavailable)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024 / 1e9
-    except OSError:
-        pass
-    return peak_rss_gb()
-
-
-def peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux: kB
+    rss = child_rss_gb("self")
+    return peak_rss_gb() if rss is None else rss
 
 
 # ------------------------------------------------------------------------------------------------
@@ -191,68 +172,31 @@ def train_images(model: nn.Module, x: torch.Tensor, y: torch.Tensor, masks=None)
 # estimators: fn(model, job) -> dict with "time_s" (the timed part) and extras; "setting" says what
 
 
-def _call_accepting(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` with the keyword arguments ``fn`` does not take dropped (the APIs
-    measured here are being extended while this benchmark runs against them)."""
-    params = inspect.signature(fn).parameters
-    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        kwargs = {k: v for k, v in kwargs.items() if k in params}
-    return fn(*args, **kwargs)
-
-
 def _timed(fn):
     start = time.perf_counter()
     out = fn()
     return time.perf_counter() - start, out
 
 
-def run_epoch(model, job):
-    x, y = synthetic(job.config.ref_images, job.seed)
-    return {"time_s": train_images(model, x, y), "images": x.shape[0]}
-
-
-def run_check_epoch(model, job):
-    x, y = synthetic(job.config.check_epoch_images, job.seed)
-    return {"time_s": train_images(model, x, y), "images": x.shape[0]}
-
-
-def _layer_curvature():
-    """``layer_curvature`` and the sample counts its adapters default to, wherever the library
-    exports it; None when it does not exist yet."""
-    for module in ("avalanche_plugins.layer_adaptive", "avalanche_plugins.layer_adaptive.curvature",
-                   "avalanche_plugins.layer_adaptive.hessian"):
-        try:
-            mod = importlib.import_module(module)
-        except ImportError:
-            continue
-        if hasattr(mod, "layer_curvature"):
-            defaults = getattr(importlib.import_module(mod.layer_curvature.__module__), "DEFAULT_SAMPLES", {})
-            return mod.layer_curvature, dict(defaults)
-    return None, {}
+def _epoch(images: str):
+    def run(model, job):
+        x, y = synthetic(getattr(job.config, images), job.seed)
+        return {"time_s": train_images(model, x, y), "images": x.shape[0]}
+    return run
 
 
 def _curvature(method):
     def run(model, job):
+        from avalanche_plugins.layer_adaptive import layer_curvature
+
         cfg = job.config
-        fn, _ = _layer_curvature()
         n = curvature_samples(method, cfg)
         extra = {"max_iter": cfg.hessian_max_iter} if method == "hessian" else {}
         x, y = synthetic(n, job.seed)
-        if fn is None:
-            if method == "fisher":
-                raise Unavailable("avalanche_plugins.layer_adaptive has no layer_curvature yet (issue 15's fast "
-                                  "per-layer curvature): method='fisher' cannot be measured")
-            from avalanche_plugins.layer_adaptive.hessian import layer_top_eigenvalues
-
-            seconds, spec = _timed(lambda: _call_accepting(layer_top_eigenvalues, model, nn.CrossEntropyLoss(),
-                                                           x, y, **extra))
-            note = "layer_curvature missing: layer_top_eigenvalues"
-        else:
-            seconds, spec = _timed(lambda: _call_accepting(fn, model, nn.CrossEntropyLoss(), x, y, method=method,
-                                                           **extra))
-            note = ""
+        seconds, spec = _timed(lambda: layer_curvature(model, nn.CrossEntropyLoss(), x, y, method=method,
+                                                       **extra))
         kappa = float(spec.kappa)
-        return {"time_s": seconds, "samples": n, "n_layers": len(spec.names), "note": note,
+        return {"time_s": seconds, "samples": n, "n_layers": len(spec.names), "note": "",
                 "kappa": kappa if math.isfinite(kappa) else None}
     return run
 
@@ -410,8 +354,8 @@ def penalty_times(model, ewc, lae, *, anchors: int, repetitions: int) -> tuple[f
 
 # name -> (function, what it measures)
 ESTIMATORS: dict[str, tuple[object, str]] = {
-    "epoch": (run_epoch, "training epoch, SGD, batch 64 (the reference)"),
-    "epoch_5000": (run_check_epoch, "one real 5,000-image training epoch (checks the extrapolation)"),
+    "epoch": (_epoch("ref_images"), "training epoch, SGD, batch 64 (the reference)"),
+    "epoch_5000": (_epoch("check_epoch_images"), "one real 5,000-image training epoch (checks the extrapolation)"),
     "curvature_fisher": (_curvature("fisher"), "layer_curvature, method fisher"),
     "curvature_hessian": (_curvature("hessian"), "layer_curvature, method hessian (capped)"),
     "fisher_expected": (_fisher("expected"), "fisher_diagonal expected"),
