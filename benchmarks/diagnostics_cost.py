@@ -1,32 +1,9 @@
 """What the diagnostics cost end to end: the same run with and without every diagnostic attached.
 
-Issue 41. Each run is a study job (:func:`avalanche_plugins.study.run.job.run_job`) in this
-process, on ``--threads`` torch threads: training seconds are the job's ``train_s`` (its wall time,
-training and the evaluations after every experience, minus the time inside the diagnostics'
-callbacks), diagnostics seconds its ``callback_s`` per metric, figures seconds its ``figures_s``
-(closing the loggers after training, where the tidy logger draws and writes the run's figures:
-neither training nor a metric's callback); "without" is the same job with no metric attached. Peak memory is the process's resident high-water mark over that run
-(``VmHWM``, reset before each run through ``/proc/self/clear_refs``; ``ru_maxrss`` where that is
-unavailable, then a high-water mark of the process so far). Settings (``--skip`` names):
-
-* ``demo`` — ``studies/demo.yaml``'s Naive job (Split digits, the recipes' MLP, 2 epochs per
-  experience, every diagnostic of the demo at its arguments): without, with (the first diagnostics
-  of the process: first-call warm-ups included), with again (warm), and with images (the
-  ``TidyCSVLogger`` saving figures, what ``make demo`` runs). scikit-learn digits, no download.
-* ``fashion/1``, ``fashion/5`` — class-incremental Split Fashion-MNIST (5 experiences of 12,000
-  training images, 10,000 test images; ``--data-root`` holding ``FashionMNIST/raw``), the
-  recipes' zoo ``cnn`` (widths 16–32, BatchNorm), Naive at the recipe (SGD 0.01, momentum 0.9,
-  batch 128, evaluation batch 1,000), 1 and 5 epochs per experience, the demo's diagnostics at the
-  demo's arguments.
-* ``resnet18`` — the zoo's CIFAR ResNet-18 (11.2 M parameters, 100 classes) on generated
-  standard-normal 32×32 inputs with uniform labels: 2 experiences of ``--resnet-images`` (5,000)
-  training images and ``--resnet-test-images`` test images each, 1 epoch, the same diagnostics
-  (the second experience is the one ADS predicts and the transport keys stitch after).
-
-``<setting>/without`` skips a setting's run without diagnostics (``--skip fashion/5/without``),
-``<setting>/with`` its run at the demo's counts. ``--lean`` adds, for the field settings, a run with
-the diagnostics at :data:`LEAN_METRICS`' smaller sample counts (chosen from their trade-offs,
-``benchmarks.sample_counts``).
+Issue 41. Settings ``demo``, ``fashion/1``, ``fashion/5``, ``resnet18`` (``--skip`` names, each
+with ``/without`` and ``/with``); ``--lean`` adds runs at :data:`LEAN_METRICS`' counts. Writes
+``results.json``, ``results.csv`` and ``report.md`` (``--report`` re-prints it); what is timed and
+each setting: docs/benchmarks.md, "benchmarks.diagnostics_cost".
 """
 
 from __future__ import annotations

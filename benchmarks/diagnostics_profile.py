@@ -1,15 +1,7 @@
 """Where the demo's diagnostics spend their time (issue 41's profile), beside its cost benchmark.
 
-Two measurements in this process, on ``--threads`` torch threads, scikit-learn digits:
-
-* ``callbacks`` — ``studies/demo.yaml``'s Naive job with every diagnostic of the demo
-  (:data:`benchmarks.diagnostics_cost.METRICS`), run once to warm up and then under
-  ``cProfile``: each metric's callback seconds and the ``--top`` functions of the package, torch
-  and Avalanche with the most cumulative time inside the diagnostics;
-* ``figures`` — one curvature-profile figure drawn as the metrics draw it now (fixed margins, no
-  minor log ticks, :class:`~avalanche_plugins._avalanche.figures.DeferredFigure`) and as it was
-  drawn before issue 41 (``tight_layout``, the default log formatter and minor ticks), the median
-  of ``--repeats`` drawings each.
+``callbacks``: the demo's Naive job under ``cProfile``; ``figures``: the curvature-profile figure
+drawn now and as before issue 41 (docs/benchmarks.md, "benchmarks.diagnostics_profile").
 """
 
 from __future__ import annotations

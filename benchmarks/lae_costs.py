@@ -1,19 +1,8 @@
 """What layer-adaptive EWC costs: penalty time per iteration against Avalanche's EWCPlugin, and the
 per-layer spectrum against one training epoch.
 
-The accuracy comparison (Naive, EWC, the four LayerAdaptiveEWC schedules, EWC + Replay; the
-continual-learning-baselines anchor) is a study: ``studies/layer_adaptive_ewc_*.yaml``
-(docs/RESULTS.md, "Layer-adaptive EWC"). This script measures what a study does not report,
-each as a ratio within one process on one torch thread (``--threads``):
-
-* **penalty time**: forward + backward of the penalty alone, ``LayerAdaptiveEWCPlugin`` (uniform
-  schedule) / ``EWCPlugin``, on the same MLP after both plugins saw 3 experiences of Permuted MNIST
-  (3 anchors each); median of 300 repetitions;
-* **spectrum vs epoch**: the exact top Hessian-block eigenvalue of every layer (256 samples,
-  block Lanczos to 1e-3) and the plugin's default Fisher blocks (64 samples), each against one
-  training epoch on the same experience, for the MLP and the small CNN.
-
-MNIST from ``--data-root`` (the subset here); scikit-learn digits when absent.
+``python -m benchmarks.lae_costs [--data-root DATA]`` writes ``results.json`` and ``report.md``
+(``--report`` re-prints it); what is timed: docs/benchmarks.md, "benchmarks.lae_costs".
 """
 
 from __future__ import annotations

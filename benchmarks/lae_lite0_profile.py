@@ -1,22 +1,9 @@
 """The per-layer curvature profile of an ImageNet-pretrained EfficientNet-Lite0 (issue 40).
 
-"Layers Matter" (Moser et al., 2026) reports ``κ = max_ℓ s_ℓ / min_ℓ s_ℓ`` = 22–195 on
-ImageNet-pretrained backbones, the curvature decaying with depth. This measures the same profile on
-the zoo's ``efficientnet_lite0`` (ImageNet-1k weights, a fresh 10-way head, Fashion-MNIST's grey
-images replicated to RGB and resized to ``--input-size`` px) on the first experience of
-class-incremental Split Fashion-MNIST (the seed's class order), at the pretrained weights and after
-fine-tuning on that experience (the recipe's training: SGD lr 0.003, momentum 0.9, batch 16,
-``--epochs`` over ``--train-per-class`` images per class), with both measures of ``s_ℓ``:
-
-* ``fisher``: the top eigenvalue of each layer's Fisher (Gauss–Newton) block on ``--samples``
-  samples (sampled labels, debiased; :func:`~avalanche_plugins.layer_adaptive.layer_fisher_eigenvalues`);
-* ``hessian``: the top eigenvalue of each layer's exact Hessian block on ``--hessian-samples``
-  samples by block Lanczos (:func:`~avalanche_plugins.layer_adaptive.layer_top_eigenvalues`).
-
-Reported per (measure, phase), over seeds: κ, the geometric fit α̂ and its R², the layer where the
-profile peaks and its relative depth. Resumable (``OUT/jobs.jsonl``); writes ``OUT/results.json``,
-``OUT/table.md`` and ``OUT/profile.png``. Needs the data (``avalanche-study data fashion_mnist``) and
-the ``pretrained`` extra::
+Fisher and exact Hessian blocks (κ, α̂, R², the peak layer) on the first experience of Split
+Fashion-MNIST, at the pretrained weights and after fine-tuning; writes ``OUT/results.json``,
+``OUT/table.md`` and ``OUT/profile.png`` (method: docs/benchmarks.md,
+"benchmarks.lae_lite0_profile"). Needs the data and the ``pretrained`` extra::
 
     python -m benchmarks.lae_lite0_profile --data-root DATA --seeds 3 --workers 2
 """

@@ -1,31 +1,10 @@
 """Layer-adaptive EWC on a pretrained backbone: does pretraining make curvature depth-dependent?
 
-"Layers Matter" (Moser et al., 2026) measures κ = max_ℓ s_ℓ / min_ℓ s_ℓ = 22–195 on backbones
-pretrained on large data and finds early layers far more sensitive. The from-scratch runs of
-``studies/layer_adaptive_ewc_*.yaml`` measure κ = 1.7–10. This benchmark pretrains the small CNN of
-``benchmarks.grow_prune`` (4 conv blocks with BatchNorm, global average pooling; 5 layers with the
-head) to convergence on half the MNIST classes (0–4, ``--pretrain-epochs`` at SGD lr 0.05, the last two at 0.005), then continues on a
-stream of the rest ({5, 6}, then {7, 8, 9}), task-incremental (one head per experience) and/or
-class-incremental (one 10-way head).
-
-* **Before the stream** (job ``profile``): the top Hessian-block eigenvalue s_ℓ of every layer on
-  256 samples of the pretraining classes, κ and the fitted α̂, for the pretrained network and for
-  the same network after one epoch (the from-scratch regime of the older runs), plus its test
-  accuracy on the pretraining classes. Pretrained weights are cached in ``OUT/pretrained/``.
-* **Stream** (one job per method × λ × seed): the pretrained weights are loaded, the pretraining
-  experience is "trained" for 0 epochs (so each plugin computes its importances and spectrum at
-  the pretrained weights), then each later experience for ``--epochs`` epochs (SGD lr 0.01,
-  momentum 0.9, batch 64). Methods: Naive, Avalanche ``EWCPlugin`` (uniform), and
-  ``LayerAdaptiveEWCPlugin`` geometric (α grid), measured and smoothed (s_ℓ from the plugin's
-  Fisher blocks). λ (and α) are chosen on a validation split (15 % of the training images) with
-  seed 0 (:mod:`avalanche_plugins.study.jobs.protocol`); the chosen settings run on the test
-  split with ``--seeds`` seeds. Reported: final average accuracy over the three experiences,
-  the pretraining classes' final accuracy and average forgetting. ``--replay N`` puts an
-  Avalanche ``ReplayPlugin`` of N samples beside every method (Naive included): without memory a
-  class-incremental stream is decided by the head's bias toward new classes, whatever the schedule.
-
-Every job goes through :func:`avalanche_plugins.study.jobs.run_jobs` (resumable cache
-``OUT/jobs.jsonl``). Run ``python -m benchmarks.lae_pretrained --help``.
+Pretrains the small CNN on MNIST classes 0–4, profiles its per-layer curvature (κ, α̂), then runs
+Naive, EWC and the layer-adaptive schedules (λ, α tuned on a validation split) on {5, 6}, {7, 8, 9},
+task- and/or class-incremental. ``python -m benchmarks.lae_pretrained --data-root DATA`` writes
+``results.json``, ``results.csv`` and ``report.md`` (``--report`` re-prints it); the method:
+docs/benchmarks.md, "benchmarks.lae_pretrained".
 """
 
 from __future__ import annotations

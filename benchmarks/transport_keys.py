@@ -1,41 +1,11 @@
 """How much "forgotten" task-A accuracy do transport keys bring back?
 
-Method: transport keys (arXiv 2606.02860): stitch the early layers of the model after task B to
-the late layers and head of the model after task A through a key fitted on unlabelled anchors.
-
-For each task pair, model and seed: train θ_A on task A, fine-tune it naively on task B (θ_AB,
-task-incremental: task A's head is kept), then at every stage stitch θ_AB's early layers to θ_A's
-late layers and head through a key fitted on class-balanced task-A anchors:
-
-* ``identity`` (no key), ``channel`` and ``cross_channel`` closed-form keys;
-* ``cross_channel+refine``: the closed form refined label-free for a few Adam steps to match
-  θ_A's own logits on the anchors (``avalanche_plugins.transport.keys.refine_key``);
-* ``cross_channel+gauss_newton``: the same label-free objective, two Levenberg–Marquardt steps
-  from the closed form (``avalanche_plugins.transport.keys.gauss_newton_key``);
-* ``trained_stitch``: the model-stitching baseline, a linear / 1×1-conv layer (identity start)
-  trained by Adam with cross-entropy on the anchors' labels through the frozen late layers;
-* ``trained_stitch_short``: the same with ``short_stitch_steps`` (2) steps, i.e. the trained
-  stitch held to about 1/50 of its time budget;
-* controls for the closed-form keys: permuted channels, globally shuffled pairs, pairs
-  shuffled within class.
-
-* ``noise_at_residual``: the late layers' sensitivity to an error of the key's size: θ_A's own
-  stage activations of the test images plus isotropic Gaussian noise whose relative energy
-  ``‖ε‖² / ‖V − μ_v‖²`` equals the cross-channel key's fit residual, through θ_A's late layers. A
-  key far below this row fails by the direction of its error (it misses what the late layers read),
-  not by its size.
-
-Pairs: ``split`` (classes 0–4 then 5–9, two 5-way heads; task A is the first experience of a
-2-experience Split) and ``domain`` (the images then a pixel permutation of them, two 10-way heads);
-``--dataset``: MNIST (default with ``--data-root``) or Fashion-MNIST from ``--data-root``,
-scikit-learn digits when absent. Models:
-small CNN with BatchNorm, mini ResNet, tiny ViT. Every evaluation runs in eval mode (BatchNorm
-running statistics); ``bn_mode`` is recorded with each row.
-
-Writes ``results.json`` / ``results.csv`` (one row per pair, model, seed, stage, anchors and
-variant), ``recovery.png``, and prints the tables quoted in docs/RESULTS.md (``--report`` re-prints
-them from a saved ``results.json``). Every (pair, model, seed) is one job of the shared executor
-(:mod:`avalanche_plugins.study.jobs`; resumable, ``--workers N``).
+Per task pair (``split``, ``domain``), model (CNN, mini ResNet, tiny ViT) and seed: train θ_A on
+task A, fine-tune it on task B (θ_AB), then at every stage stitch θ_AB's early layers to θ_A's late
+layers through closed-form keys, their label-free refinements, a label-trained stitch and controls
+(arXiv 2606.02860). ``python -m benchmarks.transport_keys [--quick]`` writes ``results.json`` /
+``results.csv`` and ``recovery.png`` and prints the tables of docs/RESULTS.md (``--report``
+re-prints them). Every variant and control: docs/benchmarks.md, "benchmarks.transport_keys".
 """
 
 from __future__ import annotations
