@@ -114,25 +114,27 @@ def measure(job, setting: str, run: str, *, images: bool = False) -> dict:
     metrics = {SHORT.get(k, k): v for k, v in row["callback_s"].items() if k in SHORT}
     out = {"setting": setting, "run": run, "train_s": row["train_s"], "diagnostics_s": row["diagnostics_s"],
            "ratio": row["diagnostics_s"] / row["train_s"], "wall_s": row["wall_s"], "figures_s": row["figures_s"],
-           "acc": row["acc"],
-           "peak_mb": _peak_mb(), "peak_since_start": not reset,
+           "acc": row["acc"], "peak_mb": _peak_mb(), "peak_since_start": not reset,
            **{f"{name}_s": seconds for name, seconds in metrics.items()}}
     print(json.dumps(out), flush=True)
     return out
 
 
+def naive_job(config, data_root=None):
+    """The Naive test job of a study ``config`` (a path or a dict) at one seed."""
+    study = load_study(config, seeds=1, data_root=data_root)
+    return next(j for j in plan_test_jobs(study, {}) if j.strategy.name == "Naive")
+
+
 def run_setting(name: str, args) -> list[dict]:
     """Every run of one setting (the demo: without diagnostics first, so that the first run with
     them pays their first-call warm-ups; the others: with them first)."""
-    study = load_study(setting_config(name, args), seeds=1, data_root=args.data_root)
-    job = [j for j in plan_test_jobs(study, {}) if j.strategy.name == "Naive"][0]
+    job = naive_job(setting_config(name, args), args.data_root)
     without = None if is_skipped(args.skip, *name.split("/"), "without") else dataclasses.replace(job, metrics=())
     if name != "demo":  # the long runs: the one with diagnostics first (its ratio is the result)
         lean = []
         if args.lean:  # the same job with the diagnostics at their lean counts
-            lean_study = load_study(setting_config(name, args, "lean"), seeds=1, data_root=args.data_root)
-            lean_job = [j for j in plan_test_jobs(lean_study, {}) if j.strategy.name == "Naive"][0]
-            lean = [measure(lean_job, name, "with (lean counts)")]
+            lean = [measure(naive_job(setting_config(name, args, "lean"), args.data_root), name, "with (lean counts)")]
         skip_demo_counts = is_skipped(args.skip, *name.split("/"), "with")
         return [*([] if skip_demo_counts else [measure(job, name, "with")]), *lean,
                 *([measure(without, name, "without")] if without else [])]
@@ -178,15 +180,12 @@ def main(argv=None) -> dict:
     if args.data_root is None and not is_skipped(args.skip, "fashion"):
         parser.error("the fashion settings need --data-root (a folder holding FashionMNIST/raw); "
                      "or --skip fashion")
-    runs: list[dict] = []
+    settings = [s for s in SETTINGS if not is_skipped(args.skip, *s.split("/"))]
     with Timer() as total, torch_threads(args.threads):
-        for name in SETTINGS:
-            if not is_skipped(args.skip, *name.split("/")):
-                runs += run_setting(name, args)
-    out = write_results(args.out, args, config={"settings": [s for s in SETTINGS if not is_skipped(args.skip, *s.split("/"))],
-                                                "metrics": METRICS, "lean_metrics": LEAN_METRICS if args.lean else None,
-                                                "threads": args.threads,
-                                                "resnet_images": args.resnet_images,
+        runs = [run for name in settings for run in run_setting(name, args)]
+    out = write_results(args.out, args, config={"settings": settings, "metrics": METRICS,
+                                                "lean_metrics": LEAN_METRICS if args.lean else None,
+                                                "threads": args.threads, "resnet_images": args.resnet_images,
                                                 "resnet_test_images": args.resnet_test_images},
                         rows=runs, summary=[], wall_seconds=total.seconds, extra={"runs": runs})
     text = print_report(out / "results.json", report, out_dir=out)

@@ -20,13 +20,12 @@ from avalanche_plugins._avalanche.figures import (
     profile_figure,
     profile_figure_size,
 )
-from avalanche_plugins.study.api import load_study, plan_test_jobs
 from avalanche_plugins.study.jobs import Timer, torch_threads
 from avalanche_plugins.study.report.files import print_report
 from avalanche_plugins.study.run.job import run_job
 from benchmarks._cli import benchmark_parser, parse_args
 from benchmarks._results import write_results
-from benchmarks.diagnostics_cost import DEMO
+from benchmarks.diagnostics_cost import DEMO, naive_job
 
 NAMES = ["layers.0", "layers.1", "layers.2", "head"]
 VALUES = [0.31, 0.045, 0.0062, 0.0011]
@@ -95,8 +94,7 @@ def main(argv=None) -> dict:
     args = parse_args(parser, argv)
     if args.report:
         return {"report": print_report(args.report, report)}
-    study = load_study(DEMO, seeds=1)
-    job = next(j for j in plan_test_jobs(study, {}) if j.strategy.name == "Naive")  # diagnostics_cost's demo job
+    job = naive_job(DEMO)  # diagnostics_cost's demo job
     with Timer() as total, torch_threads(args.threads):
         rows = _callbacks(job, args.top)
         rows += [{"part": "figures", "what": what, "seconds": _median_seconds(function, args.repeats)}

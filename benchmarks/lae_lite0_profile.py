@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from benchmarks._cli import benchmark_parser, make_executor, parse_args
+from benchmarks.lae_pretrained import dataset_samples, sgd_naive
 
 PHASES = ("pretrained", "fine_tuned")
 MEASURES = ("fisher", "hessian")
@@ -36,22 +37,6 @@ class Job:
     input_size: int = 64
     train_per_class: int = 200
     epochs: int = 1
-
-
-def _samples(dataset, n: int, seed: int):
-    idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:n].tolist()
-    return torch.stack([dataset[i][0] for i in idx]), torch.as_tensor([int(dataset[i][1]) for i in idx])
-
-
-def _fine_tune(model, experience, job: Job) -> None:
-    from avalanche.training.supervised import Naive
-
-    from benchmarks._training import accuracy_evaluator
-
-    strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.003, momentum=0.9),
-                     criterion=nn.CrossEntropyLoss(), train_mb_size=16, train_epochs=job.epochs, eval_mb_size=250,
-                     device="cpu", evaluator=accuracy_evaluator())
-    strategy.train(experience, num_workers=0)
 
 
 def _measure(model, x, y, job: Job) -> dict:
@@ -82,12 +67,12 @@ def run_job(job: Job) -> dict:
     stream = make_stream("fashion_mnist", "split", n_experiences=5, data_root=job.data_root, seed=job.seed,
                          train_per_class=job.train_per_class)
     experience = stream.benchmark.train_stream[0]
-    x, y = _samples(experience.dataset.eval(), max(job.samples, job.hessian_samples), job.seed)
+    x, y, _ = dataset_samples(experience.dataset.eval(), max(job.samples, job.hessian_samples), job.seed, sort=False)
     torch.manual_seed(job.seed)
     model = build_model("efficientnet_lite0", stream.input_shape, stream.n_classes, input_norm="fashion_mnist",
                         input_size=job.input_size, bn_momentum=0.1)
     row = {"classes": sorted({int(c) for c in y}), "pretrained": _measure(model, x, y, job)}
-    _fine_tune(model, experience, job)
+    sgd_naive(model, [], job.epochs, lr=0.003, batch=16, eval_batch=250).train(experience, num_workers=0)
     model.eval()
     with torch.no_grad():
         row["train_accuracy"] = float((model(x).argmax(1) == y).float().mean())

@@ -76,25 +76,27 @@ def make_benchmark(data_root, task_incremental: bool, validation: bool):
                         class_ids_from_zero_from_first_exp=not task_incremental)
 
 
-def _strategy(model, plugins, epochs: int, lr: float):
+def sgd_naive(model, plugins, epochs: int, lr: float, *, batch: int = 64, eval_batch: int = 512, evaluator=None):
+    """Avalanche ``Naive`` on the CPU: SGD at ``lr`` with momentum 0.9, cross-entropy
+    (``evaluator``: :func:`accuracy_evaluator` when None)."""
     from avalanche.training.supervised import Naive
 
     return Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
-                 criterion=nn.CrossEntropyLoss(), train_mb_size=64, train_epochs=epochs, eval_mb_size=512,
-                 device="cpu", plugins=plugins, evaluator=accuracy_evaluator())
+                 criterion=nn.CrossEntropyLoss(), train_mb_size=batch, train_epochs=epochs, eval_mb_size=eval_batch,
+                 device="cpu", plugins=list(plugins), evaluator=accuracy_evaluator() if evaluator is None else evaluator)
 
 
 def _model(job: Job):
     return build_model("cnn", (1, 28, 28), 10, multihead=job.scenario == "task", widths=job.widths)
 
 
-def _samples(dataset, n: int, seed: int):
-    idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:n].sort().values.tolist()
-    items = [dataset[i] for i in idx]
-    x = torch.stack([it[0] for it in items])
-    y = torch.as_tensor([int(it[1]) for it in items])
-    t = torch.as_tensor([int(it[2]) for it in items])
-    return x, y, t
+def dataset_samples(dataset, n: int, seed: int, *, sort: bool = True) -> list[torch.Tensor]:
+    """``n`` seeded random items of an Avalanche dataset as tensors: the inputs stacked, then each
+    label field (targets, task labels) as integers; in index order unless ``sort`` is False."""
+    idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:n]
+    items = [dataset[i] for i in (idx.sort().values if sort else idx).tolist()]
+    labels = [torch.as_tensor([int(it[k]) for it in items]) for k in range(1, len(items[0]))]
+    return [torch.stack([it[0] for it in items]), *labels]
 
 
 def _profile(model, experience, multihead: bool, seed: int) -> dict:
@@ -102,7 +104,7 @@ def _profile(model, experience, multihead: bool, seed: int) -> dict:
     from avalanche_plugins.layer_adaptive import layer_top_eigenvalues
     from avalanche_plugins.layer_adaptive.profile import layer_profile
 
-    x, y, t = _samples(experience.dataset.eval(), 256, seed)
+    x, y, t = dataset_samples(experience.dataset.eval(), 256, seed)
     spectrum = layer_top_eigenvalues(model, nn.CrossEntropyLoss(), x, y, max_iter=100, tol=1e-3,
                                      seed=seed, task_labels=t if multihead else None)
     prof = layer_profile(0, spectrum)
@@ -124,7 +126,7 @@ def pretrained(job: Job, benchmark) -> tuple[Path, dict]:
         return path, {}
     seed_everything(job.seed)
     model = _model(job)
-    strategy = _strategy(model, [], 1, lr=0.05)
+    strategy = sgd_naive(model, [], 1, lr=0.05)
     first = benchmark.train_stream[0]
     info = {}
     with quiet_deprecations():
@@ -174,26 +176,30 @@ def plugins_for(job: Job) -> list:
                                    curvature="fisher", seed=job.seed), *memory]
 
 
+def _profile_row(job: Job, benchmark, path: Path, info: dict, fields: dict) -> dict:
+    if not info:  # weights were cached by an earlier run: re-measure the pretrained profile
+        model = _model(job)
+        strategy = sgd_naive(model, [_Load(path).plugin], 0, lr=0.01)
+        with quiet_deprecations():
+            strategy.train(benchmark.train_stream[0], num_workers=0)
+        info = {"pretrained": _profile(model, benchmark.train_stream[0], job.scenario == "task", job.seed),
+                "pretrained_acc": _eval(strategy, benchmark).get(0)}
+    p = info["pretrained"]
+    print(f"profile {job.scenario} seed {job.seed} val={job.validation}: pretrained acc "
+          f"{info['pretrained_acc']:.3f} κ {p['kappa']:.1f} α̂ {p['alpha_hat']}", flush=True)
+    return {**fields, **info}
+
+
 def run_job(job: Job) -> dict:
     benchmark = make_benchmark(job.data_root, job.scenario == "task", job.validation)
     path, info = pretrained(job, benchmark)
     fields = {k: v for k, v in asdict(job).items() if k not in ("data_root", "out")}
     if job.kind == "profile":
-        if not info:  # weights were cached by an earlier run: re-measure the pretrained profile
-            model = _model(job)
-            strategy = _strategy(model, [_Load(path).plugin], 0, lr=0.01)
-            with quiet_deprecations():
-                strategy.train(benchmark.train_stream[0], num_workers=0)
-            info = {"pretrained": _profile(model, benchmark.train_stream[0], job.scenario == "task", job.seed),
-                    "pretrained_acc": _eval(strategy, benchmark).get(0)}
-        p = info["pretrained"]
-        print(f"profile {job.scenario} seed {job.seed} val={job.validation}: pretrained acc "
-              f"{info['pretrained_acc']:.3f} κ {p['kappa']:.1f} α̂ {p['alpha_hat']}", flush=True)
-        return {**fields, **info}
+        return _profile_row(job, benchmark, path, info, fields)
     seed_everything(job.seed)
     model = _model(job)
     plugins = plugins_for(job)
-    strategy = _strategy(model, [_Load(path).plugin, *plugins], 0, lr=0.01)
+    strategy = sgd_naive(model, [_Load(path).plugin, *plugins], 0, lr=0.01)
     n = len(benchmark.train_stream)
     acc = np.full((n, n), np.nan)
     try:
