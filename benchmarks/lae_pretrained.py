@@ -25,12 +25,7 @@ from avalanche_plugins.study.jobs import Timer, run_jobs, seed_everything
 from avalanche_plugins.study.jobs.environment import quiet_deprecations
 from avalanche_plugins.study.jobs.protocol import TUNE_SEED, select_best
 from avalanche_plugins.study.report.files import print_report
-from benchmarks._cli import (
-    benchmark_parser,
-    make_executor,
-    parse_args,
-    split_list,
-)
+from benchmarks._cli import benchmark_parser, make_executor, parse_args, split_list
 from benchmarks._results import format_table, summarize, write_results
 from benchmarks._training import accuracy_evaluator
 

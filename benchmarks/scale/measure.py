@@ -60,10 +60,6 @@ class Job:
     config: Config
 
 
-# ------------------------------------------------------------------------------------------------
-# models: name -> (family, builder)
-
-
 def _mlp(width):
     return lambda: MLP(INPUT_SHAPE, hidden=(width, width), n_classes=N_CLASSES)
 
@@ -72,6 +68,7 @@ def _vit(depth, dim):
     return lambda: TinyViT(image_size=32, patch=4, in_channels=3, n_classes=N_CLASSES, dim=dim, depth=depth, heads=4)
 
 
+# name -> (family, builder)
 MODELS: dict[str, tuple[str, object]] = {
     **{f"mlp-{w}": ("mlp", _mlp(w)) for w in (256, 512, 1024, 2048, 4096)},
     **{f"resnet{d}": ("resnet", (lambda d=d: cifar_resnet(d, N_CLASSES, 3))) for d in (8, 18, 34)},
@@ -145,10 +142,6 @@ def rss_gb() -> float:
     return peak_rss_gb() if rss is None else rss
 
 
-# ------------------------------------------------------------------------------------------------
-# training epochs
-
-
 def train_images(model: nn.Module, x: torch.Tensor, y: torch.Tensor, masks=None) -> float:
     """Seconds of one SGD pass (lr 0.01, momentum 0.9, batch 64, train mode) over ``(x, y)``;
     ``masks`` (a ``UnitMasks``) steps the optimizer keeping masked units exact."""
@@ -166,10 +159,6 @@ def train_images(model: nn.Module, x: torch.Tensor, y: torch.Tensor, masks=None)
     for s in range(0, x.shape[0], BATCH):
         step(x[s:s + BATCH], y[s:s + BATCH])
     return time.perf_counter() - start
-
-
-# ------------------------------------------------------------------------------------------------
-# estimators: fn(model, job) -> dict with "time_s" (the timed part) and extras; "setting" says what
 
 
 def _timed(fn):
@@ -241,23 +230,22 @@ def run_ads(model, job):
     return {"time_s": seconds, "samples": 2 * n}
 
 
-def _pair(model, job):
-    """θ_A (the model) and θ_AB (a copy with seeded 1 % weight noise), both in eval mode."""
+def _stage_pair(model, job, anchors: int):
+    """θ_A (the model) and θ_AB (a copy with seeded 1 % weight noise), both in eval mode, the
+    middle stage and ``anchors`` seeded anchor images."""
     drifted = copy.deepcopy(model)
     g = torch.Generator().manual_seed(job.seed + 3)
     with torch.no_grad():
         for p in drifted.parameters():
             p.add_(0.01 * p.std().nan_to_num(0.0) * torch.randn(p.shape, generator=g))
-    return model.eval(), drifted.eval()
+    return model.eval(), drifted.eval(), middle_stage(job.model), synthetic(anchors, job.seed + 4)[0]
 
 
 def _transport(family):
     def run(model, job):
         from avalanche_plugins.transport import fit_transport_key, stage_activations
 
-        theta_a, theta_ab = _pair(model, job)
-        stage = middle_stage(job.model)
-        xa, _ = synthetic(job.config.anchors, job.seed + 4)
+        theta_a, theta_ab, stage, xa = _stage_pair(model, job, job.config.anchors)
         start = time.perf_counter()
         with torch.no_grad():
             u, v = stage_activations(theta_ab, stage, xa), stage_activations(theta_a, stage, xa)
@@ -277,9 +265,7 @@ def run_gauss_newton(model, job):
     )
 
     cfg = job.config
-    theta_a, theta_ab = _pair(model, job)
-    stage = middle_stage(job.model)
-    xa, _ = synthetic(cfg.gn_anchors, job.seed + 4)
+    theta_a, theta_ab, stage, xa = _stage_pair(model, job, cfg.gn_anchors)
     with torch.no_grad():
         key = fit_transport_key(stage_activations(theta_ab, stage, xa), stage_activations(theta_a, stage, xa),
                                 "cross_channel")
@@ -352,7 +338,7 @@ def penalty_times(model, ewc, lae, *, anchors: int, repetitions: int) -> tuple[f
     return float(np.median(times["ewc"])), float(np.median(times["lae"]))
 
 
-# name -> (function, what it measures)
+# name -> (function(model, job) -> row fields, "time_s" the timed part; what it measures)
 ESTIMATORS: dict[str, tuple[object, str]] = {
     "epoch": (_epoch("ref_images"), "training epoch, SGD, batch 64 (the reference)"),
     "epoch_5000": (_epoch("check_epoch_images"), "one real 5,000-image training epoch (checks the extrapolation)"),
