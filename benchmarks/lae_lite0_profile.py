@@ -119,12 +119,10 @@ def table(rows: list[dict]) -> str:
 
 
 def figure(rows: list[dict], path: Path) -> None:
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=False)
+    fig = Figure(figsize=(11, 3.6))
+    axes = fig.subplots(1, 2, sharey=False)
     for ax, measure in zip(axes, MEASURES):
         for phase, style in zip(PHASES, ("-", "--")):
             for i, r in enumerate(rows):
@@ -138,7 +136,6 @@ def figure(rows: list[dict], path: Path) -> None:
     fig.suptitle("EfficientNet-Lite0 (ImageNet-1k) on Split Fashion-MNIST experience 1: per-layer curvature")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main(argv=None) -> None:

@@ -331,15 +331,13 @@ def time_ratios(rows: list[dict], main_anchors: int) -> dict:
 
 
 def plot(rows: list[dict], out: Path, main_anchors: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     variants = ["identity", "channel", "cross_channel", "cross_channel+refine", "cross_channel+gauss_newton",
                 "trained_stitch"]
     combos = sorted({(r["pair"], r["model"]) for r in rows})
-    fig, axes = plt.subplots(1, len(combos), figsize=(3.2 * len(combos), 3), squeeze=False)
+    fig = Figure(figsize=(3.2 * len(combos), 3))
+    axes = fig.subplots(1, len(combos), squeeze=False)
     for ax, (pair, model) in zip(axes[0], combos):
         stages = STAGES[model]
         for variant in variants:
@@ -355,7 +353,6 @@ def plot(rows: list[dict], out: Path, main_anchors: int) -> None:
     axes[0][0].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(out / "recovery.png", dpi=120)
-    plt.close(fig)
 
 
 def report(saved: dict) -> str:

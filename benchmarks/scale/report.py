@@ -228,16 +228,15 @@ def plot(rows: Sequence[dict], path) -> None:
     """Log-log time and peak RSS against parameter count, one panel per model family, one line per
     estimator; a cross marks a measurement stopped at its timeout (a lower bound)."""
     import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     cells = [c for c in aggregate(rows) if c.get("status") == "ok" and c.get("params")]
     timed_out = [c for c in aggregate(rows) if c.get("status") == "timeout" and c.get("params") and c.get("timeout_s")]
     families = [f for f in FAMILIES if any(c["family"] == f for c in cells)] or list(FAMILIES)
-    fig, axes = plt.subplots(2, len(families), figsize=(5 * len(families), 8), squeeze=False)
+    fig = Figure(figsize=(5 * len(families), 8))
+    axes = fig.subplots(2, len(families), squeeze=False)
     estimators = list(dict.fromkeys(c["estimator"] for c in cells))
-    colors = plt.get_cmap("tab20")(np.linspace(0, 1, max(len(estimators), 1)))
+    colors = matplotlib.colormaps["tab20"](np.linspace(0, 1, max(len(estimators), 1)))
     for col, family in enumerate(families):
         for color, estimator in zip(colors, estimators):
             sel = sorted((c["params"], c["time_s"], c["peak_rss_gb"]) for c in cells
@@ -257,4 +256,3 @@ def plot(rows: Sequence[dict], path) -> None:
     axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=90)
-    plt.close(fig)
