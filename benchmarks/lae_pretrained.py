@@ -297,11 +297,8 @@ def main(argv=None) -> dict:
                         progress=not args.no_progress)
 
     tune_jobs = [Job("profile", sc, TUNE_SEED, True, **common) for sc in scenarios]
-    for sc in scenarios:
-        for m in METHODS[1:]:
-            for lam in lambdas:
-                for a in (alphas if m == "lae_geometric" else [None]):
-                    tune_jobs.append(Job("run", sc, TUNE_SEED, True, m, lam, a, **common))
+    tune_jobs += [Job("run", sc, TUNE_SEED, True, m, lam, a, **common) for sc in scenarios for m in METHODS[1:]
+                  for lam in lambdas for a in (alphas if m == "lae_geometric" else [None])]
     tuning = run(tune_jobs, "tuning (validation)")
     best = select_best([r for r in tuning if r["kind"] == "run"], lambda r: (r["scenario"], r["method"]))
     test_jobs = [Job("profile", sc, s, False, **common) for sc in scenarios for s in seeds]

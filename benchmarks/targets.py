@@ -73,10 +73,7 @@ def _diagnostics(result: dict | None, names: list[str]) -> str:
 
 def load_runs(out: Path = OUT) -> dict[str, dict]:
     """``{config name: results.json}`` of the kept runs under ``out``."""
-    found = {}
-    for path in sorted(out.glob("*/results.json")):
-        found[path.parent.name] = json.loads(path.read_text())
-    return found
+    return {path.parent.name: json.loads(path.read_text()) for path in sorted(out.glob("*/results.json"))}
 
 
 def target_rows(saved: dict[str, dict]) -> list[dict]:

@@ -240,18 +240,14 @@ def config_for(args) -> Config:
 
 def tables(rows: list[dict], main_anchors: int) -> str:
     main = [r for r in rows if r["n_anchors"] == main_anchors]
-    out = []
-    base = summarize(main, ["pair", "model", "stage"], ["acc_a", "acc_ab"])
-    out.append("Task-A accuracy of θ_A and θ_AB (eval-mode BatchNorm)\n"
-               + format_table(base, ["pair", "model", "stage"], ["acc_a", "acc_ab"]))
-    summary = summarize(main, ["pair", "model", "stage", "variant"], ["acc", "recovery", "residual", "fit_s"])
-    out.append(f"Stitched task-A accuracy and recovery, {main_anchors} anchors\n"
-               + format_table(summary, ["pair", "model", "stage", "variant"], ["acc", "recovery", "residual", "fit_s"]))
-    sweep_rows = [r for r in rows if "/" not in r["variant"]]
-    sweep = summarize(sweep_rows, ["pair", "model", "variant", "n_anchors"], ["recovery"])
-    out.append("Anchor-count sweep: recovery, mean ± std over seeds and stages\n"
-               + format_table(sweep, ["pair", "model", "variant", "n_anchors"], ["recovery"]))
-    return "\n\n".join(out)
+    specs = [("Task-A accuracy of θ_A and θ_AB (eval-mode BatchNorm)", main, ["pair", "model", "stage"],
+              ["acc_a", "acc_ab"]),
+             (f"Stitched task-A accuracy and recovery, {main_anchors} anchors", main,
+              ["pair", "model", "stage", "variant"], ["acc", "recovery", "residual", "fit_s"]),
+             ("Anchor-count sweep: recovery, mean ± std over seeds and stages",
+              [r for r in rows if "/" not in r["variant"]], ["pair", "model", "variant", "n_anchors"], ["recovery"])]
+    return "\n\n".join(f"{title}\n" + format_table(summarize(selected, keys, values), keys, values)
+                       for title, selected, keys, values in specs)
 
 
 REPORT_VARIANTS = ("identity", "channel", "cross_channel", "cross_channel+refine", "cross_channel+gauss_newton",

@@ -13,16 +13,14 @@ __all__ = ["FAMILIES", "TARGETS", "MEMORY_TARGET_GB", "aggregate", "loglog_slope
 
 FAMILIES = ("mlp", "resnet", "vit")
 MEMORY_TARGET_GB = 4.0
-# estimator -> (the quantity compared, its bound, how the bound reads); issue 15's targets
+# estimator -> (the quantity compared, its bound, how the bound reads); issue 15's targets (none
+# for the Fisher diagonals and per-sample readiness)
 TARGETS: dict[str, tuple[str | None, float | None, str]] = {
     "epoch": (None, None, "reference"),
     "epoch_5000": ("over_dense", None, "check: real / 5,000 × per-image"),
     "curvature_fisher": ("ratio", 1.0, "≤ 1× epoch"),
     "curvature_hessian": (None, None, "exact path, an option (capped)"),
-    "fisher_expected": (None, None, ""),
-    "fisher_empirical": (None, None, ""),
     "readiness_sampled": ("ratio", 0.25, "≤ 0.25× epoch"),
-    "readiness_per_sample": (None, None, ""),
     "ads": ("ratio", 0.25, "≤ 0.25× epoch"),
     "key_channel": ("ratio", 0.05, "≤ 0.05× epoch"),
     "key_cross_channel": ("ratio", 0.05, "≤ 0.05× epoch"),
