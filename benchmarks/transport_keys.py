@@ -134,13 +134,12 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: Config, wi
         h_test = stage_activations(theta_ab, stage, xte)
     rows = []
 
-    def record(variant, key, seconds, **extra):
+    def record(variant, key, seconds):
         stitched = stitch(theta_ab, theta_a, stage, key)
         acc = batched_accuracy(lambda h, x: stitched.forward_from_stage(stitched.key(h), x), h_test, xte,
                                targets=yte, batch_size=500)
-        rows.append({"variant": variant, "acc": acc,
-                     "fit_s": seconds, "key_params": getattr(key, "num_parameters", 0),
-                     "residual": getattr(key, "residual", float("nan")), **extra})
+        rows.append({"variant": variant, "acc": acc, "fit_s": seconds,
+                     "key_params": getattr(key, "num_parameters", 0), "residual": getattr(key, "residual", float("nan"))})
 
     refiners = {"refine": lambda key, stitched: refine_key(key, stitched, xa, steps=cfg.refine_steps,
                                                            lr=cfg.refine_lr),

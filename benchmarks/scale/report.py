@@ -99,20 +99,14 @@ def _num(value, fmt: str = ".3g", suffix: str = "") -> str:
     return "—" if value is None or not math.isfinite(float(value)) else f"{float(value):{fmt}}{suffix}"
 
 
-def _time_cell(c: dict) -> str:
+def _time_and_ratio(c: dict) -> str:
+    """The time and ratio cells of a measurement (lower bounds where it timed out)."""
     if c.get("status") == "ok":
-        return format_seconds(c.get("time_s"))
+        return f"{format_seconds(c.get('time_s'))} | {_num(c.get('ratio'), '.3g', '×')}"
     if c.get("status") == "timeout" and c.get("timeout_s") is not None:
-        return f"> {c['timeout_s']:.0f} s"
-    return "—"
-
-
-def _ratio_cell(c: dict) -> str:
-    if c.get("status") == "ok":
-        return _num(c.get("ratio"), ".3g", "×")
-    if c.get("status") == "timeout" and c.get("timeout_s") and c.get("epoch5000_s"):
-        return f"> {c['timeout_s'] / c['epoch5000_s']:.3g}×"
-    return "—"
+        ratio = f"> {c['timeout_s'] / c['epoch5000_s']:.3g}×" if c["timeout_s"] and c.get("epoch5000_s") else "—"
+        return f"> {c['timeout_s']:.0f} s | {ratio}"
+    return "— | —"
 
 
 def _status_cell(c: dict) -> str:
@@ -129,8 +123,8 @@ def main_table(rows: Sequence[dict]) -> str:
     lines = ["| " + " | ".join(MAIN_COLUMNS) + " |", "|" + "---|" * len(MAIN_COLUMNS)]
     for c in aggregate(rows):
         params = f"{c['params'] / 1e6:.3g} M" if c.get("params") else "—"
-        lines.append(f"| {c['model']} | {params} | {c['estimator']} | {c.get('setting') or ''} | {_time_cell(c)} | "
-                     f"{_ratio_cell(c)} | {_num(c.get('peak_rss_gb'), '.2f', ' GB')} | {_status_cell(c)} |")
+        lines.append(f"| {c['model']} | {params} | {c['estimator']} | {c.get('setting') or ''} | {_time_and_ratio(c)} | "
+                     f"{_num(c.get('peak_rss_gb'), '.2f', ' GB')} | {_status_cell(c)} |")
     return "\n".join(lines)
 
 
@@ -177,8 +171,8 @@ def targets_table(rows: Sequence[dict], model: str = "resnet18") -> str:
         target = TARGETS.get(c["estimator"], (None, None, ""))[2]
         if c["estimator"] not in NO_MEMORY_TARGET:
             target = ", ".join(t for t in (target, f"≤ {MEMORY_TARGET_GB:g} GB") if t)
-        lines.append(f"| {c.get('what') or c['estimator']} | {c.get('setting') or ''} | {_time_cell(c)} | "
-                     f"{_ratio_cell(c)} | {_num(c.get('peak_rss_gb'), '.2f', ' GB')} | {target} | {_met(c)} |")
+        lines.append(f"| {c.get('what') or c['estimator']} | {c.get('setting') or ''} | {_time_and_ratio(c)} | "
+                     f"{_num(c.get('peak_rss_gb'), '.2f', ' GB')} | {target} | {_met(c)} |")
     return "\n".join(lines)
 
 
