@@ -19,7 +19,11 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from avalanche_plugins.study.catalog.datasets import VALIDATION_FRACTION, load_mnist_arrays
+from avalanche_plugins.study.catalog.datasets import (
+    VALIDATION_FRACTION,
+    _stratified_split,
+    load_mnist_arrays,
+)
 from avalanche_plugins.study.catalog.zoo import build_model
 from avalanche_plugins.study.jobs import Timer, run_jobs, seed_everything
 from avalanche_plugins.study.jobs.environment import quiet_deprecations
@@ -55,15 +59,8 @@ def make_benchmark(data_root, task_incremental: bool, validation: bool):
     from avalanche.benchmarks import nc_benchmark
 
     xtr, ytr, xte, yte = load_mnist_arrays(data_root)
-    if validation:
-        rng = np.random.default_rng(0)
-        held = []
-        for c in range(10):
-            idx = np.flatnonzero(ytr.numpy() == c)
-            rng.shuffle(idx)
-            held.extend(idx[: int(round(VALIDATION_FRACTION * len(idx)))])
-        held = np.sort(np.array(held))
-        keep = np.setdiff1d(np.arange(len(ytr)), held)
+    if validation:  # the study's stratified split, seed 0 (every MNIST class holds thousands of images)
+        keep, held = _stratified_split(ytr.numpy(), VALIDATION_FRACTION, 0)
         xtr, ytr, xte, yte = xtr[keep], ytr[keep], xtr[held], ytr[held]
     return nc_benchmark(TensorDataset(xtr, ytr), TensorDataset(xte, yte), n_experiences=3,
                         task_labels=task_incremental, fixed_class_order=list(range(10)),
