@@ -11,7 +11,6 @@ Fashion-MNIST, at the pretrained weights and after fine-tuning; writes ``OUT/res
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from avalanche_plugins.study.jobs import Timer, run_jobs
 from benchmarks._cli import benchmark_parser, make_executor, parse_args
 from benchmarks.lae_pretrained import dataset_samples, sgd_naive
 
@@ -42,20 +42,18 @@ class Job:
 def _measure(model, x, y, job: Job) -> dict:
     from avalanche_plugins.layer_adaptive import layer_fisher_eigenvalues, layer_top_eigenvalues
 
-    out = {}
-    start = time.perf_counter()
-    fisher = layer_fisher_eigenvalues(model, nn.CrossEntropyLoss(), x[: job.samples], y[: job.samples], seed=job.seed)
-    out["fisher"] = {"layers": list(fisher.names), "s": [float(v) for v in fisher.top],
-                     "seconds": time.perf_counter() - start}
+    with Timer() as t:
+        fisher = layer_fisher_eigenvalues(model, nn.CrossEntropyLoss(), x[: job.samples], y[: job.samples], seed=job.seed)
+    out = {"fisher": {"layers": list(fisher.names), "s": [float(v) for v in fisher.top], "seconds": t.seconds}}
     if not job.hessian_samples:
         return out
-    start = time.perf_counter()
     n = job.hessian_samples
-    hessian = layer_top_eigenvalues(model, nn.CrossEntropyLoss(), x[:n], y[:n], max_iter=job.hessian_iter,
-                                    tol=job.hessian_tol, seed=job.seed)
+    with Timer() as t:
+        hessian = layer_top_eigenvalues(model, nn.CrossEntropyLoss(), x[:n], y[:n], max_iter=job.hessian_iter,
+                                        tol=job.hessian_tol, seed=job.seed)
     out["hessian"] = {"layers": list(hessian.names), "s": [float(v) for v in hessian.top],
                       "converged": [bool(c) for c in hessian.converged], "iterations": list(hessian.iterations),
-                      "seconds": time.perf_counter() - start}
+                      "seconds": t.seconds}
     return out
 
 
@@ -139,8 +137,6 @@ def figure(rows: list[dict], path: Path) -> None:
 
 
 def main(argv=None) -> None:
-    from avalanche_plugins.study.jobs import run_jobs
-
     parser = benchmark_parser("lae_lite0_profile", __doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=256, help="samples of the Fisher blocks")
     parser.add_argument("--hessian-samples", type=int, default=16, help="samples of the exact Hessian blocks")
