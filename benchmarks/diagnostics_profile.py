@@ -14,12 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from avalanche_plugins._avalanche.figures import (
-    DeferredFigure,
-    figure_image,
-    profile_figure,
-    profile_figure_size,
-)
+from avalanche_plugins._avalanche import figures
 from avalanche_plugins.study.jobs import Timer, torch_threads
 from avalanche_plugins.study.report.files import print_report
 from avalanche_plugins.study.run.job import run_job
@@ -53,12 +48,12 @@ def _figure_before():
     ax.set_xticklabels(NAMES, rotation=60, ha="right", fontsize=7)
     ax.set_title("s_l after experience 3 (kappa=282)", fontsize=9)
     fig.tight_layout()
-    return figure_image(fig).load()
+    return figures.figure_image(fig).load()
 
 
 def _figure_now():
-    DeferredFigure(profile_figure, NAMES, VALUES, "s_l after experience 3 (kappa=282)",
-                   figsize=profile_figure_size(NAMES)).load()
+    figures.DeferredFigure(figures.profile_figure, NAMES, VALUES, "s_l after experience 3 (kappa=282)",
+                           figsize=figures.profile_figure_size(NAMES)).load()
 
 
 def _callbacks(job, top: int) -> list[dict]:

@@ -20,11 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from avalanche_plugins.study.catalog.datasets import (
-    load_digits_arrays,
-    load_fashion_mnist_arrays,
-    load_mnist_arrays,
-)
+from avalanche_plugins.study.catalog import datasets
 from avalanche_plugins.study.catalog.zoo import TaskHeadsNet, build_model
 from avalanche_plugins.study.jobs import Timer, run_jobs, seed_everything
 from avalanche_plugins.study.report.files import print_report
@@ -47,7 +43,7 @@ from benchmarks._results import format_table, summarize, write_results
 from benchmarks._training import batched_accuracy, train_minibatches
 
 PAIRS = ("split", "domain")
-DATASETS = {"mnist": load_mnist_arrays, "fashion_mnist": load_fashion_mnist_arrays}
+DATASETS = {"mnist": datasets.load_mnist_arrays, "fashion_mnist": datasets.load_fashion_mnist_arrays}
 MODELS = ("cnn", "resnet", "vit")
 STAGES = {"cnn": ["features.0", "features.1"], "resnet": ["stem", "layer1", "layer2", "layer3"],
           "vit": ["embed", "blocks.0", "blocks.1"]}
@@ -93,7 +89,7 @@ def task_data(pair: str, data_root, quick: bool, dataset: str = "mnist"):
     if data_root is not None:
         xtr, ytr, xte, yte = DATASETS[dataset](data_root)
     else:
-        xtr, ytr, xte, yte = load_digits_arrays()
+        xtr, ytr, xte, yte = datasets.load_digits_arrays()
     if quick:
         xtr, ytr = xtr[:2000], ytr[:2000]
     if pair == "split":
