@@ -324,8 +324,7 @@ def time_ratios(rows: list[dict], main_anchors: int) -> dict:
 def plot(rows: list[dict], out: Path, main_anchors: int) -> None:
     from matplotlib.figure import Figure
 
-    variants = ["identity", "channel", "cross_channel", "cross_channel+refine", "cross_channel+gauss_newton",
-                "trained_stitch"]
+    variants = [v for v in REPORT_VARIANTS if v not in ("trained_stitch_short", "noise_at_residual")]
     combos = sorted({(r["pair"], r["model"]) for r in rows})
     fig = Figure(figsize=(3.2 * len(combos), 3))
     axes = fig.subplots(1, len(combos), squeeze=False)
@@ -336,8 +335,7 @@ def plot(rows: list[dict], out: Path, main_anchors: int) -> None:
                                                                r["n_anchors"]) == (pair, model, s, variant, main_anchors)]
                              or [np.nan]) for s in stages]
             ax.plot(range(len(stages)), ys, marker="o", label=variant)
-        ax.set_xticks(range(len(stages)))
-        ax.set_xticklabels(stages, rotation=30, fontsize=7)
+        ax.set_xticks(range(len(stages)), stages, rotation=30, fontsize=7)
         ax.set_title(f"{pair} / {model}", fontsize=9)
         ax.axhline(1.0, color="gray", lw=0.5)
         ax.set_ylabel("recovery")
