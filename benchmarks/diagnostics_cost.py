@@ -134,7 +134,8 @@ def run_setting(name: str, args) -> list[dict]:
     if name != "demo":  # the long runs: the one with diagnostics first (its ratio is the result)
         lean = []
         if args.lean:  # the same job with the diagnostics at their lean counts
-            lean = [measure(naive_job(setting_config(name, args, "lean"), args.data_root), name, "with (lean counts)")]
+            lean_job = naive_job(setting_config(name, args, "lean"), args.data_root)
+            lean = [measure(lean_job, name, "with (lean counts)")]
         skip_demo_counts = is_skipped(args.skip, *name.split("/"), "with")
         return [*([] if skip_demo_counts else [measure(job, name, "with")]), *lean,
                 *([measure(without, name, "without")] if without else [])]
@@ -185,7 +186,8 @@ def main(argv=None) -> dict:
         runs = [run for name in settings for run in run_setting(name, args)]
     out = write_results(args.out, args, config={"settings": settings, "metrics": METRICS,
                                                 "lean_metrics": LEAN_METRICS if args.lean else None,
-                                                "threads": args.threads, "resnet_images": args.resnet_images,
+                                                "threads": args.threads,
+                                                "resnet_images": args.resnet_images,
                                                 "resnet_test_images": args.resnet_test_images},
                         rows=runs, summary=[], wall_seconds=total.seconds, extra={"runs": runs})
     text = print_report(out / "results.json", report, out_dir=out)

@@ -52,7 +52,8 @@ def _figure_before():
 
 
 def _figure_now():
-    figures.DeferredFigure(figures.profile_figure, NAMES, VALUES, "s_l after experience 3 (kappa=282)",
+    title = "s_l after experience 3 (kappa=282)"
+    figures.DeferredFigure(figures.profile_figure, NAMES, VALUES, title,
                            figsize=figures.profile_figure_size(NAMES)).load()
 
 

@@ -43,14 +43,16 @@ def _measure(model, x, y, job: Job) -> dict:
     from avalanche_plugins.layer_adaptive import layer_fisher_eigenvalues, layer_top_eigenvalues
 
     with Timer() as t:
-        fisher = layer_fisher_eigenvalues(model, nn.CrossEntropyLoss(), x[: job.samples], y[: job.samples], seed=job.seed)
-    out = {"fisher": {"layers": list(fisher.names), "s": [float(v) for v in fisher.top], "seconds": t.seconds}}
+        fisher = layer_fisher_eigenvalues(model, nn.CrossEntropyLoss(), x[: job.samples], y[: job.samples],
+                                          seed=job.seed)
+    out = {"fisher": {"layers": list(fisher.names), "s": [float(v) for v in fisher.top],
+                      "seconds": t.seconds}}
     if not job.hessian_samples:
         return out
     n = job.hessian_samples
     with Timer() as t:
-        hessian = layer_top_eigenvalues(model, nn.CrossEntropyLoss(), x[:n], y[:n], max_iter=job.hessian_iter,
-                                        tol=job.hessian_tol, seed=job.seed)
+        hessian = layer_top_eigenvalues(model, nn.CrossEntropyLoss(), x[:n], y[:n],
+                                        max_iter=job.hessian_iter, tol=job.hessian_tol, seed=job.seed)
     out["hessian"] = {"layers": list(hessian.names), "s": [float(v) for v in hessian.top],
                       "converged": [bool(c) for c in hessian.converged], "iterations": list(hessian.iterations),
                       "seconds": t.seconds}
@@ -65,12 +67,14 @@ def run_job(job: Job) -> dict:
     stream = make_stream("fashion_mnist", "split", n_experiences=5, data_root=job.data_root, seed=job.seed,
                          train_per_class=job.train_per_class)
     experience = stream.benchmark.train_stream[0]
-    x, y, _ = dataset_samples(experience.dataset.eval(), max(job.samples, job.hessian_samples), job.seed, sort=False)
+    n = max(job.samples, job.hessian_samples)
+    x, y, _ = dataset_samples(experience.dataset.eval(), n, job.seed, sort=False)
     torch.manual_seed(job.seed)
     model = build_model("efficientnet_lite0", stream.input_shape, stream.n_classes, input_norm="fashion_mnist",
                         input_size=job.input_size, bn_momentum=0.1)
     row = {"classes": sorted({int(c) for c in y}), "pretrained": _measure(model, x, y, job)}
-    sgd_naive(model, [], job.epochs, lr=0.003, batch=16, eval_batch=250).train(experience, num_workers=0)
+    strategy = sgd_naive(model, [], job.epochs, lr=0.003, batch=16, eval_batch=250)
+    strategy.train(experience, num_workers=0)
     model.eval()
     with torch.no_grad():
         row["train_accuracy"] = float((model(x).argmax(1) == y).float().mean())

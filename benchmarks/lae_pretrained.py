@@ -59,7 +59,7 @@ def make_benchmark(data_root, task_incremental: bool, validation: bool):
     from avalanche.benchmarks import nc_benchmark
 
     xtr, ytr, xte, yte = load_mnist_arrays(data_root)
-    if validation:  # the study's stratified split, seed 0 (every MNIST class holds thousands of images)
+    if validation:  # the study's stratified split at seed 0
         keep, held = _stratified_split(ytr.numpy(), VALIDATION_FRACTION, 0)
         xtr, ytr, xte, yte = xtr[keep], ytr[keep], xtr[held], ytr[held]
     return nc_benchmark(TensorDataset(xtr, ytr), TensorDataset(xte, yte), n_experiences=3,
@@ -68,14 +68,16 @@ def make_benchmark(data_root, task_incremental: bool, validation: bool):
                         class_ids_from_zero_from_first_exp=not task_incremental)
 
 
-def sgd_naive(model, plugins, epochs: int, lr: float, *, batch: int = 64, eval_batch: int = 512, evaluator=None):
+def sgd_naive(model, plugins, epochs: int, lr: float, *, batch: int = 64, eval_batch: int = 512,
+              evaluator=None):
     """Avalanche ``Naive`` on the CPU: SGD at ``lr`` with momentum 0.9, cross-entropy
     (``evaluator``: :func:`accuracy_evaluator` when None)."""
     from avalanche.training.supervised import Naive
 
     return Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
-                 criterion=nn.CrossEntropyLoss(), train_mb_size=batch, train_epochs=epochs, eval_mb_size=eval_batch,
-                 device="cpu", plugins=list(plugins), evaluator=accuracy_evaluator() if evaluator is None else evaluator)
+                 criterion=nn.CrossEntropyLoss(), train_mb_size=batch, train_epochs=epochs,
+                 eval_mb_size=eval_batch, device="cpu", plugins=list(plugins),
+                 evaluator=accuracy_evaluator() if evaluator is None else evaluator)
 
 
 def _model(job: Job):
@@ -174,8 +176,8 @@ def _profile_row(job: Job, benchmark, path: Path, info: dict, fields: dict) -> d
         strategy = sgd_naive(model, [_Load(path).plugin], 0, lr=0.01)
         with quiet_deprecations():
             strategy.train(benchmark.train_stream[0], num_workers=0)
-        info = {"pretrained": _profile(model, benchmark.train_stream[0], job.scenario == "task", job.seed),
-                "pretrained_acc": _eval(strategy, benchmark).get(0)}
+        profile = _profile(model, benchmark.train_stream[0], job.scenario == "task", job.seed)
+        info = {"pretrained": profile, "pretrained_acc": _eval(strategy, benchmark).get(0)}
     p = info["pretrained"]
     print(f"profile {job.scenario} seed {job.seed} val={job.validation}: pretrained acc "
           f"{info['pretrained_acc']:.3f} κ {p['kappa']:.1f} α̂ {p['alpha_hat']}", flush=True)
@@ -294,8 +296,9 @@ def main(argv=None) -> dict:
                         progress=not args.no_progress)
 
     tune_jobs = [Job("profile", sc, TUNE_SEED, True, **common) for sc in scenarios]
-    tune_jobs += [Job("run", sc, TUNE_SEED, True, m, lam, a, **common) for sc in scenarios for m in METHODS[1:]
-                  for lam in lambdas for a in (alphas if m == "lae_geometric" else [None])]
+    tune_jobs += [Job("run", sc, TUNE_SEED, True, m, lam, a, **common) for sc in scenarios
+                  for m in METHODS[1:] for lam in lambdas
+                  for a in (alphas if m == "lae_geometric" else [None])]
     tuning = run(tune_jobs, "tuning (validation)")
     best = select_best([r for r in tuning if r["kind"] == "run"], lambda r: (r["scenario"], r["method"]))
     test_jobs = [Job("profile", sc, s, False, **common) for sc in scenarios for s in seeds]

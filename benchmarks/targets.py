@@ -23,6 +23,7 @@ STUDIES = ROOT / "studies" / "targets"
 OUT = ROOT / "out" / "targets"
 CSV_PATH = ROOT / "docs" / "targets.csv"
 KEPT = ROOT / "docs" / "results" / "targets"
+SOURCES = ROOT / "docs" / "targets.yaml"
 
 REPO = "ContinualAI/continual-learning-baselines"
 COLUMNS = ("scenario", "strategy", "their_target", "target_source", "their_settings", "our_acc_mean", "our_acc_std",
@@ -30,7 +31,7 @@ COLUMNS = ("scenario", "strategy", "their_target", "target_source", "their_setti
            "explanation", "source_file", "config")
 # One entry per target: their number and settings (from `source_file`, path@commit in their
 # repository), the run that reproduces it, and what the investigation of the gap found
-TARGETS: list[dict] = yaml.safe_load((ROOT / "docs" / "targets.yaml").read_text(encoding="utf-8"))["targets"]
+TARGETS: list[dict] = yaml.safe_load(SOURCES.read_text(encoding="utf-8"))["targets"]
 
 
 def _fmt(value, digits: int = 4) -> str:
@@ -73,7 +74,8 @@ def _diagnostics(result: dict | None, names: list[str]) -> str:
 
 def load_runs(out: Path = OUT) -> dict[str, dict]:
     """``{config name: results.json}`` of the kept runs under ``out``."""
-    return {path.parent.name: json.loads(path.read_text()) for path in sorted(out.glob("*/results.json"))}
+    return {path.parent.name: json.loads(path.read_text())
+            for path in sorted(out.glob("*/results.json"))}
 
 
 def target_rows(saved: dict[str, dict]) -> list[dict]:

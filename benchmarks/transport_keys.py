@@ -43,7 +43,8 @@ from benchmarks._results import format_table, summarize, write_results
 from benchmarks._training import batched_accuracy, train_minibatches
 
 PAIRS = ("split", "domain")
-DATASETS = {"mnist": datasets.load_mnist_arrays, "fashion_mnist": datasets.load_fashion_mnist_arrays}
+DATASETS = {"mnist": datasets.load_mnist_arrays,
+            "fashion_mnist": datasets.load_fashion_mnist_arrays}
 MODELS = ("cnn", "resnet", "vit")
 STAGES = {"cnn": ["features.0", "features.1"], "resnet": ["stem", "layer1", "layer2", "layer3"],
           "vit": ["embed", "blocks.0", "blocks.1"]}
@@ -135,7 +136,8 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: Config, wi
         acc = batched_accuracy(lambda h, x: stitched.forward_from_stage(stitched.key(h), x), h_test, xte,
                                targets=yte, batch_size=500)
         rows.append({"variant": variant, "acc": acc, "fit_s": seconds,
-                     "key_params": getattr(key, "num_parameters", 0), "residual": getattr(key, "residual", float("nan"))})
+                     "key_params": getattr(key, "num_parameters", 0),
+                     "residual": getattr(key, "residual", float("nan"))})
 
     refiners = {"refine": lambda key, stitched: refine_key(key, stitched, xa, steps=cfg.refine_steps,
                                                            lr=cfg.refine_lr),
@@ -235,12 +237,13 @@ def config_for(args) -> Config:
 
 def tables(rows: list[dict], main_anchors: int) -> str:
     main = [r for r in rows if r["n_anchors"] == main_anchors]
-    specs = [("Task-A accuracy of θ_A and θ_AB (eval-mode BatchNorm)", main, ["pair", "model", "stage"],
-              ["acc_a", "acc_ab"]),
+    sweep = [r for r in rows if "/" not in r["variant"]]
+    specs = [("Task-A accuracy of θ_A and θ_AB (eval-mode BatchNorm)", main,
+              ["pair", "model", "stage"], ["acc_a", "acc_ab"]),
              (f"Stitched task-A accuracy and recovery, {main_anchors} anchors", main,
               ["pair", "model", "stage", "variant"], ["acc", "recovery", "residual", "fit_s"]),
-             ("Anchor-count sweep: recovery, mean ± std over seeds and stages",
-              [r for r in rows if "/" not in r["variant"]], ["pair", "model", "variant", "n_anchors"], ["recovery"])]
+             ("Anchor-count sweep: recovery, mean ± std over seeds and stages", sweep,
+              ["pair", "model", "variant", "n_anchors"], ["recovery"])]
     return "\n\n".join(f"{title}\n" + format_table(summarize(selected, keys, values), keys, values)
                        for title, selected, keys, values in specs)
 
@@ -324,7 +327,8 @@ def time_ratios(rows: list[dict], main_anchors: int) -> dict:
 def plot(rows: list[dict], out: Path, main_anchors: int) -> None:
     from matplotlib.figure import Figure
 
-    variants = [v for v in REPORT_VARIANTS if v not in ("trained_stitch_short", "noise_at_residual")]
+    variants = [v for v in REPORT_VARIANTS
+                if v not in ("trained_stitch_short", "noise_at_residual")]
     combos = sorted({(r["pair"], r["model"]) for r in rows})
     fig = Figure(figsize=(3.2 * len(combos), 3))
     axes = fig.subplots(1, len(combos), squeeze=False)

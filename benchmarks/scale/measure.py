@@ -238,7 +238,8 @@ def _stage_pair(model, job, anchors: int):
     with torch.no_grad():
         for p in drifted.parameters():
             p.add_(0.01 * p.std().nan_to_num(0.0) * torch.randn(p.shape, generator=g))
-    return model.eval(), drifted.eval(), middle_stage(job.model), synthetic(anchors, job.seed + 4)[0]
+    anchor_images, _ = synthetic(anchors, job.seed + 4)
+    return model.eval(), drifted.eval(), middle_stage(job.model), anchor_images
 
 
 def _transport(family):

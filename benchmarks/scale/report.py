@@ -104,7 +104,8 @@ def _time_and_ratio(c: dict) -> str:
     if c.get("status") == "ok":
         return f"{format_seconds(c.get('time_s'))} | {_num(c.get('ratio'), '.3g', '×')}"
     if c.get("status") == "timeout" and c.get("timeout_s") is not None:
-        ratio = f"> {c['timeout_s'] / c['epoch5000_s']:.3g}×" if c["timeout_s"] and c.get("epoch5000_s") else "—"
+        bound = c["timeout_s"] and c.get("epoch5000_s")
+        ratio = f"> {c['timeout_s'] / c['epoch5000_s']:.3g}×" if bound else "—"
         return f"> {c['timeout_s']:.0f} s | {ratio}"
     return "— | —"
 

@@ -24,7 +24,7 @@ _MEMORY_WORDS = ("can't allocate memory", "cannot allocate memory", "out of memo
 
 
 def child_rss_gb(pid: int | str) -> float | None:
-    """Resident set size of process ``pid`` (or ``"self"``) from ``/proc`` (None where unreadable)."""
+    """Resident set size of process ``pid`` (or ``"self"``) from ``/proc`` (None: unreadable)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
