@@ -1,32 +1,9 @@
 """What the diagnostics cost end to end: the same run with and without every diagnostic attached.
 
-Issue 41. Each run is a study job (:func:`avalanche_plugins.study.run.job.run_job`) in this
-process, on ``--threads`` torch threads: training seconds are the job's ``train_s`` (its wall time,
-training and the evaluations after every experience, minus the time inside the diagnostics'
-callbacks), diagnostics seconds its ``callback_s`` per metric, figures seconds its ``figures_s``
-(closing the loggers after training, where the tidy logger draws and writes the run's figures:
-neither training nor a metric's callback); "without" is the same job with no metric attached. Peak memory is the process's resident high-water mark over that run
-(``VmHWM``, reset before each run through ``/proc/self/clear_refs``; ``ru_maxrss`` where that is
-unavailable, then a high-water mark of the process so far). Settings (``--skip`` names):
-
-* ``demo`` — ``studies/demo.yaml``'s Naive job (Split digits, the recipes' MLP, 2 epochs per
-  experience, every diagnostic of the demo at its arguments): without, with (the first diagnostics
-  of the process: first-call warm-ups included), with again (warm), and with images (the
-  ``TidyCSVLogger`` saving figures, what ``make demo`` runs). scikit-learn digits, no download.
-* ``fashion/1``, ``fashion/5`` — class-incremental Split Fashion-MNIST (5 experiences of 12,000
-  training images, 10,000 test images; ``--data-root`` holding ``FashionMNIST/raw``), the
-  recipes' zoo ``cnn`` (widths 16–32, BatchNorm), Naive at the recipe (SGD 0.01, momentum 0.9,
-  batch 128, evaluation batch 1,000), 1 and 5 epochs per experience, the demo's diagnostics at the
-  demo's arguments.
-* ``resnet18`` — the zoo's CIFAR ResNet-18 (11.2 M parameters, 100 classes) on generated
-  standard-normal 32×32 inputs with uniform labels: 2 experiences of ``--resnet-images`` (5,000)
-  training images and ``--resnet-test-images`` test images each, 1 epoch, the same diagnostics
-  (the second experience is the one ADS predicts and the transport keys stitch after).
-
-``<setting>/without`` skips a setting's run without diagnostics (``--skip fashion/5/without``),
-``<setting>/with`` its run at the demo's counts. ``--lean`` adds, for the field settings, a run with
-the diagnostics at :data:`LEAN_METRICS`' smaller sample counts (chosen from their trade-offs,
-``benchmarks.sample_counts``).
+Issue 41. Settings ``demo``, ``fashion/1``, ``fashion/5``, ``resnet18`` (``--skip`` names, each
+with ``/without`` and ``/with``); ``--lean`` adds runs at :data:`LEAN_METRICS`' counts. Writes
+``results.json``, ``results.csv`` and ``report.md`` (``--report`` re-prints it); what is timed and
+each setting: docs/benchmarks.md, "benchmarks.diagnostics_cost".
 """
 
 from __future__ import annotations
@@ -137,24 +114,27 @@ def measure(job, setting: str, run: str, *, images: bool = False) -> dict:
     metrics = {SHORT.get(k, k): v for k, v in row["callback_s"].items() if k in SHORT}
     out = {"setting": setting, "run": run, "train_s": row["train_s"], "diagnostics_s": row["diagnostics_s"],
            "ratio": row["diagnostics_s"] / row["train_s"], "wall_s": row["wall_s"], "figures_s": row["figures_s"],
-           "acc": row["acc"],
-           "peak_mb": _peak_mb(), "peak_since_start": not reset,
+           "acc": row["acc"], "peak_mb": _peak_mb(), "peak_since_start": not reset,
            **{f"{name}_s": seconds for name, seconds in metrics.items()}}
     print(json.dumps(out), flush=True)
     return out
 
 
+def naive_job(config, data_root=None):
+    """The Naive test job of a study ``config`` (a path or a dict) at one seed."""
+    study = load_study(config, seeds=1, data_root=data_root)
+    return next(j for j in plan_test_jobs(study, {}) if j.strategy.name == "Naive")
+
+
 def run_setting(name: str, args) -> list[dict]:
     """Every run of one setting (the demo: without diagnostics first, so that the first run with
     them pays their first-call warm-ups; the others: with them first)."""
-    study = load_study(setting_config(name, args), seeds=1, data_root=args.data_root)
-    job = [j for j in plan_test_jobs(study, {}) if j.strategy.name == "Naive"][0]
+    job = naive_job(setting_config(name, args), args.data_root)
     without = None if is_skipped(args.skip, *name.split("/"), "without") else dataclasses.replace(job, metrics=())
     if name != "demo":  # the long runs: the one with diagnostics first (its ratio is the result)
         lean = []
         if args.lean:  # the same job with the diagnostics at their lean counts
-            lean_study = load_study(setting_config(name, args, "lean"), seeds=1, data_root=args.data_root)
-            lean_job = [j for j in plan_test_jobs(lean_study, {}) if j.strategy.name == "Naive"][0]
+            lean_job = naive_job(setting_config(name, args, "lean"), args.data_root)
             lean = [measure(lean_job, name, "with (lean counts)")]
         skip_demo_counts = is_skipped(args.skip, *name.split("/"), "with")
         return [*([] if skip_demo_counts else [measure(job, name, "with")]), *lean,
@@ -201,13 +181,11 @@ def main(argv=None) -> dict:
     if args.data_root is None and not is_skipped(args.skip, "fashion"):
         parser.error("the fashion settings need --data-root (a folder holding FashionMNIST/raw); "
                      "or --skip fashion")
-    runs: list[dict] = []
+    settings = [s for s in SETTINGS if not is_skipped(args.skip, *s.split("/"))]
     with Timer() as total, torch_threads(args.threads):
-        for name in SETTINGS:
-            if not is_skipped(args.skip, *name.split("/")):
-                runs += run_setting(name, args)
-    out = write_results(args.out, args, config={"settings": [s for s in SETTINGS if not is_skipped(args.skip, *s.split("/"))],
-                                                "metrics": METRICS, "lean_metrics": LEAN_METRICS if args.lean else None,
+        runs = [run for name in settings for run in run_setting(name, args)]
+    out = write_results(args.out, args, config={"settings": settings, "metrics": METRICS,
+                                                "lean_metrics": LEAN_METRICS if args.lean else None,
                                                 "threads": args.threads,
                                                 "resnet_images": args.resnet_images,
                                                 "resnet_test_images": args.resnet_test_images},

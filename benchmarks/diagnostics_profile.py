@@ -1,15 +1,7 @@
 """Where the demo's diagnostics spend their time (issue 41's profile), beside its cost benchmark.
 
-Two measurements in this process, on ``--threads`` torch threads, scikit-learn digits:
-
-* ``callbacks`` — ``studies/demo.yaml``'s Naive job with every diagnostic of the demo
-  (:data:`benchmarks.diagnostics_cost.METRICS`), run once to warm up and then under
-  ``cProfile``: each metric's callback seconds and the ``--top`` functions of the package, torch
-  and Avalanche with the most cumulative time inside the diagnostics;
-* ``figures`` — one curvature-profile figure drawn as the metrics draw it now (fixed margins, no
-  minor log ticks, :class:`~avalanche_plugins._avalanche.figures.DeferredFigure`) and as it was
-  drawn before issue 41 (``tight_layout``, the default log formatter and minor ticks), the median
-  of ``--repeats`` drawings each.
+``callbacks``: the demo's Naive job under ``cProfile``; ``figures``: the curvature-profile figure
+drawn now and as before issue 41 (docs/benchmarks.md, "benchmarks.diagnostics_profile").
 """
 
 from __future__ import annotations
@@ -22,19 +14,13 @@ import sys
 import time
 from pathlib import Path
 
-from avalanche_plugins._avalanche.figures import (
-    DeferredFigure,
-    figure_image,
-    profile_figure,
-    profile_figure_size,
-)
-from avalanche_plugins.study.api import load_study, plan_test_jobs
+from avalanche_plugins._avalanche import figures
 from avalanche_plugins.study.jobs import Timer, torch_threads
 from avalanche_plugins.study.report.files import print_report
 from avalanche_plugins.study.run.job import run_job
 from benchmarks._cli import benchmark_parser, parse_args
 from benchmarks._results import write_results
-from benchmarks.diagnostics_cost import DEMO
+from benchmarks.diagnostics_cost import DEMO, naive_job
 
 NAMES = ["layers.0", "layers.1", "layers.2", "head"]
 VALUES = [0.31, 0.045, 0.0062, 0.0011]
@@ -62,12 +48,13 @@ def _figure_before():
     ax.set_xticklabels(NAMES, rotation=60, ha="right", fontsize=7)
     ax.set_title("s_l after experience 3 (kappa=282)", fontsize=9)
     fig.tight_layout()
-    return figure_image(fig).load()
+    return figures.figure_image(fig).load()
 
 
 def _figure_now():
-    DeferredFigure(profile_figure, NAMES, VALUES, "s_l after experience 3 (kappa=282)",
-                   figsize=profile_figure_size(NAMES)).load()
+    title = "s_l after experience 3 (kappa=282)"
+    figures.DeferredFigure(figures.profile_figure, NAMES, VALUES, title,
+                           figsize=figures.profile_figure_size(NAMES)).load()
 
 
 def _callbacks(job, top: int) -> list[dict]:
@@ -103,8 +90,7 @@ def main(argv=None) -> dict:
     args = parse_args(parser, argv)
     if args.report:
         return {"report": print_report(args.report, report)}
-    study = load_study(DEMO, seeds=1)
-    job = next(j for j in plan_test_jobs(study, {}) if j.strategy.name == "Naive")  # diagnostics_cost's demo job
+    job = naive_job(DEMO)  # diagnostics_cost's demo job
     with Timer() as total, torch_threads(args.threads):
         rows = _callbacks(job, args.top)
         rows += [{"part": "figures", "what": what, "seconds": _median_seconds(function, args.repeats)}

@@ -1,19 +1,8 @@
 """What layer-adaptive EWC costs: penalty time per iteration against Avalanche's EWCPlugin, and the
 per-layer spectrum against one training epoch.
 
-The accuracy comparison (Naive, EWC, the four LayerAdaptiveEWC schedules, EWC + Replay; the
-continual-learning-baselines anchor) is a study: ``studies/layer_adaptive_ewc_*.yaml``
-(docs/RESULTS.md, "Layer-adaptive EWC"). This script measures what a study does not report,
-each as a ratio within one process on one torch thread (``--threads``):
-
-* **penalty time**: forward + backward of the penalty alone, ``LayerAdaptiveEWCPlugin`` (uniform
-  schedule) / ``EWCPlugin``, on the same MLP after both plugins saw 3 experiences of Permuted MNIST
-  (3 anchors each); median of 300 repetitions;
-* **spectrum vs epoch**: the exact top Hessian-block eigenvalue of every layer (256 samples,
-  block Lanczos to 1e-3) and the plugin's default Fisher blocks (64 samples), each against one
-  training epoch on the same experience, for the MLP and the small CNN.
-
-MNIST from ``--data-root`` (the subset here); scikit-learn digits when absent.
+``python -m benchmarks.lae_costs [--data-root DATA]`` writes ``results.json`` and ``report.md``
+(``--report`` re-prints it); what is timed: docs/benchmarks.md, "benchmarks.lae_costs".
 """
 
 from __future__ import annotations
@@ -28,6 +17,7 @@ from avalanche_plugins.study.jobs import Timer, seed_everything, torch_threads
 from avalanche_plugins.study.report.files import print_report
 from benchmarks._cli import benchmark_parser, parse_args
 from benchmarks._results import write_results
+from benchmarks.lae_pretrained import dataset_samples, sgd_naive
 from benchmarks.scale.measure import penalty_times
 
 MODELS = {"mlp": lambda mnist: {"hidden": (256, 256) if mnist else (128, 128)}, "cnn": lambda mnist: {"widths": (16, 32)}}
@@ -35,12 +25,8 @@ SGD = {"lr": 0.01, "momentum": 0.9}
 BATCH = 64
 
 
-def _naive(model, plugins=(), epochs: int = 1):
-    from avalanche.training.supervised import Naive
-
-    return Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), **SGD),
-                 criterion=torch.nn.CrossEntropyLoss(), train_mb_size=BATCH, train_epochs=epochs,
-                 eval_mb_size=512, device="cpu", plugins=list(plugins), evaluator=quiet_evaluator())
+def _naive(model, plugins=()):
+    return sgd_naive(model, plugins, 1, SGD["lr"], batch=BATCH, evaluator=quiet_evaluator())
 
 
 def _model(name: str, stream, data_root):
@@ -77,7 +63,7 @@ def spectrum_cost(data_root, model_name: str) -> dict:
     strategy = _naive(model)
     with Timer() as epoch:
         strategy.train(experience, num_workers=0)
-    x, y = _samples(experience.dataset, 256, seed=0)
+    x, y, _ = dataset_samples(experience.dataset.eval(), 256, seed=0)
     criterion = torch.nn.CrossEntropyLoss()
     with Timer() as spectrum:
         layer_top_eigenvalues(model, criterion, x, y, max_iter=100, tol=1e-3, chunk_size=None, seed=0)
@@ -86,14 +72,6 @@ def spectrum_cost(data_root, model_name: str) -> dict:
     return {"epoch_s": epoch.seconds, "spectrum_s": spectrum.seconds, "spectrum_vs_epoch": spectrum.seconds / epoch.seconds,
             "fisher_blocks_s": fisher.seconds, "fisher_blocks_vs_epoch": fisher.seconds / epoch.seconds,
             "epoch_samples": len(experience.dataset)}
-
-
-def _samples(dataset, n: int, seed: int):
-    """``n`` seeded random samples of an Avalanche dataset (eval transforms) as tensors."""
-    data = dataset.eval() if hasattr(dataset, "eval") else dataset
-    idx = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[:n].sort().values.tolist()
-    items = [data[i] for i in idx]
-    return torch.stack([item[0] for item in items]), torch.as_tensor([int(item[1]) for item in items])
 
 
 def report(saved: dict) -> str:

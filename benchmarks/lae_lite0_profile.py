@@ -1,22 +1,9 @@
 """The per-layer curvature profile of an ImageNet-pretrained EfficientNet-Lite0 (issue 40).
 
-"Layers Matter" (Moser et al., 2026) reports ``κ = max_ℓ s_ℓ / min_ℓ s_ℓ`` = 22–195 on
-ImageNet-pretrained backbones, the curvature decaying with depth. This measures the same profile on
-the zoo's ``efficientnet_lite0`` (ImageNet-1k weights, a fresh 10-way head, Fashion-MNIST's grey
-images replicated to RGB and resized to ``--input-size`` px) on the first experience of
-class-incremental Split Fashion-MNIST (the seed's class order), at the pretrained weights and after
-fine-tuning on that experience (the recipe's training: SGD lr 0.003, momentum 0.9, batch 16,
-``--epochs`` over ``--train-per-class`` images per class), with both measures of ``s_ℓ``:
-
-* ``fisher``: the top eigenvalue of each layer's Fisher (Gauss–Newton) block on ``--samples``
-  samples (sampled labels, debiased; :func:`~avalanche_plugins.layer_adaptive.layer_fisher_eigenvalues`);
-* ``hessian``: the top eigenvalue of each layer's exact Hessian block on ``--hessian-samples``
-  samples by block Lanczos (:func:`~avalanche_plugins.layer_adaptive.layer_top_eigenvalues`).
-
-Reported per (measure, phase), over seeds: κ, the geometric fit α̂ and its R², the layer where the
-profile peaks and its relative depth. Resumable (``OUT/jobs.jsonl``); writes ``OUT/results.json``,
-``OUT/table.md`` and ``OUT/profile.png``. Needs the data (``avalanche-study data fashion_mnist``) and
-the ``pretrained`` extra::
+Fisher and exact Hessian blocks (κ, α̂, R², the peak layer) on the first experience of Split
+Fashion-MNIST, at the pretrained weights and after fine-tuning; writes ``OUT/results.json``,
+``OUT/table.md`` and ``OUT/profile.png`` (method: docs/benchmarks.md,
+"benchmarks.lae_lite0_profile"). Needs the data and the ``pretrained`` extra::
 
     python -m benchmarks.lae_lite0_profile --data-root DATA --seeds 3 --workers 2
 """
@@ -24,7 +11,6 @@ the ``pretrained`` extra::
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,7 +18,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from avalanche_plugins.study.jobs import Timer, run_jobs
 from benchmarks._cli import benchmark_parser, make_executor, parse_args
+from benchmarks.lae_pretrained import dataset_samples, sgd_naive
 
 PHASES = ("pretrained", "fine_tuned")
 MEASURES = ("fisher", "hessian")
@@ -51,39 +39,23 @@ class Job:
     epochs: int = 1
 
 
-def _samples(dataset, n: int, seed: int):
-    idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:n].tolist()
-    return torch.stack([dataset[i][0] for i in idx]), torch.as_tensor([int(dataset[i][1]) for i in idx])
-
-
-def _fine_tune(model, experience, job: Job) -> None:
-    from avalanche.training.supervised import Naive
-
-    from benchmarks._training import accuracy_evaluator
-
-    strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.003, momentum=0.9),
-                     criterion=nn.CrossEntropyLoss(), train_mb_size=16, train_epochs=job.epochs, eval_mb_size=250,
-                     device="cpu", evaluator=accuracy_evaluator())
-    strategy.train(experience, num_workers=0)
-
-
 def _measure(model, x, y, job: Job) -> dict:
     from avalanche_plugins.layer_adaptive import layer_fisher_eigenvalues, layer_top_eigenvalues
 
-    out = {}
-    start = time.perf_counter()
-    fisher = layer_fisher_eigenvalues(model, nn.CrossEntropyLoss(), x[: job.samples], y[: job.samples], seed=job.seed)
-    out["fisher"] = {"layers": list(fisher.names), "s": [float(v) for v in fisher.top],
-                     "seconds": time.perf_counter() - start}
+    with Timer() as t:
+        fisher = layer_fisher_eigenvalues(model, nn.CrossEntropyLoss(), x[: job.samples], y[: job.samples],
+                                          seed=job.seed)
+    out = {"fisher": {"layers": list(fisher.names), "s": [float(v) for v in fisher.top],
+                      "seconds": t.seconds}}
     if not job.hessian_samples:
         return out
-    start = time.perf_counter()
     n = job.hessian_samples
-    hessian = layer_top_eigenvalues(model, nn.CrossEntropyLoss(), x[:n], y[:n], max_iter=job.hessian_iter,
-                                    tol=job.hessian_tol, seed=job.seed)
+    with Timer() as t:
+        hessian = layer_top_eigenvalues(model, nn.CrossEntropyLoss(), x[:n], y[:n],
+                                        max_iter=job.hessian_iter, tol=job.hessian_tol, seed=job.seed)
     out["hessian"] = {"layers": list(hessian.names), "s": [float(v) for v in hessian.top],
                       "converged": [bool(c) for c in hessian.converged], "iterations": list(hessian.iterations),
-                      "seconds": time.perf_counter() - start}
+                      "seconds": t.seconds}
     return out
 
 
@@ -95,12 +67,14 @@ def run_job(job: Job) -> dict:
     stream = make_stream("fashion_mnist", "split", n_experiences=5, data_root=job.data_root, seed=job.seed,
                          train_per_class=job.train_per_class)
     experience = stream.benchmark.train_stream[0]
-    x, y = _samples(experience.dataset.eval(), max(job.samples, job.hessian_samples), job.seed)
+    n = max(job.samples, job.hessian_samples)
+    x, y, _ = dataset_samples(experience.dataset.eval(), n, job.seed, sort=False)
     torch.manual_seed(job.seed)
     model = build_model("efficientnet_lite0", stream.input_shape, stream.n_classes, input_norm="fashion_mnist",
                         input_size=job.input_size, bn_momentum=0.1)
     row = {"classes": sorted({int(c) for c in y}), "pretrained": _measure(model, x, y, job)}
-    _fine_tune(model, experience, job)
+    strategy = sgd_naive(model, [], job.epochs, lr=0.003, batch=16, eval_batch=250)
+    strategy.train(experience, num_workers=0)
     model.eval()
     with torch.no_grad():
         row["train_accuracy"] = float((model(x).argmax(1) == y).float().mean())
@@ -147,12 +121,10 @@ def table(rows: list[dict]) -> str:
 
 
 def figure(rows: list[dict], path: Path) -> None:
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=False)
+    fig = Figure(figsize=(11, 3.6))
+    axes = fig.subplots(1, 2, sharey=False)
     for ax, measure in zip(axes, MEASURES):
         for phase, style in zip(PHASES, ("-", "--")):
             for i, r in enumerate(rows):
@@ -166,12 +138,9 @@ def figure(rows: list[dict], path: Path) -> None:
     fig.suptitle("EfficientNet-Lite0 (ImageNet-1k) on Split Fashion-MNIST experience 1: per-layer curvature")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main(argv=None) -> None:
-    from avalanche_plugins.study.jobs import run_jobs
-
     parser = benchmark_parser("lae_lite0_profile", __doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=256, help="samples of the Fisher blocks")
     parser.add_argument("--hessian-samples", type=int, default=16, help="samples of the exact Hessian blocks")

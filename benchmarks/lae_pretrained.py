@@ -1,31 +1,10 @@
 """Layer-adaptive EWC on a pretrained backbone: does pretraining make curvature depth-dependent?
 
-"Layers Matter" (Moser et al., 2026) measures κ = max_ℓ s_ℓ / min_ℓ s_ℓ = 22–195 on backbones
-pretrained on large data and finds early layers far more sensitive. The from-scratch runs of
-``studies/layer_adaptive_ewc_*.yaml`` measure κ = 1.7–10. This benchmark pretrains the small CNN of
-``benchmarks.grow_prune`` (4 conv blocks with BatchNorm, global average pooling; 5 layers with the
-head) to convergence on half the MNIST classes (0–4, ``--pretrain-epochs`` at SGD lr 0.05, the last two at 0.005), then continues on a
-stream of the rest ({5, 6}, then {7, 8, 9}), task-incremental (one head per experience) and/or
-class-incremental (one 10-way head).
-
-* **Before the stream** (job ``profile``): the top Hessian-block eigenvalue s_ℓ of every layer on
-  256 samples of the pretraining classes, κ and the fitted α̂, for the pretrained network and for
-  the same network after one epoch (the from-scratch regime of the older runs), plus its test
-  accuracy on the pretraining classes. Pretrained weights are cached in ``OUT/pretrained/``.
-* **Stream** (one job per method × λ × seed): the pretrained weights are loaded, the pretraining
-  experience is "trained" for 0 epochs (so each plugin computes its importances and spectrum at
-  the pretrained weights), then each later experience for ``--epochs`` epochs (SGD lr 0.01,
-  momentum 0.9, batch 64). Methods: Naive, Avalanche ``EWCPlugin`` (uniform), and
-  ``LayerAdaptiveEWCPlugin`` geometric (α grid), measured and smoothed (s_ℓ from the plugin's
-  Fisher blocks). λ (and α) are chosen on a validation split (15 % of the training images) with
-  seed 0 (:mod:`avalanche_plugins.study.jobs.protocol`); the chosen settings run on the test
-  split with ``--seeds`` seeds. Reported: final average accuracy over the three experiences,
-  the pretraining classes' final accuracy and average forgetting. ``--replay N`` puts an
-  Avalanche ``ReplayPlugin`` of N samples beside every method (Naive included): without memory a
-  class-incremental stream is decided by the head's bias toward new classes, whatever the schedule.
-
-Every job goes through :func:`avalanche_plugins.study.jobs.run_jobs` (resumable cache
-``OUT/jobs.jsonl``). Run ``python -m benchmarks.lae_pretrained --help``.
+Pretrains the small CNN on MNIST classes 0–4, profiles its per-layer curvature (κ, α̂), then runs
+Naive, EWC and the layer-adaptive schedules (λ, α tuned on a validation split) on {5, 6}, {7, 8, 9},
+task- and/or class-incremental. ``python -m benchmarks.lae_pretrained --data-root DATA`` writes
+``results.json``, ``results.csv`` and ``report.md`` (``--report`` re-prints it); the method:
+docs/benchmarks.md, "benchmarks.lae_pretrained".
 """
 
 from __future__ import annotations
@@ -40,18 +19,17 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from avalanche_plugins.study.catalog.datasets import VALIDATION_FRACTION, load_mnist_arrays
+from avalanche_plugins.study.catalog.datasets import (
+    VALIDATION_FRACTION,
+    _stratified_split,
+    load_mnist_arrays,
+)
 from avalanche_plugins.study.catalog.zoo import build_model
 from avalanche_plugins.study.jobs import Timer, run_jobs, seed_everything
 from avalanche_plugins.study.jobs.environment import quiet_deprecations
 from avalanche_plugins.study.jobs.protocol import TUNE_SEED, select_best
 from avalanche_plugins.study.report.files import print_report
-from benchmarks._cli import (
-    benchmark_parser,
-    make_executor,
-    parse_args,
-    split_list,
-)
+from benchmarks._cli import benchmark_parser, make_executor, parse_args, split_list
 from benchmarks._results import format_table, summarize, write_results
 from benchmarks._training import accuracy_evaluator
 
@@ -81,15 +59,8 @@ def make_benchmark(data_root, task_incremental: bool, validation: bool):
     from avalanche.benchmarks import nc_benchmark
 
     xtr, ytr, xte, yte = load_mnist_arrays(data_root)
-    if validation:
-        rng = np.random.default_rng(0)
-        held = []
-        for c in range(10):
-            idx = np.flatnonzero(ytr.numpy() == c)
-            rng.shuffle(idx)
-            held.extend(idx[: int(round(VALIDATION_FRACTION * len(idx)))])
-        held = np.sort(np.array(held))
-        keep = np.setdiff1d(np.arange(len(ytr)), held)
+    if validation:  # the study's stratified split at seed 0
+        keep, held = _stratified_split(ytr.numpy(), VALIDATION_FRACTION, 0)
         xtr, ytr, xte, yte = xtr[keep], ytr[keep], xtr[held], ytr[held]
     return nc_benchmark(TensorDataset(xtr, ytr), TensorDataset(xte, yte), n_experiences=3,
                         task_labels=task_incremental, fixed_class_order=list(range(10)),
@@ -97,25 +68,29 @@ def make_benchmark(data_root, task_incremental: bool, validation: bool):
                         class_ids_from_zero_from_first_exp=not task_incremental)
 
 
-def _strategy(model, plugins, epochs: int, lr: float):
+def sgd_naive(model, plugins, epochs: int, lr: float, *, batch: int = 64, eval_batch: int = 512,
+              evaluator=None):
+    """Avalanche ``Naive`` on the CPU: SGD at ``lr`` with momentum 0.9, cross-entropy
+    (``evaluator``: :func:`accuracy_evaluator` when None)."""
     from avalanche.training.supervised import Naive
 
     return Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
-                 criterion=nn.CrossEntropyLoss(), train_mb_size=64, train_epochs=epochs, eval_mb_size=512,
-                 device="cpu", plugins=plugins, evaluator=accuracy_evaluator())
+                 criterion=nn.CrossEntropyLoss(), train_mb_size=batch, train_epochs=epochs,
+                 eval_mb_size=eval_batch, device="cpu", plugins=list(plugins),
+                 evaluator=accuracy_evaluator() if evaluator is None else evaluator)
 
 
 def _model(job: Job):
     return build_model("cnn", (1, 28, 28), 10, multihead=job.scenario == "task", widths=job.widths)
 
 
-def _samples(dataset, n: int, seed: int):
-    idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:n].sort().values.tolist()
-    items = [dataset[i] for i in idx]
-    x = torch.stack([it[0] for it in items])
-    y = torch.as_tensor([int(it[1]) for it in items])
-    t = torch.as_tensor([int(it[2]) for it in items])
-    return x, y, t
+def dataset_samples(dataset, n: int, seed: int, *, sort: bool = True) -> list[torch.Tensor]:
+    """``n`` seeded random items of an Avalanche dataset as tensors: the inputs stacked, then each
+    label field (targets, task labels) as integers; in index order unless ``sort`` is False."""
+    idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:n]
+    items = [dataset[i] for i in (idx.sort().values if sort else idx).tolist()]
+    labels = [torch.as_tensor([int(it[k]) for it in items]) for k in range(1, len(items[0]))]
+    return [torch.stack([it[0] for it in items]), *labels]
 
 
 def _profile(model, experience, multihead: bool, seed: int) -> dict:
@@ -123,7 +98,7 @@ def _profile(model, experience, multihead: bool, seed: int) -> dict:
     from avalanche_plugins.layer_adaptive import layer_top_eigenvalues
     from avalanche_plugins.layer_adaptive.profile import layer_profile
 
-    x, y, t = _samples(experience.dataset.eval(), 256, seed)
+    x, y, t = dataset_samples(experience.dataset.eval(), 256, seed)
     spectrum = layer_top_eigenvalues(model, nn.CrossEntropyLoss(), x, y, max_iter=100, tol=1e-3,
                                      seed=seed, task_labels=t if multihead else None)
     prof = layer_profile(0, spectrum)
@@ -145,7 +120,7 @@ def pretrained(job: Job, benchmark) -> tuple[Path, dict]:
         return path, {}
     seed_everything(job.seed)
     model = _model(job)
-    strategy = _strategy(model, [], 1, lr=0.05)
+    strategy = sgd_naive(model, [], 1, lr=0.05)
     first = benchmark.train_stream[0]
     info = {}
     with quiet_deprecations():
@@ -195,26 +170,30 @@ def plugins_for(job: Job) -> list:
                                    curvature="fisher", seed=job.seed), *memory]
 
 
+def _profile_row(job: Job, benchmark, path: Path, info: dict, fields: dict) -> dict:
+    if not info:  # weights were cached by an earlier run: re-measure the pretrained profile
+        model = _model(job)
+        strategy = sgd_naive(model, [_Load(path).plugin], 0, lr=0.01)
+        with quiet_deprecations():
+            strategy.train(benchmark.train_stream[0], num_workers=0)
+        profile = _profile(model, benchmark.train_stream[0], job.scenario == "task", job.seed)
+        info = {"pretrained": profile, "pretrained_acc": _eval(strategy, benchmark).get(0)}
+    p = info["pretrained"]
+    print(f"profile {job.scenario} seed {job.seed} val={job.validation}: pretrained acc "
+          f"{info['pretrained_acc']:.3f} κ {p['kappa']:.1f} α̂ {p['alpha_hat']}", flush=True)
+    return {**fields, **info}
+
+
 def run_job(job: Job) -> dict:
     benchmark = make_benchmark(job.data_root, job.scenario == "task", job.validation)
     path, info = pretrained(job, benchmark)
     fields = {k: v for k, v in asdict(job).items() if k not in ("data_root", "out")}
     if job.kind == "profile":
-        if not info:  # weights were cached by an earlier run: re-measure the pretrained profile
-            model = _model(job)
-            strategy = _strategy(model, [_Load(path).plugin], 0, lr=0.01)
-            with quiet_deprecations():
-                strategy.train(benchmark.train_stream[0], num_workers=0)
-            info = {"pretrained": _profile(model, benchmark.train_stream[0], job.scenario == "task", job.seed),
-                    "pretrained_acc": _eval(strategy, benchmark).get(0)}
-        p = info["pretrained"]
-        print(f"profile {job.scenario} seed {job.seed} val={job.validation}: pretrained acc "
-              f"{info['pretrained_acc']:.3f} κ {p['kappa']:.1f} α̂ {p['alpha_hat']}", flush=True)
-        return {**fields, **info}
+        return _profile_row(job, benchmark, path, info, fields)
     seed_everything(job.seed)
     model = _model(job)
     plugins = plugins_for(job)
-    strategy = _strategy(model, [_Load(path).plugin, *plugins], 0, lr=0.01)
+    strategy = sgd_naive(model, [_Load(path).plugin, *plugins], 0, lr=0.01)
     n = len(benchmark.train_stream)
     acc = np.full((n, n), np.nan)
     try:
@@ -317,11 +296,9 @@ def main(argv=None) -> dict:
                         progress=not args.no_progress)
 
     tune_jobs = [Job("profile", sc, TUNE_SEED, True, **common) for sc in scenarios]
-    for sc in scenarios:
-        for m in METHODS[1:]:
-            for lam in lambdas:
-                for a in (alphas if m == "lae_geometric" else [None]):
-                    tune_jobs.append(Job("run", sc, TUNE_SEED, True, m, lam, a, **common))
+    tune_jobs += [Job("run", sc, TUNE_SEED, True, m, lam, a, **common) for sc in scenarios
+                  for m in METHODS[1:] for lam in lambdas
+                  for a in (alphas if m == "lae_geometric" else [None])]
     tuning = run(tune_jobs, "tuning (validation)")
     best = select_best([r for r in tuning if r["kind"] == "run"], lambda r: (r["scenario"], r["method"]))
     test_jobs = [Job("profile", sc, s, False, **common) for sc in scenarios for s in seeds]

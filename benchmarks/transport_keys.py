@@ -1,41 +1,11 @@
 """How much "forgotten" task-A accuracy do transport keys bring back?
 
-Method: transport keys (arXiv 2606.02860): stitch the early layers of the model after task B to
-the late layers and head of the model after task A through a key fitted on unlabelled anchors.
-
-For each task pair, model and seed: train θ_A on task A, fine-tune it naively on task B (θ_AB,
-task-incremental: task A's head is kept), then at every stage stitch θ_AB's early layers to θ_A's
-late layers and head through a key fitted on class-balanced task-A anchors:
-
-* ``identity`` (no key), ``channel`` and ``cross_channel`` closed-form keys;
-* ``cross_channel+refine``: the closed form refined label-free for a few Adam steps to match
-  θ_A's own logits on the anchors (``avalanche_plugins.transport.keys.refine_key``);
-* ``cross_channel+gauss_newton``: the same label-free objective, two Levenberg–Marquardt steps
-  from the closed form (``avalanche_plugins.transport.keys.gauss_newton_key``);
-* ``trained_stitch``: the model-stitching baseline, a linear / 1×1-conv layer (identity start)
-  trained by Adam with cross-entropy on the anchors' labels through the frozen late layers;
-* ``trained_stitch_short``: the same with ``short_stitch_steps`` (2) steps, i.e. the trained
-  stitch held to about 1/50 of its time budget;
-* controls for the closed-form keys: permuted channels, globally shuffled pairs, pairs
-  shuffled within class.
-
-* ``noise_at_residual``: the late layers' sensitivity to an error of the key's size: θ_A's own
-  stage activations of the test images plus isotropic Gaussian noise whose relative energy
-  ``‖ε‖² / ‖V − μ_v‖²`` equals the cross-channel key's fit residual, through θ_A's late layers. A
-  key far below this row fails by the direction of its error (it misses what the late layers read),
-  not by its size.
-
-Pairs: ``split`` (classes 0–4 then 5–9, two 5-way heads; task A is the first experience of a
-2-experience Split) and ``domain`` (the images then a pixel permutation of them, two 10-way heads);
-``--dataset``: MNIST (default with ``--data-root``) or Fashion-MNIST from ``--data-root``,
-scikit-learn digits when absent. Models:
-small CNN with BatchNorm, mini ResNet, tiny ViT. Every evaluation runs in eval mode (BatchNorm
-running statistics); ``bn_mode`` is recorded with each row.
-
-Writes ``results.json`` / ``results.csv`` (one row per pair, model, seed, stage, anchors and
-variant), ``recovery.png``, and prints the tables quoted in docs/RESULTS.md (``--report`` re-prints
-them from a saved ``results.json``). Every (pair, model, seed) is one job of the shared executor
-(:mod:`avalanche_plugins.study.jobs`; resumable, ``--workers N``).
+Per task pair (``split``, ``domain``), model (CNN, mini ResNet, tiny ViT) and seed: train θ_A on
+task A, fine-tune it on task B (θ_AB), then at every stage stitch θ_AB's early layers to θ_A's late
+layers through closed-form keys, their label-free refinements, a label-trained stitch and controls
+(arXiv 2606.02860). ``python -m benchmarks.transport_keys [--quick]`` writes ``results.json`` /
+``results.csv`` and ``recovery.png`` and prints the tables of docs/RESULTS.md (``--report``
+re-prints them). Every variant and control: docs/benchmarks.md, "benchmarks.transport_keys".
 """
 
 from __future__ import annotations
@@ -50,11 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from avalanche_plugins.study.catalog.datasets import (
-    load_digits_arrays,
-    load_fashion_mnist_arrays,
-    load_mnist_arrays,
-)
+from avalanche_plugins.study.catalog import datasets
 from avalanche_plugins.study.catalog.zoo import TaskHeadsNet, build_model
 from avalanche_plugins.study.jobs import Timer, run_jobs, seed_everything
 from avalanche_plugins.study.report.files import print_report
@@ -72,18 +38,13 @@ from avalanche_plugins.transport import (
     stitch,
     stitched_accuracy,
 )
-from benchmarks._cli import (
-    benchmark_parser,
-    is_skipped,
-    make_executor,
-    parse_args,
-    split_list,
-)
+from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, split_list
 from benchmarks._results import format_table, summarize, write_results
 from benchmarks._training import batched_accuracy, train_minibatches
 
 PAIRS = ("split", "domain")
-DATASETS = {"mnist": load_mnist_arrays, "fashion_mnist": load_fashion_mnist_arrays}
+DATASETS = {"mnist": datasets.load_mnist_arrays,
+            "fashion_mnist": datasets.load_fashion_mnist_arrays}
 MODELS = ("cnn", "resnet", "vit")
 STAGES = {"cnn": ["features.0", "features.1"], "resnet": ["stem", "layer1", "layer2", "layer3"],
           "vit": ["embed", "blocks.0", "blocks.1"]}
@@ -129,7 +90,7 @@ def task_data(pair: str, data_root, quick: bool, dataset: str = "mnist"):
     if data_root is not None:
         xtr, ytr, xte, yte = DATASETS[dataset](data_root)
     else:
-        xtr, ytr, xte, yte = load_digits_arrays()
+        xtr, ytr, xte, yte = datasets.load_digits_arrays()
     if quick:
         xtr, ytr = xtr[:2000], ytr[:2000]
     if pair == "split":
@@ -170,13 +131,13 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: Config, wi
         h_test = stage_activations(theta_ab, stage, xte)
     rows = []
 
-    def record(variant, key, seconds, **extra):
+    def record(variant, key, seconds):
         stitched = stitch(theta_ab, theta_a, stage, key)
         acc = batched_accuracy(lambda h, x: stitched.forward_from_stage(stitched.key(h), x), h_test, xte,
                                targets=yte, batch_size=500)
-        rows.append({"variant": variant, "acc": acc,
-                     "fit_s": seconds, "key_params": getattr(key, "num_parameters", 0),
-                     "residual": getattr(key, "residual", float("nan")), **extra})
+        rows.append({"variant": variant, "acc": acc, "fit_s": seconds,
+                     "key_params": getattr(key, "num_parameters", 0),
+                     "residual": getattr(key, "residual", float("nan"))})
 
     refiners = {"refine": lambda key, stitched: refine_key(key, stitched, xa, steps=cfg.refine_steps,
                                                            lr=cfg.refine_lr),
@@ -276,18 +237,15 @@ def config_for(args) -> Config:
 
 def tables(rows: list[dict], main_anchors: int) -> str:
     main = [r for r in rows if r["n_anchors"] == main_anchors]
-    out = []
-    base = summarize(main, ["pair", "model", "stage"], ["acc_a", "acc_ab"])
-    out.append("Task-A accuracy of θ_A and θ_AB (eval-mode BatchNorm)\n"
-               + format_table(base, ["pair", "model", "stage"], ["acc_a", "acc_ab"]))
-    summary = summarize(main, ["pair", "model", "stage", "variant"], ["acc", "recovery", "residual", "fit_s"])
-    out.append(f"Stitched task-A accuracy and recovery, {main_anchors} anchors\n"
-               + format_table(summary, ["pair", "model", "stage", "variant"], ["acc", "recovery", "residual", "fit_s"]))
-    sweep_rows = [r for r in rows if "/" not in r["variant"]]
-    sweep = summarize(sweep_rows, ["pair", "model", "variant", "n_anchors"], ["recovery"])
-    out.append("Anchor-count sweep: recovery, mean ± std over seeds and stages\n"
-               + format_table(sweep, ["pair", "model", "variant", "n_anchors"], ["recovery"]))
-    return "\n\n".join(out)
+    sweep = [r for r in rows if "/" not in r["variant"]]
+    specs = [("Task-A accuracy of θ_A and θ_AB (eval-mode BatchNorm)", main,
+              ["pair", "model", "stage"], ["acc_a", "acc_ab"]),
+             (f"Stitched task-A accuracy and recovery, {main_anchors} anchors", main,
+              ["pair", "model", "stage", "variant"], ["acc", "recovery", "residual", "fit_s"]),
+             ("Anchor-count sweep: recovery, mean ± std over seeds and stages", sweep,
+              ["pair", "model", "variant", "n_anchors"], ["recovery"])]
+    return "\n\n".join(f"{title}\n" + format_table(summarize(selected, keys, values), keys, values)
+                       for title, selected, keys, values in specs)
 
 
 REPORT_VARIANTS = ("identity", "channel", "cross_channel", "cross_channel+refine", "cross_channel+gauss_newton",
@@ -367,15 +325,13 @@ def time_ratios(rows: list[dict], main_anchors: int) -> dict:
 
 
 def plot(rows: list[dict], out: Path, main_anchors: int) -> None:
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    variants = ["identity", "channel", "cross_channel", "cross_channel+refine", "cross_channel+gauss_newton",
-                "trained_stitch"]
+    variants = [v for v in REPORT_VARIANTS
+                if v not in ("trained_stitch_short", "noise_at_residual")]
     combos = sorted({(r["pair"], r["model"]) for r in rows})
-    fig, axes = plt.subplots(1, len(combos), figsize=(3.2 * len(combos), 3), squeeze=False)
+    fig = Figure(figsize=(3.2 * len(combos), 3))
+    axes = fig.subplots(1, len(combos), squeeze=False)
     for ax, (pair, model) in zip(axes[0], combos):
         stages = STAGES[model]
         for variant in variants:
@@ -383,15 +339,13 @@ def plot(rows: list[dict], out: Path, main_anchors: int) -> None:
                                                                r["n_anchors"]) == (pair, model, s, variant, main_anchors)]
                              or [np.nan]) for s in stages]
             ax.plot(range(len(stages)), ys, marker="o", label=variant)
-        ax.set_xticks(range(len(stages)))
-        ax.set_xticklabels(stages, rotation=30, fontsize=7)
+        ax.set_xticks(range(len(stages)), stages, rotation=30, fontsize=7)
         ax.set_title(f"{pair} / {model}", fontsize=9)
         ax.axhline(1.0, color="gray", lw=0.5)
         ax.set_ylabel("recovery")
     axes[0][0].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(out / "recovery.png", dpi=120)
-    plt.close(fig)
 
 
 def report(saved: dict) -> str:

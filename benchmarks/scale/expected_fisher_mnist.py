@@ -1,9 +1,7 @@
 """Expected-Fisher memory on torchvision's ResNet-18 for 1-channel MNIST-shaped inputs (issue 15).
 
-``python -m benchmarks.scale.expected_fisher_mnist --samples 8 64`` prints, per sample count, the
-time and peak RSS of ``expected_fisher`` at its defaults on ``torchvision.models.resnet18(
-num_classes=10)`` with a 1-channel stem, on seeded synthetic ``(N, 1, 28, 28)`` tensors, one
-fresh process per count at 1 torch thread (peak RSS is ``ru_maxrss``, interpreter included).
+``python -m benchmarks.scale.expected_fisher_mnist --samples 8 64``: time and peak RSS per sample
+count, one fresh process each (docs/benchmarks.md, "benchmarks.scale").
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
-"""The child side of :mod:`benchmarks.scale`: one measurement = one job = one fresh process.
-
-:func:`measure` builds the model (seeded), runs one estimator on seeded synthetic CIFAR-shaped
-tensors (``(N, 3, 32, 32)``, 100 classes), reads the process's peak RSS
-(``resource.getrusage(RUSAGE_SELF).ru_maxrss``) and then times the reference training epoch in
-the same process, after the estimator, so the estimator's peak is its own. Every estimator reads
-only public APIs of ``avalanche_plugins`` (the plugins through a real Avalanche strategy).
-"""
+"""The child side of :mod:`benchmarks.scale`: one measurement = one job = one fresh process
+(:func:`measure`; docs/benchmarks.md, "benchmarks.scale")."""
 
 from __future__ import annotations
 
 import copy
-import importlib
-import inspect
 import math
 import resource
 import time
@@ -25,8 +17,9 @@ from torch import nn
 
 from avalanche_plugins.study.catalog.zoo import MLP, TinyViT, cifar_resnet
 from avalanche_plugins.study.jobs import seed_everything
+from benchmarks.scale.runner import child_rss_gb, peak_rss_gb
 
-__all__ = ["Config", "Job", "MODELS", "ESTIMATORS", "Unavailable", "measure", "middle_stage", "model_params", "rss_gb",
+__all__ = ["Config", "Job", "MODELS", "ESTIMATORS", "measure", "middle_stage", "model_params", "rss_gb",
            "setting_for", "synthetic"]
 
 N_CLASSES = 100
@@ -67,14 +60,6 @@ class Job:
     config: Config
 
 
-class Unavailable(RuntimeError):
-    """The library does not provide what the measurement needs (yet)."""
-
-
-# ------------------------------------------------------------------------------------------------
-# models: name -> (family, builder)
-
-
 def _mlp(width):
     return lambda: MLP(INPUT_SHAPE, hidden=(width, width), n_classes=N_CLASSES)
 
@@ -83,6 +68,7 @@ def _vit(depth, dim):
     return lambda: TinyViT(image_size=32, patch=4, in_channels=3, n_classes=N_CLASSES, dim=dim, depth=depth, heads=4)
 
 
+# name -> (family, builder)
 MODELS: dict[str, tuple[str, object]] = {
     **{f"mlp-{w}": ("mlp", _mlp(w)) for w in (256, 512, 1024, 2048, 4096)},
     **{f"resnet{d}": ("resnet", (lambda d=d: cifar_resnet(d, N_CLASSES, 3))) for d in (8, 18, 34)},
@@ -138,7 +124,9 @@ def setting_for(job: Job) -> str:
 def curvature_samples(method: str, cfg: Config) -> int:
     """Samples of a ``layer_curvature`` measurement: the library's default for the method (the
     adapters' ``DEFAULT_SAMPLES``), the exact Hessian capped at ``hessian_samples``."""
-    n = cfg.curvature_samples or _layer_curvature()[1].get(method, 64 if method == "fisher" else 256)
+    from avalanche_plugins.layer_adaptive import DEFAULT_SAMPLES
+
+    n = cfg.curvature_samples or DEFAULT_SAMPLES[method]
     return min(n, cfg.hessian_samples) if method == "hessian" else n
 
 
@@ -150,22 +138,8 @@ def synthetic(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def rss_gb() -> float:
     """Current resident set size (``/proc/self/status``; the peak where that is unavailable)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024 / 1e9
-    except OSError:
-        pass
-    return peak_rss_gb()
-
-
-def peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux: kB
-
-
-# ------------------------------------------------------------------------------------------------
-# training epochs
+    rss = child_rss_gb("self")
+    return peak_rss_gb() if rss is None else rss
 
 
 def train_images(model: nn.Module, x: torch.Tensor, y: torch.Tensor, masks=None) -> float:
@@ -187,72 +161,31 @@ def train_images(model: nn.Module, x: torch.Tensor, y: torch.Tensor, masks=None)
     return time.perf_counter() - start
 
 
-# ------------------------------------------------------------------------------------------------
-# estimators: fn(model, job) -> dict with "time_s" (the timed part) and extras; "setting" says what
-
-
-def _call_accepting(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` with the keyword arguments ``fn`` does not take dropped (the APIs
-    measured here are being extended while this benchmark runs against them)."""
-    params = inspect.signature(fn).parameters
-    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        kwargs = {k: v for k, v in kwargs.items() if k in params}
-    return fn(*args, **kwargs)
-
-
 def _timed(fn):
     start = time.perf_counter()
     out = fn()
     return time.perf_counter() - start, out
 
 
-def run_epoch(model, job):
-    x, y = synthetic(job.config.ref_images, job.seed)
-    return {"time_s": train_images(model, x, y), "images": x.shape[0]}
-
-
-def run_check_epoch(model, job):
-    x, y = synthetic(job.config.check_epoch_images, job.seed)
-    return {"time_s": train_images(model, x, y), "images": x.shape[0]}
-
-
-def _layer_curvature():
-    """``layer_curvature`` and the sample counts its adapters default to, wherever the library
-    exports it; None when it does not exist yet."""
-    for module in ("avalanche_plugins.layer_adaptive", "avalanche_plugins.layer_adaptive.curvature",
-                   "avalanche_plugins.layer_adaptive.hessian"):
-        try:
-            mod = importlib.import_module(module)
-        except ImportError:
-            continue
-        if hasattr(mod, "layer_curvature"):
-            defaults = getattr(importlib.import_module(mod.layer_curvature.__module__), "DEFAULT_SAMPLES", {})
-            return mod.layer_curvature, dict(defaults)
-    return None, {}
+def _epoch(images: str):
+    def run(model, job):
+        x, y = synthetic(getattr(job.config, images), job.seed)
+        return {"time_s": train_images(model, x, y), "images": x.shape[0]}
+    return run
 
 
 def _curvature(method):
     def run(model, job):
+        from avalanche_plugins.layer_adaptive import layer_curvature
+
         cfg = job.config
-        fn, _ = _layer_curvature()
         n = curvature_samples(method, cfg)
         extra = {"max_iter": cfg.hessian_max_iter} if method == "hessian" else {}
         x, y = synthetic(n, job.seed)
-        if fn is None:
-            if method == "fisher":
-                raise Unavailable("avalanche_plugins.layer_adaptive has no layer_curvature yet (issue 15's fast "
-                                  "per-layer curvature): method='fisher' cannot be measured")
-            from avalanche_plugins.layer_adaptive.hessian import layer_top_eigenvalues
-
-            seconds, spec = _timed(lambda: _call_accepting(layer_top_eigenvalues, model, nn.CrossEntropyLoss(),
-                                                           x, y, **extra))
-            note = "layer_curvature missing: layer_top_eigenvalues"
-        else:
-            seconds, spec = _timed(lambda: _call_accepting(fn, model, nn.CrossEntropyLoss(), x, y, method=method,
-                                                           **extra))
-            note = ""
+        seconds, spec = _timed(lambda: layer_curvature(model, nn.CrossEntropyLoss(), x, y, method=method,
+                                                       **extra))
         kappa = float(spec.kappa)
-        return {"time_s": seconds, "samples": n, "n_layers": len(spec.names), "note": note,
+        return {"time_s": seconds, "samples": n, "n_layers": len(spec.names), "note": "",
                 "kappa": kappa if math.isfinite(kappa) else None}
     return run
 
@@ -297,23 +230,23 @@ def run_ads(model, job):
     return {"time_s": seconds, "samples": 2 * n}
 
 
-def _pair(model, job):
-    """θ_A (the model) and θ_AB (a copy with seeded 1 % weight noise), both in eval mode."""
+def _stage_pair(model, job, anchors: int):
+    """θ_A (the model) and θ_AB (a copy with seeded 1 % weight noise), both in eval mode, the
+    middle stage and ``anchors`` seeded anchor images."""
     drifted = copy.deepcopy(model)
     g = torch.Generator().manual_seed(job.seed + 3)
     with torch.no_grad():
         for p in drifted.parameters():
             p.add_(0.01 * p.std().nan_to_num(0.0) * torch.randn(p.shape, generator=g))
-    return model.eval(), drifted.eval()
+    anchor_images, _ = synthetic(anchors, job.seed + 4)
+    return model.eval(), drifted.eval(), middle_stage(job.model), anchor_images
 
 
 def _transport(family):
     def run(model, job):
         from avalanche_plugins.transport import fit_transport_key, stage_activations
 
-        theta_a, theta_ab = _pair(model, job)
-        stage = middle_stage(job.model)
-        xa, _ = synthetic(job.config.anchors, job.seed + 4)
+        theta_a, theta_ab, stage, xa = _stage_pair(model, job, job.config.anchors)
         start = time.perf_counter()
         with torch.no_grad():
             u, v = stage_activations(theta_ab, stage, xa), stage_activations(theta_a, stage, xa)
@@ -333,9 +266,7 @@ def run_gauss_newton(model, job):
     )
 
     cfg = job.config
-    theta_a, theta_ab = _pair(model, job)
-    stage = middle_stage(job.model)
-    xa, _ = synthetic(cfg.gn_anchors, job.seed + 4)
+    theta_a, theta_ab, stage, xa = _stage_pair(model, job, cfg.gn_anchors)
     with torch.no_grad():
         key = fit_transport_key(stage_activations(theta_ab, stage, xa), stage_activations(theta_a, stage, xa),
                                 "cross_channel")
@@ -408,10 +339,10 @@ def penalty_times(model, ewc, lae, *, anchors: int, repetitions: int) -> tuple[f
     return float(np.median(times["ewc"])), float(np.median(times["lae"]))
 
 
-# name -> (function, what it measures)
+# name -> (function(model, job) -> row fields, "time_s" the timed part; what it measures)
 ESTIMATORS: dict[str, tuple[object, str]] = {
-    "epoch": (run_epoch, "training epoch, SGD, batch 64 (the reference)"),
-    "epoch_5000": (run_check_epoch, "one real 5,000-image training epoch (checks the extrapolation)"),
+    "epoch": (_epoch("ref_images"), "training epoch, SGD, batch 64 (the reference)"),
+    "epoch_5000": (_epoch("check_epoch_images"), "one real 5,000-image training epoch (checks the extrapolation)"),
     "curvature_fisher": (_curvature("fisher"), "layer_curvature, method fisher"),
     "curvature_hessian": (_curvature("hessian"), "layer_curvature, method hessian (capped)"),
     "fisher_expected": (_fisher("expected"), "fisher_diagonal expected"),

@@ -13,16 +13,14 @@ __all__ = ["FAMILIES", "TARGETS", "MEMORY_TARGET_GB", "aggregate", "loglog_slope
 
 FAMILIES = ("mlp", "resnet", "vit")
 MEMORY_TARGET_GB = 4.0
-# estimator -> (the quantity compared, its bound, how the bound reads); issue 15's targets
+# estimator -> (the quantity compared, its bound, how the bound reads); issue 15's targets (none
+# for the Fisher diagonals and per-sample readiness)
 TARGETS: dict[str, tuple[str | None, float | None, str]] = {
     "epoch": (None, None, "reference"),
     "epoch_5000": ("over_dense", None, "check: real / 5,000 × per-image"),
     "curvature_fisher": ("ratio", 1.0, "≤ 1× epoch"),
     "curvature_hessian": (None, None, "exact path, an option (capped)"),
-    "fisher_expected": (None, None, ""),
-    "fisher_empirical": (None, None, ""),
     "readiness_sampled": ("ratio", 0.25, "≤ 0.25× epoch"),
-    "readiness_per_sample": (None, None, ""),
     "ads": ("ratio", 0.25, "≤ 0.25× epoch"),
     "key_channel": ("ratio", 0.05, "≤ 0.05× epoch"),
     "key_cross_channel": ("ratio", 0.05, "≤ 0.05× epoch"),
@@ -101,20 +99,15 @@ def _num(value, fmt: str = ".3g", suffix: str = "") -> str:
     return "—" if value is None or not math.isfinite(float(value)) else f"{float(value):{fmt}}{suffix}"
 
 
-def _time_cell(c: dict) -> str:
+def _time_and_ratio(c: dict) -> str:
+    """The time and ratio cells of a measurement (lower bounds where it timed out)."""
     if c.get("status") == "ok":
-        return format_seconds(c.get("time_s"))
+        return f"{format_seconds(c.get('time_s'))} | {_num(c.get('ratio'), '.3g', '×')}"
     if c.get("status") == "timeout" and c.get("timeout_s") is not None:
-        return f"> {c['timeout_s']:.0f} s"
-    return "—"
-
-
-def _ratio_cell(c: dict) -> str:
-    if c.get("status") == "ok":
-        return _num(c.get("ratio"), ".3g", "×")
-    if c.get("status") == "timeout" and c.get("timeout_s") and c.get("epoch5000_s"):
-        return f"> {c['timeout_s'] / c['epoch5000_s']:.3g}×"
-    return "—"
+        bound = c["timeout_s"] and c.get("epoch5000_s")
+        ratio = f"> {c['timeout_s'] / c['epoch5000_s']:.3g}×" if bound else "—"
+        return f"> {c['timeout_s']:.0f} s | {ratio}"
+    return "— | —"
 
 
 def _status_cell(c: dict) -> str:
@@ -131,8 +124,8 @@ def main_table(rows: Sequence[dict]) -> str:
     lines = ["| " + " | ".join(MAIN_COLUMNS) + " |", "|" + "---|" * len(MAIN_COLUMNS)]
     for c in aggregate(rows):
         params = f"{c['params'] / 1e6:.3g} M" if c.get("params") else "—"
-        lines.append(f"| {c['model']} | {params} | {c['estimator']} | {c.get('setting') or ''} | {_time_cell(c)} | "
-                     f"{_ratio_cell(c)} | {_num(c.get('peak_rss_gb'), '.2f', ' GB')} | {_status_cell(c)} |")
+        lines.append(f"| {c['model']} | {params} | {c['estimator']} | {c.get('setting') or ''} | {_time_and_ratio(c)} | "
+                     f"{_num(c.get('peak_rss_gb'), '.2f', ' GB')} | {_status_cell(c)} |")
     return "\n".join(lines)
 
 
@@ -179,8 +172,8 @@ def targets_table(rows: Sequence[dict], model: str = "resnet18") -> str:
         target = TARGETS.get(c["estimator"], (None, None, ""))[2]
         if c["estimator"] not in NO_MEMORY_TARGET:
             target = ", ".join(t for t in (target, f"≤ {MEMORY_TARGET_GB:g} GB") if t)
-        lines.append(f"| {c.get('what') or c['estimator']} | {c.get('setting') or ''} | {_time_cell(c)} | "
-                     f"{_ratio_cell(c)} | {_num(c.get('peak_rss_gb'), '.2f', ' GB')} | {target} | {_met(c)} |")
+        lines.append(f"| {c.get('what') or c['estimator']} | {c.get('setting') or ''} | {_time_and_ratio(c)} | "
+                     f"{_num(c.get('peak_rss_gb'), '.2f', ' GB')} | {target} | {_met(c)} |")
     return "\n".join(lines)
 
 
@@ -228,16 +221,15 @@ def plot(rows: Sequence[dict], path) -> None:
     """Log-log time and peak RSS against parameter count, one panel per model family, one line per
     estimator; a cross marks a measurement stopped at its timeout (a lower bound)."""
     import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     cells = [c for c in aggregate(rows) if c.get("status") == "ok" and c.get("params")]
     timed_out = [c for c in aggregate(rows) if c.get("status") == "timeout" and c.get("params") and c.get("timeout_s")]
     families = [f for f in FAMILIES if any(c["family"] == f for c in cells)] or list(FAMILIES)
-    fig, axes = plt.subplots(2, len(families), figsize=(5 * len(families), 8), squeeze=False)
+    fig = Figure(figsize=(5 * len(families), 8))
+    axes = fig.subplots(2, len(families), squeeze=False)
     estimators = list(dict.fromkeys(c["estimator"] for c in cells))
-    colors = plt.get_cmap("tab20")(np.linspace(0, 1, max(len(estimators), 1)))
+    colors = matplotlib.colormaps["tab20"](np.linspace(0, 1, max(len(estimators), 1)))
     for col, family in enumerate(families):
         for color, estimator in zip(colors, estimators):
             sel = sorted((c["params"], c["time_s"], c["peak_rss_gb"]) for c in cells
@@ -257,4 +249,3 @@ def plot(rows: Sequence[dict], path) -> None:
     axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=90)
-    plt.close(fig)

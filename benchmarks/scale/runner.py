@@ -1,21 +1,9 @@
 """Run each measurement in a fresh process with a timeout and a memory cap.
 
-:class:`ProcessExecutor` is an executor of :func:`avalanche_plugins.study.jobs.run_jobs` (it yields
-``(job, row)`` pairs, so rows are cached and a run resumes). Each job runs in a new process:
-
-* ``forkserver`` (default): forked from a server process that imported torch, torchvision,
-  Avalanche and the library once. A spawned interpreter spends 5–30 s importing them on this
-  machine, more than most measurements; a forked child starts in ~0.1 s and shares nothing with
-  earlier measurements (its own heap, its own ``ru_maxrss``). ``spawn`` and ``fork`` are options.
-* **timeout**: a child still running after ``timeout_of(job)`` seconds is killed and recorded as
-  ``timeout``;
-* **memory**: the child's private data size is capped (``RLIMIT_DATA``) at about ``max_rss_gb``,
-  so an allocation past it fails inside the child (recorded as ``out_of_memory``); the parent also
-  polls the child's RSS and kills it past the cap; a child killed by a signal (the kernel's
-  OOM killer) is recorded as ``killed``.
-
-A failed measurement becomes a row with that status and message, never an exception of the
-whole benchmark.
+:class:`ProcessExecutor` is an executor of :func:`avalanche_plugins.study.jobs.run_jobs`; a
+forkserver child starts in ~0.1 s where a spawned interpreter spends 5–30 s importing torch. A
+failed measurement becomes a row with its status (``timeout``, ``out_of_memory``, ``killed``,
+``error``) and message, never an exception (docs/benchmarks.md, "benchmarks.scale").
 """
 
 from __future__ import annotations
@@ -28,15 +16,15 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 
-__all__ = ["START_METHODS", "ProcessExecutor", "failure_row", "child_rss_gb"]
+__all__ = ["START_METHODS", "ProcessExecutor", "failure_row", "child_rss_gb", "peak_rss_gb"]
 
 START_METHODS = ("forkserver", "spawn", "fork")
 _POLL_S = 0.05
 _MEMORY_WORDS = ("can't allocate memory", "cannot allocate memory", "out of memory", "std::bad_alloc")
 
 
-def child_rss_gb(pid: int) -> float | None:
-    """Resident set size of process ``pid`` from ``/proc`` (None where unreadable)."""
+def child_rss_gb(pid: int | str) -> float | None:
+    """Resident set size of process ``pid`` (or ``"self"``) from ``/proc`` (None: unreadable)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
@@ -45,6 +33,10 @@ def child_rss_gb(pid: int) -> float | None:
     except (OSError, ValueError):
         return None
     return None
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux: kB
 
 
 def _limit_data(max_rss_gb: float) -> None:
@@ -69,10 +61,10 @@ def _child(fn, job, conn, threads: int, max_rss_gb: float | None) -> None:
     except BaseException as exc:  # every failure becomes a row
         text = f"{type(exc).__name__}: {exc}".strip()
         memory = isinstance(exc, MemoryError) or any(w in text.lower() for w in _MEMORY_WORDS)
-        kind = "out_of_memory" if memory else ("unavailable" if type(exc).__name__ == "Unavailable" else "error")
+        kind = "out_of_memory" if memory else "error"
         where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
         at = f" (at {os.path.basename(where[0].filename)}:{where[0].lineno})" if where else ""
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux: kB
+        peak = peak_rss_gb()
         asked = re.search(r"tried to allocate (\d+) bytes", text)
         if asked:  # torch's allocator message is long; the size is what matters
             cap = f" (cap {max_rss_gb:g} GB)" if max_rss_gb is not None else ""
