@@ -1,23 +1,10 @@
 """How far are the fast per-layer curvature estimators from the exact Hessian blocks?
 
-For each model (benchmark MLP, small CNN, tiny ViT), checkpoint and seed: the exact ``s_ℓ``
-(top eigenvalue of each layer's Hessian block by block power iteration, 256 samples — the
-``hessian`` method at the plugins' former defaults) against candidates:
-
-* ``fisher_sampled@N``: top eigenvalue of each layer's Fisher (Gauss–Newton) block, exactly from
-  the Gram of N per-sample gradients with labels sampled from the model (the new default);
-* ``fisher_true@N``: the same with the data labels (empirical Fisher);
-* ``hessian@64``: the exact Hessian blocks on fewer samples;
-* ``hessian_5it``: the exact Hessian blocks, power iteration stopped after 5 iterations.
-
-Checkpoints: ``init`` (untrained), ``early`` (1 epoch) and ``trained`` (``--epochs``), Adam on a
-training subset of 10 classes. What LayerAdaptiveEWC uses is compared: κ (as |log10 κ/κ_exact|),
-α̂ of the geometric fit (relative error), the ``measured`` and ``smoothed`` λ_ℓ (largest relative
-error over layers, both normalised to mean 1), the Spearman correlation of ``s_ℓ`` over layers,
-and time. MNIST from ``--data-root`` (28×28), scikit-learn digits (8×8) when absent.
-
-Writes ``results.json`` / ``results.csv`` / ``tables.md`` / ``profiles.png``; ``--report``
-re-prints a saved run.
+For the MLP, CNN and tiny ViT at three checkpoints and each seed: the Fisher-block and cheaper
+Hessian-block estimators against the exact ``s_ℓ`` (:func:`candidates`), on what LayerAdaptiveEWC
+uses (κ, α̂, the ``measured`` / ``smoothed`` λ_ℓ, Spearman of ``s_ℓ``) and time. Writes
+``results.json`` / ``results.csv`` / ``tables.md`` / ``profiles.png``; ``--report`` re-prints a
+saved run. Method: docs/benchmarks.md, "benchmarks.curvature_agreement".
 """
 
 from __future__ import annotations
@@ -40,13 +27,7 @@ from avalanche_plugins.study.catalog.datasets import load_digits_arrays, load_mn
 from avalanche_plugins.study.catalog.zoo import build_model
 from avalanche_plugins.study.jobs import run_jobs, seed_everything
 from avalanche_plugins.study.report.files import print_report
-from benchmarks._cli import (
-    benchmark_parser,
-    is_skipped,
-    make_executor,
-    parse_args,
-    split_list,
-)
+from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, split_list
 from benchmarks._results import format_table, summarize, write_results
 from benchmarks._training import train_minibatches
 

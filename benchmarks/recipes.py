@@ -1,21 +1,9 @@
 """Tuning the shipped recipes, and writing them from the kept runs.
 
-``python -m benchmarks.recipes tune SCENARIO [--data-root ../shared/data] [--workers N]`` runs the
-tuning study ``studies/recipes/SCENARIO.yaml`` (every strategy's grid on the validation split with
-seed 0, then 3 test seeds at the chosen setting) into ``out/recipes/SCENARIO``.
-
-``python -m benchmarks.recipes tune SCENARIO --part NAME`` runs a further tuning round,
-``studies/recipes/SCENARIO.NAME.yaml`` (the same scenario, other grids for some strategies), into
-``out/recipes/SCENARIO.NAME``; ``write`` takes the strategies a round lists from that round.
-
-``python -m benchmarks.recipes write [SCENARIO ...]`` reads those runs and writes
-
-* ``avalanche_plugins/study/recipes/SCENARIO.yaml`` — the shipped recipe file (a strategy whose
-  chosen setting failed on any test seed is left out, and listed as not shipped);
-* ``docs/results/recipes/SCENARIO/`` — the run's tables, chosen settings and command (the kept
-  summary; the raw cache stays in ``out/``);
-* ``docs/recipes.md`` — per scenario: strategy | grid | chosen values | validation ACC | test ACC ±
-  std | Forgetting | time, generated from the kept summaries.
+``tune SCENARIO [--part NAME]`` runs the tuning study ``studies/recipes/SCENARIO[.NAME].yaml``
+into ``out/recipes/``; ``write [SCENARIO ...]`` writes the shipped recipe files, the kept summaries
+under ``docs/results/recipes/`` and ``docs/recipes.md`` from those runs. Commands and outputs:
+docs/benchmarks.md, "benchmarks.recipes".
 """
 
 from __future__ import annotations

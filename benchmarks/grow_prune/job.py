@@ -8,13 +8,8 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from avalanche_plugins.study.catalog.datasets import make_stream
-from benchmarks.grow_prune.learner import (
-    run_one,
-    time_per_epoch,
-)
-from benchmarks.grow_prune.settings import (
-    Setting,
-)
+from benchmarks.grow_prune.learner import run_one, time_per_epoch
+from benchmarks.grow_prune.settings import Setting
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,7 @@ from pathlib import Path
 
 from avalanche_plugins.study.jobs import run_jobs
 from avalanche_plugins.study.report.files import print_report
-from benchmarks._cli import (
-    benchmark_parser,
-    is_skipped,
-    make_executor,
-    parse_args,
-    split_list,
-)
+from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, split_list
 from benchmarks._results import summarize, write_results
 from benchmarks.plasticity_ranking.ranking import pra_rows
 from benchmarks.plasticity_ranking.report import analysis, keep, plot_decline, plot_runs, report
