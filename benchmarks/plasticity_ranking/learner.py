@@ -118,16 +118,17 @@ class OnlineLearner:
         return torch.optim.SGD(params, lr=self.lr).state_dict()
 
     def checkpoint(self) -> dict:
+        """The model's state, the optimizer's (``torch.optim`` format, a copy) and the step count."""
         return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
-                "optimizer": self.optimizer_state_dict(), "steps": self.steps}
+                "optimizer": copy.deepcopy(self.optimizer_state_dict()), "steps": self.steps}
 
 
-class MinibatchLearner:
+class MinibatchLearner(OnlineLearner):
     """Minibatch training of a model with ``torch.optim`` (the declining streams of issue 33):
     ``epochs`` passes over each task, each a fresh shuffle (seeded ``torch.Generator``), batches of
     ``batch_size``. ``optimizer``: ``"adam"`` (``torch.optim.Adam``, default betas) or ``"sgd"``
     (``torch.optim.SGD`` with ``momentum``); ``loss``: ``"ce"`` or ``"mse"``. Same interface as
-    :class:`OnlineLearner` (``train``, ``checkpoint``, ``steps``), plus the accuracy on the task
+    :class:`OnlineLearner` (``train``, ``steps``; ``checkpoint`` is inherited), plus the accuracy on the task
     just trained (``last_accuracy``, ``"ce"`` only): the loss-of-plasticity curve."""
 
     def __init__(self, model: nn.Module, optimizer: str, lr: float, loss: str, *, batch_size: int, epochs: int,
@@ -165,7 +166,3 @@ class MinibatchLearner:
 
     def optimizer_state_dict(self) -> dict:
         return self.opt.state_dict()
-
-    def checkpoint(self) -> dict:
-        return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
-                "optimizer": copy.deepcopy(self.opt.state_dict()), "steps": self.steps}

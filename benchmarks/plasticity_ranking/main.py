@@ -46,19 +46,11 @@ def run_benchmark(settings: list[Setting], seeds: list[int], out_dir, *, data_ro
     a = analysis(rows, checkpoints, by_name)
     summary = summarize([r for r in rows if r["pra"] is not None], ["benchmark", "stratum", "gain", "k", "metric"],
                         ["pra"])
-    extra = {
-        "pra": a["values"]["all"],
-        "pra_by_stratum": a["values"],
-        "ablation": a["ablation_values"],
-        "ablation_sizes": a["ablation_sizes"],
-        "cost_ratios": a["cost_ratios"],
-        "headline": a["headline"],
-        "regimes": a["regimes"],
-        "noise_ceiling_and_pooled": a["pooled"],
-        "checkpoints": checkpoints,
-        "training": [{"setting": r["setting"], "seed": r["seed"], "train_seconds": r["train_seconds"],
-                      "score_seconds": r["score_seconds"], "steps_per_second": r["steps_per_second"]} for r in runs],
-    }
+    extra = {"pra": a["values"]["all"], "pra_by_stratum": a["values"], "ablation": a["ablation_values"],
+             "ablation_sizes": a["ablation_sizes"], "cost_ratios": a["cost_ratios"], "headline": a["headline"],
+             "regimes": a["regimes"], "noise_ceiling_and_pooled": a["pooled"], "checkpoints": checkpoints,
+             "training": [{k: r[k] for k in ("setting", "seed", "train_seconds", "score_seconds", "steps_per_second")}
+                          for r in runs]}
     config = {"settings": [asdict(s) for s in settings], "seeds": seeds, **(config_extra or {})}
     args = args or types.SimpleNamespace(command=None, data_root=data_root)
     write_results(out, args, config=config, rows=rows, summary=summary, wall_seconds=wall, extra=extra)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks._results import rounded_floats
+from benchmarks._results import rounded_floats, saved_figure
 from benchmarks.plasticity_ranking.ranking import (
     cost_ratios,
     headlines,
@@ -175,33 +175,28 @@ def keep(saved: dict, out_dir, name: str) -> list[str]:
 
 def plot_runs(runs: list[dict], settings: dict, path) -> None:
     """OR (sampled, log scale) and the true gain along each setting's first run; dead checkpoints marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     firsts = {}
     for r in runs:
         firsts.setdefault(r["setting"], r)
-    fig, axes = plt.subplots(1, len(firsts), figsize=(4.2 * len(firsts), 3.4), squeeze=False)
-    for ax, (name, run) in zip(axes[0], firsts.items()):
-        s = settings[name]
-        cks = run["checkpoints"]
-        x = [c["tasks_trained"] for c in cks]
-        ax.semilogy(x, [max(c["or"], 1e-12) for c in cks], "o-", color="tab:blue", label="OR")
-        ax.set_xlabel("tasks trained")
-        ax.set_ylabel("OR (sampled)", color="tab:blue")
-        twin = ax.twinx()
-        gname, k = s.gain_optimizers[0][0], max(s.ks)
-        twin.plot(x, [max(c[f"gain_{gname}_k{k}"], -1.0) for c in cks], "s--", color="tab:red")
-        twin.set_ylabel(f"G^({k}) {gname}", color="tab:red")
-        for xi, c in zip(x, cks):
-            if c["dead"]:
-                ax.axvline(xi, color="grey", alpha=0.2, lw=4)
-        ax.set_title(f"{name} seed {run['seed']} (grey: dead)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with saved_figure(path, 1, len(firsts), figsize=(4.2 * len(firsts), 3.4)) as (_, axes):
+        for ax, (name, run) in zip(axes[0], firsts.items()):
+            _plot_run(ax, run, settings[name])
+
+
+def _plot_run(ax, run: dict, s) -> None:
+    cks = run["checkpoints"]
+    x = [c["tasks_trained"] for c in cks]
+    ax.semilogy(x, [max(c["or"], 1e-12) for c in cks], "o-", color="tab:blue", label="OR")
+    ax.set_xlabel("tasks trained")
+    ax.set_ylabel("OR (sampled)", color="tab:blue")
+    twin = ax.twinx()
+    gname, k = s.gain_optimizers[0][0], max(s.ks)
+    twin.plot(x, [max(c[f"gain_{gname}_k{k}"], -1.0) for c in cks], "s--", color="tab:red")
+    twin.set_ylabel(f"G^({k}) {gname}", color="tab:red")
+    for xi, c in zip(x, cks):
+        if c["dead"]:
+            ax.axvline(xi, color="grey", alpha=0.2, lw=4)
+    ax.set_title(f"{s.name} seed {run['seed']} (grey: dead)", fontsize=9)
 
 
 def plot_decline(saved: dict, path, metrics=("or", "loss", "grad_norm_sq", "lookahead_gd")) -> None:
@@ -209,43 +204,39 @@ def plot_decline(saved: dict, path, metrics=("or", "loss", "grad_norm_sq", "look
     accuracy where recorded, the first ground truth's G^(k) for every k, and ``metrics`` (each
     scaled to [0, 1] over the benchmark's checkpoints, lower-is-more-plastic ones flipped), so the
     decline and what follows it can be seen together."""
-    import matplotlib
-    import numpy as np
+    settings = {s.name: s for s in map(setting_from_dict, saved["config"]["settings"])}
+    benches = list(dict.fromkeys(settings[r["setting"]].benchmark for r in saved["checkpoints"]))
+    with saved_figure(path, 1, len(benches), figsize=(5.2 * len(benches), 3.6)) as (_, axes):
+        for ax, bench in zip(axes[0], benches):
+            runs = [r for r in saved["checkpoints"] if settings[r["setting"]].benchmark == bench]
+            _plot_decline(ax, bench, runs, settings[runs[0]["setting"]], metrics)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def _plot_decline(ax, bench: str, runs: list[dict], s, metrics) -> None:
+    import numpy as np
 
     from benchmarks.plasticity_ranking.ranking import metric_values
 
-    settings = {s.name: s for s in map(setting_from_dict, saved["config"]["settings"])}
-    benches = list(dict.fromkeys(settings[r["setting"]].benchmark for r in saved["checkpoints"]))
-    fig, axes = plt.subplots(1, len(benches), figsize=(5.2 * len(benches), 3.6), squeeze=False)
-    for ax, bench in zip(axes[0], benches):
-        runs = [r for r in saved["checkpoints"] if settings[r["setting"]].benchmark == bench]
-        s = settings[runs[0]["setting"]]
-        n = min(len(r["checkpoints"]) for r in runs)
-        x = [c["tasks_trained"] for c in runs[0]["checkpoints"][:n]]
+    n = min(len(r["checkpoints"]) for r in runs)
+    x = [c["tasks_trained"] for c in runs[0]["checkpoints"][:n]]
 
-        def mean_of(values_per_run, n=n):
-            return np.nanmean(np.array([v[:n] for v in values_per_run], float), axis=0)
+    def mean_of(values_per_run, n=n):
+        return np.nanmean(np.array([v[:n] for v in values_per_run], float), axis=0)
 
-        def scaled(v):
-            lo, hi = np.nanmin(v), np.nanmax(v)
-            return (v - lo) / (hi - lo) if hi > lo else v * 0
+    def scaled(v):
+        lo, hi = np.nanmin(v), np.nanmax(v)
+        return (v - lo) / (hi - lo) if hi > lo else v * 0
 
-        acc = mean_of([[c.get("task_accuracy", np.nan) for c in r["checkpoints"]] for r in runs])
-        if np.isfinite(acc).any():
-            ax.plot(x, acc, "k-", lw=2, label="current-task accuracy")
-        gname = s.gain_optimizers[0][0]
-        for k, style in zip(s.ks, (":", "--", "-")):
-            g = mean_of([[c[f"gain_{gname}_k{k}"] for c in r["checkpoints"]] for r in runs])
-            ax.plot(x, scaled(g), "r" + style, label=f"G^({k}) {gname} (scaled)")
-        for m in metrics:
-            v = mean_of([metric_values(r["checkpoints"], m) for r in runs])
-            if np.isfinite(v).any():
-                ax.plot(x, scaled(v), marker=".", lw=1, label=f"{m} (scaled)")
-        ax.set(xlabel="tasks trained", title=f"{bench}: mean over {len(runs)} runs", ylim=(-0.05, 1.05))
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    acc = mean_of([[c.get("task_accuracy", np.nan) for c in r["checkpoints"]] for r in runs])
+    if np.isfinite(acc).any():
+        ax.plot(x, acc, "k-", lw=2, label="current-task accuracy")
+    gname = s.gain_optimizers[0][0]
+    for k, style in zip(s.ks, (":", "--", "-")):
+        g = mean_of([[c[f"gain_{gname}_k{k}"] for c in r["checkpoints"]] for r in runs])
+        ax.plot(x, scaled(g), "r" + style, label=f"G^({k}) {gname} (scaled)")
+    for m in metrics:
+        v = mean_of([metric_values(r["checkpoints"], m) for r in runs])
+        if np.isfinite(v).any():
+            ax.plot(x, scaled(v), marker=".", lw=1, label=f"{m} (scaled)")
+    ax.set(xlabel="tasks trained", title=f"{bench}: mean over {len(runs)} runs", ylim=(-0.05, 1.05))
+    ax.legend(fontsize=6)
