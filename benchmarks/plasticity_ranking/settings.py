@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from benchmarks._results import from_saved
+
 METRICS = ("or", "or_per_sample", "strength", "reliability", "loss", "grad_norm_sq", "effective_rank", "energy_rank",
            "entk_energy_rank", "hessian_energy_rank", "active_units", "srank", "feature_rank", "dormant_units",
            "weight_magnitude", "lookahead", "lookahead_gd", "quadratic_gain")
@@ -143,8 +145,4 @@ def setting_from_dict(entry: dict) -> Setting:
         >>> setting_from_dict(asdict(s)) == s
         True
     """
-    tuples = ("hidden", "ks", "ablation_fractions", "cost_k")
-    fields = {k: tuple(v) if k in tuples else v for k, v in entry.items()}
-    fields["n_runs_by_k"] = tuple(tuple(p) for p in entry.get("n_runs_by_k", ()))
-    fields["gain_optimizers"] = tuple(tuple(g) for g in entry["gain_optimizers"])
-    return Setting(**fields)
+    return from_saved(Setting, entry)
