@@ -6,7 +6,6 @@
 * :func:`summarize` / :func:`format_table`: mean ± std per group of rows, as a Markdown table.
 * :func:`rounded_floats`: the kept (rounded) form of a results file.
 * :func:`saved_figure`: a matplotlib figure written to a file when its block ends.
-* :func:`from_saved`: a dataclass from its saved (JSON) form.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import numpy as np
 from avalanche_plugins.study.catalog.datasets import data_fingerprint
 from avalanche_plugins.study.report import files as results
 
-__all__ = ["format_table", "from_saved", "rounded_floats", "saved_figure", "summarize", "write_results"]
+__all__ = ["format_table", "rounded_floats", "saved_figure", "summarize", "write_results"]
 
 
 def write_results(out_dir, args=None, *, config: dict, rows: Sequence[dict], summary: Sequence[dict],
@@ -37,23 +36,6 @@ def write_results(out_dir, args=None, *, config: dict, rows: Sequence[dict], sum
         out_dir, config=config, rows=rows, summary=summary, wall_seconds=wall_seconds, extra=extra,
         command=command if command is not None else getattr(args, "command", None),
         data=data if data is not None else data_fingerprint(getattr(args, "data_root", None)))
-
-
-def from_saved(cls, entry: dict):
-    """A ``cls`` dataclass from its ``asdict`` form in a results file (lists back to tuples, nested
-    lists to tuples of tuples; keys that are not fields, such as a saved ``name``, left out).
-
-    >>> from dataclasses import dataclass
-    >>> @dataclass
-    ... class A:
-    ...     widths: tuple
-    ...     pairs: tuple = ()
-    >>> from_saved(A, {"widths": [1, 2], "pairs": [["a", 1]], "name": "x"})
-    A(widths=(1, 2), pairs=(('a', 1),))
-    """
-    fields = {k: v for k, v in entry.items() if k in cls.__dataclass_fields__}
-    return cls(**{k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
-                  for k, v in fields.items()})
 
 
 def rounded_floats(value, digits: int = 6):

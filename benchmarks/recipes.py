@@ -168,11 +168,8 @@ def write(keys, out_root: Path = ROOT / "out" / "recipes") -> list[Path]:
         kept = KEPT / key
         kept.mkdir(parents=True, exist_ok=True)
         (kept / "tables.md").write_text(_kept_tables(saved, out_root / key))
-        (kept / "summary.json").write_text(json.dumps({"command": saved.get("command"),
-                                                       "code_version": saved.get("code_version"),
-                                                       "versions": saved.get("versions"),
-                                                       "data": saved.get("data"), "machine": saved.get("machine"),
-                                                       "chosen": saved["chosen"], "not_shipped": skipped,
+        summary = {k: saved.get(k) for k in ("command", "code_version", "versions", "data", "machine")}
+        (kept / "summary.json").write_text(json.dumps({**summary, "chosen": saved["chosen"], "not_shipped": skipped,
                                                        "rounds": saved.get("rounds", {}),
                                                        "wall_seconds": saved.get("wall_seconds")}, indent=1))
         tables.append(_table(key, recipe, skipped))

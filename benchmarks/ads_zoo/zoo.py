@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from torch import nn
 
 from avalanche_plugins.study.catalog.zoo import MLP, TinyViT
-from benchmarks._results import from_saved
 
 WIDTHS = (16, 32, 64, 128, 256, 512)
 PATTERNS = ("constant", "increasing", "decreasing", "bottleneck")
@@ -157,4 +156,6 @@ def arch_from_dict(entry: dict) -> Arch:
         >>> arch_from_dict(asdict(a) | {"name": a.name}) == a
         True
     """
-    return from_saved(Arch, entry)
+    fields = {k: v for k, v in entry.items() if k in Arch.__dataclass_fields__}
+    fields["widths"] = tuple(fields.get("widths", ()))
+    return Arch(**fields)

@@ -42,11 +42,9 @@ class OnlineLearner:
         self.W = [lin.weight.detach().numpy() for lin in linears]
         self.b = [lin.bias.detach().numpy() for lin in linears]
         self.steps = 0
-        if optimizer == "adam":
-            self.mW = [np.zeros_like(w) for w in self.W]
-            self.vW = [np.zeros_like(w) for w in self.W]
-            self.mb = [np.zeros_like(b) for b in self.b]
-            self.vb = [np.zeros_like(b) for b in self.b]
+        if optimizer == "adam":  # first and second moments of the weights and of the biases
+            self.mW, self.vW = [np.zeros_like(w) for w in self.W], [np.zeros_like(w) for w in self.W]
+            self.mb, self.vb = [np.zeros_like(b) for b in self.b], [np.zeros_like(b) for b in self.b]
 
     def train(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """One pass over ``(x, y)`` in order, one sample per step; returns the mean online loss."""

@@ -42,19 +42,11 @@ def analysis(rows: list[dict], runs: list[dict], settings: dict) -> dict:
         reg = regimes.setdefault(r["setting"], {"dead": 0, "live": 0})
         for c in r["checkpoints"]:
             reg["dead" if c["dead"] else "live"] += 1
-    return {
-        "tables": tables,
-        "values": values,
-        "ablation_table": ablation_table,
-        "ablation_values": ablation_values,
-        "ablation_sizes": {s.name: {f"{f:g}": max(2, int(round(f * s.n_val))) for f in s.ablation_fractions}
-                           for s in settings.values()},
-        "cost_ratios": cost_ratios(runs, settings),
-        "headline": headlines(values, settings),
-        "regimes": regimes,
-        "pooled": pooled_analysis(runs),
-        "against_or": _against_or(rows, values["all"], settings),
-    }
+    sizes = {s.name: {f"{f:g}": max(2, int(round(f * s.n_val))) for f in s.ablation_fractions}
+             for s in settings.values()}
+    return {"tables": tables, "values": values, "ablation_table": ablation_table, "ablation_values": ablation_values,
+            "ablation_sizes": sizes, "cost_ratios": cost_ratios(runs, settings), "headline": headlines(values, settings),
+            "regimes": regimes, "pooled": pooled_analysis(runs), "against_or": _against_or(rows, values["all"], settings)}
 
 
 def _against_or(rows, values: dict, settings: dict) -> dict:

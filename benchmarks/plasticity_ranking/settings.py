@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from benchmarks._results import from_saved
-
 METRICS = ("or", "or_per_sample", "strength", "reliability", "loss", "grad_norm_sq", "effective_rank", "energy_rank",
            "entk_energy_rank", "hessian_energy_rank", "active_units", "srank", "feature_rank", "dormant_units",
            "weight_magnitude", "lookahead", "lookahead_gd", "quadratic_gain")
@@ -145,4 +143,8 @@ def setting_from_dict(entry: dict) -> Setting:
         >>> setting_from_dict(asdict(s)) == s
         True
     """
-    return from_saved(Setting, entry)
+    tuples = ("hidden", "ks", "ablation_fractions", "cost_k")
+    fields = {k: tuple(v) if k in tuples else v for k, v in entry.items()}
+    fields["n_runs_by_k"] = tuple(tuple(p) for p in entry.get("n_runs_by_k", ()))
+    fields["gain_optimizers"] = tuple(tuple(g) for g in entry["gain_optimizers"])
+    return Setting(**fields)
