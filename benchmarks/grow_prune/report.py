@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 
@@ -228,8 +229,6 @@ def claim4_table(by: dict) -> list[str]:
     """Plasticity settings (names ending in `` E<epochs>``): Grow − each baseline per integration
     time E, and the trend (the Grow − baseline difference at the largest E minus at the smallest,
     paired over seeds)."""
-    import re
-
     groups: dict = {}
     for (st, _, _, _) in by:
         m = re.match(r"(.*) E(\d+)$", st)

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import numpy as np
+
 from benchmarks._results import rounded_floats, saved_figure
-from benchmarks.plasticity_ranking.ranking import (
-    cost_ratios,
-    headlines,
-    paired_against_or,
-    pooled_analysis,
-    pooled_table,
-    pra_rows,
-    pra_table,
-    verdict,
-)
+from benchmarks.plasticity_ranking import ranking
 from benchmarks.plasticity_ranking.settings import (
     BASELINES,
     INGREDIENTS,
@@ -33,9 +29,9 @@ def analysis(rows: list[dict], runs: list[dict], settings: dict) -> dict:
     (``{"setting", "seed", "checkpoints"}``) and the settings by name."""
     tables, values = {}, {}
     for stratum in STRATA:
-        tables[stratum], values[stratum] = pra_table(rows, stratum)
+        tables[stratum], values[stratum] = ranking.pra_table(rows, stratum)
     ablation_metrics = list(dict.fromkeys(f"or_val{f:g}" for s in settings.values() for f in s.ablation_fractions))
-    ablation_table, ablation_values = pra_table([r for r in rows if r["metric"] in ablation_metrics], "all",
+    ablation_table, ablation_values = ranking.pra_table([r for r in rows if r["metric"] in ablation_metrics], "all",
                                                 metrics=ablation_metrics)
     regimes: dict = {}
     for r in runs:
@@ -45,8 +41,9 @@ def analysis(rows: list[dict], runs: list[dict], settings: dict) -> dict:
     sizes = {s.name: {f"{f:g}": max(2, int(round(f * s.n_val))) for f in s.ablation_fractions}
              for s in settings.values()}
     return {"tables": tables, "values": values, "ablation_table": ablation_table, "ablation_values": ablation_values,
-            "ablation_sizes": sizes, "cost_ratios": cost_ratios(runs, settings), "headline": headlines(values, settings),
-            "regimes": regimes, "pooled": pooled_analysis(runs), "against_or": _against_or(rows, values["all"], settings)}
+            "ablation_sizes": sizes, "cost_ratios": ranking.cost_ratios(runs, settings),
+            "headline": ranking.headlines(values, settings), "regimes": regimes,
+            "pooled": ranking.pooled_analysis(runs), "against_or": _against_or(rows, values["all"], settings)}
 
 
 def _against_or(rows, values: dict, settings: dict) -> dict:
@@ -55,11 +52,11 @@ def _against_or(rows, values: dict, settings: dict) -> dict:
     for bench in values:
         s = next(x for x in settings.values() if x.benchmark == bench)
         for gain, _, _ in s.gain_optimizers:
-            tests = paired_against_or(rows, bench, gain, metrics=COMPARED)
-            verdicts = verdict(values, tests, bench, gain, s.ks)
+            tests = ranking.paired_against_or(rows, bench, gain, metrics=COMPARED)
+            verdicts = ranking.verdict(values, tests, bench, gain, s.ks)
             for k, v in verdicts.items():  # our variants against the best ingredient at this k
                 if v["best_ingredient"] is not None:
-                    by_k = paired_against_or(rows, bench, gain, metrics=VARIANTS, reference=v["best_ingredient"])
+                    by_k = ranking.paired_against_or(rows, bench, gain, metrics=VARIANTS, reference=v["best_ingredient"])
                     v["variants_vs_best_ingredient"] = by_k.get(k, {})
             out.setdefault(bench, {})[gain] = {
                 "tests": {str(k): v for k, v in tests.items()},
@@ -135,7 +132,7 @@ def format_report(a: dict) -> str:
         columns = [c for c in POOLED_COLUMNS if c in result] or list(result)
         entry = next(iter(result.values()))
         lines += [f"\n{bench}: {entry['n_checkpoints']} checkpoints from {entry['n_runs']} runs",
-                  pooled_table(a["pooled"], bench, columns)]
+                  ranking.pooled_table(a["pooled"], bench, columns)]
     return "\n".join(lines)
 
 
@@ -144,7 +141,7 @@ def report(saved: dict) -> str:
     a kept run without them and a run saved by older code read the same); headed by the command
     that made it."""
     settings = {s.name: s for s in map(setting_from_dict, saved["config"]["settings"])}
-    rows = [row for run in saved["checkpoints"] for row in pra_rows(run, settings[run["setting"]])]
+    rows = [row for run in saved["checkpoints"] for row in ranking.pra_rows(run, settings[run["setting"]])]
     head = f"command: `{saved['command']}`\n" if saved.get("command") else ""
     return head + format_report(analysis(rows, saved["checkpoints"], settings))
 
@@ -153,9 +150,6 @@ def keep(saved: dict, out_dir, name: str) -> list[str]:
     """The kept form of a run (docs/results/): ``NAME.json`` — results.json without the per-run PRA
     rows and their summary (``--report`` recomputes both from the checkpoints), floats at 10
     significant digits —, ``NAME_tables.md`` (the report) and ``NAME_decline.png``."""
-    import json
-    from pathlib import Path
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     kept = rounded_floats({k: v for k, v in saved.items() if k not in ("runs", "summary")}, 10)
@@ -205,10 +199,6 @@ def plot_decline(saved: dict, path, metrics=("or", "loss", "grad_norm_sq", "look
 
 
 def _plot_decline(ax, bench: str, runs: list[dict], s, metrics) -> None:
-    import numpy as np
-
-    from benchmarks.plasticity_ranking.ranking import metric_values
-
     n = min(len(r["checkpoints"]) for r in runs)
     x = [c["tasks_trained"] for c in runs[0]["checkpoints"][:n]]
 
@@ -227,7 +217,7 @@ def _plot_decline(ax, bench: str, runs: list[dict], s, metrics) -> None:
         g = mean_of([[c[f"gain_{gname}_k{k}"] for c in r["checkpoints"]] for r in runs])
         ax.plot(x, scaled(g), "r" + style, label=f"G^({k}) {gname} (scaled)")
     for m in metrics:
-        v = mean_of([metric_values(r["checkpoints"], m) for r in runs])
+        v = mean_of([ranking.metric_values(r["checkpoints"], m) for r in runs])
         if np.isfinite(v).any():
             ax.plot(x, scaled(v), marker=".", lw=1, label=f"{m} (scaled)")
     ax.set(xlabel="tasks trained", title=f"{bench}: mean over {len(runs)} runs", ylim=(-0.05, 1.05))
