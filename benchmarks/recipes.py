@@ -52,8 +52,9 @@ def recipe_from_results(saved: dict) -> tuple[dict, list[str]]:
     skipped = []
     study = SavedStudy.from_dict(saved)
     tuning = {(r.strategy, r.setting): r.acc for r in study.tuning}
-    for strategy in config["strategies"]:
-        name = strategy["name"]
+    for entry in config["strategies"]:
+        name = entry["name"]
+        strategy = entry.get("per_scenario", {}).get(key, entry)  # a recipe strategy: one spec per scenario
         choice = study.chosen.get(key, {}).get(name)  # None: the strategy had no grid to tune
         runs = sorted((r for r in study.runs if r.strategy == name), key=lambda r: r.seed)
         failed = [r for r in runs if r.error]

@@ -1,14 +1,8 @@
-"""The tight online training loop (batch 1, one pass per task) of a run.
+"""The tight online training loop (batch 1, one pass per task) of a run, and the minibatch learner.
 
-The update is the library's one SGD / Adam step (:mod:`avalanche_plugins.core.optim`, the same
-formula as ``torch.optim``) written out in NumPy float32 on views of the model's parameters.
-Calling :func:`avalanche_plugins.core.optim.functional_step` per sample instead was measured on
-SCR (20-5-5-1, Adam, one thread): in float64 torch the weights drift from this loop by ~5e-6
-after five tasks (float32 torch: ~1e-6, the update's operations in another order) and it trains
-about 3× slower (≈ 1,000 vs ≈ 3,200 steps/s on a busy 2-core machine). The benchmark's numbers
-would change (checkpoint rankings over millions of online steps are sensitive to it) and its
-hour-long run would be slower, so the loop stays; ``tests/test_plasticity_ranking.py`` checks it
-against ``torch.optim`` and ``functional_step``.
+The update is the library's SGD / Adam step written out in NumPy float32 on views of the model's
+parameters: why it is not :func:`avalanche_plugins.core.optim.functional_step` per sample is in
+docs/benchmarks.md, "benchmarks.plasticity_ranking" (training loop).
 """
 
 from __future__ import annotations
