@@ -44,7 +44,7 @@ DEFAULT_COUNTS = {"OptimizationReadinessMetric": "256,128,64,32", "ArchitectureD
 
 
 def relative(metric: str) -> bool:
-    """Whether ``metric``'s differences are relative to the reference value (module docstring)."""
+    """Whether ``metric``'s differences are relative to the reference value (docs/benchmarks.md)."""
     return metric in REFERENCE
 
 
