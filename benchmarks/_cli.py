@@ -53,9 +53,9 @@ def benchmark_parser(name: str, description: str, *, skip_help: str = "") -> arg
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse and resolve the shared flags: ``args.seeds`` becomes the seed count (see the module
-    docstring), ``args.skip`` a frozenset of names, ``args.command`` the command line with
-    relative paths (for ``results.json``).
+    """Parse and resolve the shared flags: ``args.seeds`` becomes the seed count (:data:`DEFAULT_SEEDS`,
+    :data:`QUICK_SEEDS` with ``--quick``; an explicit ``--seeds`` wins), ``args.skip`` a frozenset of
+    names, ``args.command`` the command line with relative paths (for ``results.json``).
 
     Example:
         >>> p = benchmark_parser("x", "demo")
