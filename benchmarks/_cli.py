@@ -1,22 +1,5 @@
 """The one command-line contract of every benchmark (here, not in the wheel: the package knows
-nothing of ``benchmarks/``).
-
-``python -m benchmarks.NAME [--data-root PATH] [--quick] [--seeds N] [--workers N] [--threads N]
-[--executor {local,ray}] [--address ADDR] [--no-progress] [--out DIR] [--skip NAMES]
-[--report RESULTS_JSON]``
-
-* ``--seeds N`` runs seeds ``0 .. N-1``. Default: :data:`DEFAULT_SEEDS` (3), or
-  :data:`QUICK_SEEDS` (1) with ``--quick``; an explicit ``--seeds`` always wins.
-* ``--workers N`` runs the benchmark's jobs in ``N`` processes (default 1: in this process);
-  ``--threads N`` is torch's intra-op thread count in each of them (default 1).
-* ``--executor ray`` runs the jobs as Ray tasks (the ``ray`` extra): on a local Ray instance with
-  ``workers × threads`` CPUs, or on the cluster at ``--address ADDR`` (only with ``ray``).
-  :func:`make_executor` turns these flags into the ``executor`` of ``run_jobs``.
-* ``--skip NAMES`` leaves out named parts (comma-separated). A name is a path such as
-  ``permuted/cnn``; skipping ``permuted`` also skips everything under it. Each benchmark lists its
-  names in its ``--help``.
-* ``--report RESULTS_JSON`` re-prints the tables of a saved run (its ``results.json``) without
-  running anything: the one way to re-analyse a saved run.
+nothing of ``benchmarks/``). The shared flags and what they do: docs/benchmarks.md.
 
 Benchmarks add their own options to :func:`benchmark_parser` and read the result of
 :func:`parse_args`. Importing this module changes nothing else: a benchmark job's cache entry holds
@@ -36,12 +19,11 @@ from avalanche_plugins.study.cli import add_executor_arguments, positive_int
 from avalanche_plugins.study.jobs.protocol import is_skipped, split_list
 from avalanche_plugins.study.report.files import command_line
 
-__all__ = ["DEFAULT_SEEDS", "EXECUTORS", "QUICK_SEEDS", "add_run_arguments", "benchmark_parser", "is_skipped",
-           "make_executor", "parse_args", "split_list"]
+__all__ = ["DEFAULT_SEEDS", "QUICK_SEEDS", "benchmark_parser", "is_skipped", "make_executor", "parse_args",
+           "split_list"]
 
 DEFAULT_SEEDS = 3
 QUICK_SEEDS = 1
-EXECUTORS = jobs.EXECUTORS
 
 
 def benchmark_parser(name: str, description: str, *, skip_help: str = "") -> argparse.ArgumentParser:
@@ -50,14 +32,7 @@ def benchmark_parser(name: str, description: str, *, skip_help: str = "") -> arg
     ``skip_help`` names what ``--skip`` can leave out in this benchmark.
     """
     parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{name}", description=description)
-    add_run_arguments(parser, default_out=f"out/{name}", skip_help=skip_help)
-    parser.add_argument("--report", default=None, metavar="RESULTS_JSON",
-                        help="re-print the tables of a saved results.json and exit (runs nothing)")
-    return parser
-
-
-def add_run_arguments(parser: argparse.ArgumentParser, *, default_out: str, skip_help: str = "") -> None:
-    """The shared flags (all but ``--report``) on ``parser``."""
+    default_out = f"out/{name}"
     parser.add_argument("--data-root", default=None,
                         help="folder holding MNIST/raw/*-ubyte (e.g. ../shared/data); scikit-learn digits "
                              "when absent")
@@ -72,12 +47,15 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, default_out: str, skip
                              f"jobs.jsonl (default {default_out})")
     parser.add_argument("--skip", default="", metavar="NAMES",
                         help="comma-separated parts to leave out" + (f": {skip_help}" if skip_help else ""))
+    parser.add_argument("--report", default=None, metavar="RESULTS_JSON",
+                        help="re-print the tables of a saved results.json and exit (runs nothing)")
+    return parser
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse and resolve the shared flags: ``args.seeds`` becomes the seed count (see the module
-    docstring), ``args.skip`` a frozenset of names, ``args.command`` the command line with
-    relative paths (for ``results.json``).
+    """Parse and resolve the shared flags: ``args.seeds`` becomes the seed count (:data:`DEFAULT_SEEDS`,
+    :data:`QUICK_SEEDS` with ``--quick``; an explicit ``--seeds`` wins), ``args.skip`` a frozenset of
+    names, ``args.command`` the command line with relative paths (for ``results.json``).
 
     Example:
         >>> p = benchmark_parser("x", "demo")

@@ -5,11 +5,13 @@
   ``--data-root``, where ``command`` / ``data`` are not given).
 * :func:`summarize` / :func:`format_table`: mean ± std per group of rows, as a Markdown table.
 * :func:`rounded_floats`: the kept (rounded) form of a results file.
+* :func:`saved_figure`: a matplotlib figure written to a file when its block ends.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +19,7 @@ import numpy as np
 from avalanche_plugins.study.catalog.datasets import data_fingerprint
 from avalanche_plugins.study.report import files as results
 
-__all__ = ["format_table", "rounded_floats", "summarize", "write_results"]
+__all__ = ["format_table", "rounded_floats", "saved_figure", "summarize", "write_results"]
 
 
 def write_results(out_dir, args=None, *, config: dict, rows: Sequence[dict], summary: Sequence[dict],
@@ -100,3 +102,15 @@ def format_table(summary: Iterable[dict], keys: Sequence[str], values: Sequence[
 
 def _num(value) -> float:
     return float("nan") if value is None else float(value)
+
+
+@contextmanager
+def saved_figure(path, nrows: int = 1, ncols: int = 1, *, figsize, dpi: int = 100):
+    """``(fig, axes)``: a new matplotlib figure (no pyplot state) and its 2-D array of axes, laid out
+    tight and saved to ``path`` at ``dpi`` when the block ends."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    yield fig, fig.subplots(nrows, ncols, squeeze=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)

@@ -1,23 +1,10 @@
 """How far are the fast per-layer curvature estimators from the exact Hessian blocks?
 
-For each model (benchmark MLP, small CNN, tiny ViT), checkpoint and seed: the exact ``s_ℓ``
-(top eigenvalue of each layer's Hessian block by block power iteration, 256 samples — the
-``hessian`` method at the plugins' former defaults) against candidates:
-
-* ``fisher_sampled@N``: top eigenvalue of each layer's Fisher (Gauss–Newton) block, exactly from
-  the Gram of N per-sample gradients with labels sampled from the model (the new default);
-* ``fisher_true@N``: the same with the data labels (empirical Fisher);
-* ``hessian@64``: the exact Hessian blocks on fewer samples;
-* ``hessian_5it``: the exact Hessian blocks, power iteration stopped after 5 iterations.
-
-Checkpoints: ``init`` (untrained), ``early`` (1 epoch) and ``trained`` (``--epochs``), Adam on a
-training subset of 10 classes. What LayerAdaptiveEWC uses is compared: κ (as |log10 κ/κ_exact|),
-α̂ of the geometric fit (relative error), the ``measured`` and ``smoothed`` λ_ℓ (largest relative
-error over layers, both normalised to mean 1), the Spearman correlation of ``s_ℓ`` over layers,
-and time. MNIST from ``--data-root`` (28×28), scikit-learn digits (8×8) when absent.
-
-Writes ``results.json`` / ``results.csv`` / ``tables.md`` / ``profiles.png``; ``--report``
-re-prints a saved run.
+For the MLP, CNN and tiny ViT at three checkpoints and each seed: the Fisher-block and cheaper
+Hessian-block estimators against the exact ``s_ℓ`` (:func:`candidates`), on what LayerAdaptiveEWC
+uses (κ, α̂, the ``measured`` / ``smoothed`` λ_ℓ, Spearman of ``s_ℓ``) and time. Writes
+``results.json`` / ``results.csv`` / ``tables.md`` / ``profiles.png``; ``--report`` re-prints a
+saved run. Method: docs/benchmarks.md, "benchmarks.curvature_agreement".
 """
 
 from __future__ import annotations
@@ -40,14 +27,8 @@ from avalanche_plugins.study.catalog.datasets import load_digits_arrays, load_mn
 from avalanche_plugins.study.catalog.zoo import build_model
 from avalanche_plugins.study.jobs import run_jobs, seed_everything
 from avalanche_plugins.study.report.files import print_report
-from benchmarks._cli import (
-    benchmark_parser,
-    is_skipped,
-    make_executor,
-    parse_args,
-    split_list,
-)
-from benchmarks._results import format_table, summarize, write_results
+from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, split_list
+from benchmarks._results import format_table, saved_figure, summarize, write_results
 from benchmarks._training import train_minibatches
 
 MODELS = ("mlp", "cnn", "vit")
@@ -86,14 +67,6 @@ def candidates(cfg: Config) -> dict[str, dict]:
     return out
 
 
-def _data(cfg: Config):
-    if cfg.data_root:
-        x, y, _, _ = load_mnist_arrays(cfg.data_root)
-    else:
-        x, y, _, _ = load_digits_arrays()
-    return x, y
-
-
 def _derived(s: np.ndarray) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # uniform fallbacks are part of what is compared
@@ -109,7 +82,7 @@ def _derived(s: np.ndarray) -> dict:
 def run_job(job: Job) -> list[dict]:
     cfg = job.cfg
     seed_everything(job.seed)
-    x, y = _data(cfg)
+    x, y, _, _ = load_mnist_arrays(cfg.data_root) if cfg.data_root else load_digits_arrays()
     g = torch.Generator().manual_seed(job.seed)
     order = torch.randperm(len(x), generator=g)
     x_train, y_train = x[order[:cfg.train_samples]], y[order[:cfg.train_samples]]
@@ -174,35 +147,23 @@ VALUES = ["log10_kappa_error", "alpha_rel_error", "lambda_measured_max_rel_error
 
 
 def report(results: dict) -> str:
-    summary = results["summary"]
-    lines = [f"Agreement with the exact Hessian blocks ({EXACT}); mean over seeds "
-             f"(n = {results['config'].get('seeds', '?')})", ""]
-    lines.append(format_table(summary, ["model", "checkpoint", "estimator"], VALUES))
     overall = summarize(results["runs"], ["estimator"], VALUES)
-    lines += ["", "All models and checkpoints:", "", format_table(overall, ["estimator"], VALUES)]
-    return "\n".join(lines)
+    return "\n".join([f"Agreement with the exact Hessian blocks ({EXACT}); mean over seeds "
+                      f"(n = {results['config'].get('seeds', '?')})", "",
+                      format_table(results["summary"], ["model", "checkpoint", "estimator"], VALUES), "",
+                      "All models and checkpoints:", "", format_table(overall, ["estimator"], VALUES)])
 
 
 def plot(rows: list[dict], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     models = sorted({r["model"] for r in rows})
     shown = [EXACT, "fisher_sampled@128", "fisher_sampled_plain@128", "hessian@64"]
-    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False)
-    for ax, model in zip(axes[0], models):
-        for r in rows:
-            if r["model"] == model and r["checkpoint"] == "trained" and r["seed"] == 0 and r["estimator"] in shown:
-                ax.semilogy(range(1, len(r["s"]) + 1), r["s"], marker="o", label=r["estimator"])
-        ax.set_title(f"{model}, trained, seed 0")
-        ax.set_xlabel("layer ℓ")
-        ax.set_ylabel("s_ℓ")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "profiles.png", dpi=110)
-    plt.close(fig)
+    with saved_figure(out / "profiles.png", 1, len(models), figsize=(4.2 * len(models), 3.4), dpi=110) as (_, axes):
+        for ax, model in zip(axes[0], models):
+            for r in rows:
+                if r["model"] == model and r["checkpoint"] == "trained" and r["seed"] == 0 and r["estimator"] in shown:
+                    ax.semilogy(range(1, len(r["s"]) + 1), r["s"], marker="o", label=r["estimator"])
+            ax.set(title=f"{model}, trained, seed 0", xlabel="layer ℓ", ylabel="s_ℓ")
+        axes[0][0].legend(fontsize=7)
 
 
 def main(argv=None) -> dict:

@@ -1,30 +1,10 @@
 """Per-layer curvature against the maintained curvature library, side by side in one process.
 
-For every layer ℓ of three models — the benchmark MLP on scikit-learn digits (trained 3 epochs),
-the BN-CNN on 32×32 inputs and the CIFAR ResNet-18 (synthetic CIFAR-shaped tensors, seeded;
-BatchNorm statistics from one train-mode pass) — the top eigenvalue of three blocks, ours against
-curvlinops (``curvlinops-for-pytorch``: per layer the block operator on that layer's parameters,
-its top eigenvalue by scipy's ``eigsh(k=1, which="LA", tol=TOL)``, the model's own float32):
-
-* ``hessian``: ``layer_top_eigenvalues`` (block Lanczos, ``tol=TOL``) vs ``HessianLinearOperator``;
-* ``empirical Fisher``: ``layer_fisher_eigenvalues(labels="true", debias=False)`` (exact, from the
-  Gram of per-sample gradients) vs ``EFLinearOperator``;
-* ``GGN``: ``layer_fisher_eigenvalues(labels="expected", debias=False)`` (exact: per-class
-  gradients weighted by the model's probabilities) vs ``GGNLinearOperator``; on ResNet-18 (100
-  classes: 100 gradients per sample) ours is ``labels="sampled"``, a Monte-Carlo estimate, and the
-  values are not expected to agree.
-
-Times are wall-clock seconds in this process with one torch thread (``--threads``), the best of
-``--repeats`` (ours and curvlinops called in turn); speed-up = curvlinops time / ours. Values: the largest relative difference between
-ours and curvlinops over layers, and, for the Hessian, each side's largest relative error against
-a tight reference (ours at ``REFERENCE_TOL``, whose residual bound makes it accurate to that
-tolerance up to float32 rounding). ``--quick``: fewer samples, for a smoke run.
-
-``python -m benchmarks.curvature_peers [--skip mlp,cnn/ggn,resnet18] [--repeats R] [--quick]`` prints
-the table and writes ``results.json`` / ``results.csv`` / ``report.md`` under ``--out``
-(default ``out/curvature_peers``); ``--report out/curvature_peers/results.json`` re-prints it.
-``--memory`` instead measures the peak RSS of this process around the default curvature
-(``layer_curvature``: Fisher blocks, 128 samples) on the ResNet-18, and nothing else.
+The top eigenvalue of each layer's Hessian, empirical Fisher and GGN block, ours against
+curvlinops, on the benchmark MLP, the BN-CNN and the CIFAR ResNet-18: time, speed-up and relative
+difference. Prints the table and writes ``results.json`` / ``results.csv`` / ``report.md`` under
+``--out``; ``--report`` re-prints it; ``--memory`` measures the peak RSS of the default curvature
+on the ResNet-18 instead. Method: docs/benchmarks.md, "benchmarks.curvature_peers".
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """Tuning the shipped recipes, and writing them from the kept runs.
 
-``python -m benchmarks.recipes tune SCENARIO [--data-root ../shared/data] [--workers N]`` runs the
-tuning study ``studies/recipes/SCENARIO.yaml`` (every strategy's grid on the validation split with
-seed 0, then 3 test seeds at the chosen setting) into ``out/recipes/SCENARIO``.
-
-``python -m benchmarks.recipes tune SCENARIO --part NAME`` runs a further tuning round,
-``studies/recipes/SCENARIO.NAME.yaml`` (the same scenario, other grids for some strategies), into
-``out/recipes/SCENARIO.NAME``; ``write`` takes the strategies a round lists from that round.
-
-``python -m benchmarks.recipes write [SCENARIO ...]`` reads those runs and writes
-
-* ``avalanche_plugins/study/recipes/SCENARIO.yaml`` — the shipped recipe file (a strategy whose
-  chosen setting failed on any test seed is left out, and listed as not shipped);
-* ``docs/results/recipes/SCENARIO/`` — the run's tables, chosen settings and command (the kept
-  summary; the raw cache stays in ``out/``);
-* ``docs/recipes.md`` — per scenario: strategy | grid | chosen values | validation ACC | test ACC ±
-  std | Forgetting | time, generated from the kept summaries.
+``tune SCENARIO [--part NAME]`` runs the tuning study ``studies/recipes/SCENARIO[.NAME].yaml``
+into ``out/recipes/``; ``write [SCENARIO ...]`` writes the shipped recipe files, the kept summaries
+under ``docs/results/recipes/`` and ``docs/recipes.md`` from those runs. Commands and outputs:
+docs/benchmarks.md, "benchmarks.recipes".
 """
 
 from __future__ import annotations
@@ -64,8 +52,9 @@ def recipe_from_results(saved: dict) -> tuple[dict, list[str]]:
     skipped = []
     study = SavedStudy.from_dict(saved)
     tuning = {(r.strategy, r.setting): r.acc for r in study.tuning}
-    for strategy in config["strategies"]:
-        name = strategy["name"]
+    for entry in config["strategies"]:
+        name = entry["name"]
+        strategy = entry.get("per_scenario", {}).get(key, entry)  # a recipe strategy: one spec per scenario
         choice = study.chosen.get(key, {}).get(name)  # None: the strategy had no grid to tune
         runs = sorted((r for r in study.runs if r.strategy == name), key=lambda r: r.seed)
         failed = [r for r in runs if r.error]
@@ -180,11 +169,8 @@ def write(keys, out_root: Path = ROOT / "out" / "recipes") -> list[Path]:
         kept = KEPT / key
         kept.mkdir(parents=True, exist_ok=True)
         (kept / "tables.md").write_text(_kept_tables(saved, out_root / key))
-        (kept / "summary.json").write_text(json.dumps({"command": saved.get("command"),
-                                                       "code_version": saved.get("code_version"),
-                                                       "versions": saved.get("versions"),
-                                                       "data": saved.get("data"), "machine": saved.get("machine"),
-                                                       "chosen": saved["chosen"], "not_shipped": skipped,
+        summary = {k: saved.get(k) for k in ("command", "code_version", "versions", "data", "machine")}
+        (kept / "summary.json").write_text(json.dumps({**summary, "chosen": saved["chosen"], "not_shipped": skipped,
                                                        "rounds": saved.get("rounds", {}),
                                                        "wall_seconds": saved.get("wall_seconds")}, indent=1))
         tables.append(_table(key, recipe, skipped))

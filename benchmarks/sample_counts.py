@@ -1,24 +1,10 @@
 """What a diagnostic's sample count costs and changes (issue 41's trade-off).
 
-``TransportKeyMetric`` evaluates every stitched model (stages × families × controls) on the
-evaluated experience as its batches stream by, and ``CycleAccuracyMetric`` evaluates every seen
-test experience at every cycle: at field scale these are most of the diagnostics' cost
-(docs/RESULTS.md, "What the diagnostics cost"). Both take ``eval_samples``: every
-``⌈n / eval_samples⌉``-th sample of an experience of ``n``. This runs the ``fashion/1`` setting of
-:mod:`benchmarks.diagnostics_cost` (class-incremental Split Fashion-MNIST, 2,000 test images per
-experience, the zoo's ``cnn``, Naive, 1 epoch per experience; ``--data-root`` holding
-``FashionMNIST/raw``) with only ``--metric`` attached, at the demo's arguments, for each
-``--eval-samples`` value and seed, and reports the metric's seconds as a share of training and
-how far its logged values are from those on the whole experience (mean and largest absolute
-difference over every value of a seed, then over seeds), beside the binomial standard error
-``√(p(1 − p)/m)`` of an accuracy on ``m`` samples at ``p = 0.5``.
-
-The estimators whose cost is their own sample count (``OptimizationReadinessMetric``'s
-``n_samples``, with ``n_batches = n_samples / 2`` minibatches as at the demo's 256 / 128;
-``ArchitectureDrivenShiftMetric``'s ``calibration_size``; ``LayerSensitivityMetric``'s
-``n_samples``) are measured the same way against a larger reference count (``REFERENCE``), their
-differences *relative* to the reference value (``|v − v_ref| / |v_ref|``: readiness, shift and
-curvature have no common scale), ``--counts`` giving the values.
+Runs the ``fashion/1`` setting of :mod:`benchmarks.diagnostics_cost` with only ``--metric``
+attached, for each sample count (``--eval-samples`` / ``--counts``) and seed, and reports the
+metric's seconds as a share of training and how far its logged values are from those at the
+reference count (the whole experience, or :data:`REFERENCE`). Writes results.json/csv and
+report.md under ``--out``. Method: docs/benchmarks.md, "benchmarks.sample_counts".
 """
 
 from __future__ import annotations
@@ -58,7 +44,7 @@ DEFAULT_COUNTS = {"OptimizationReadinessMetric": "256,128,64,32", "ArchitectureD
 
 
 def relative(metric: str) -> bool:
-    """Whether ``metric``'s differences are relative to the reference value (module docstring)."""
+    """Whether ``metric``'s differences are relative to the reference value (docs/benchmarks.md)."""
     return metric in REFERENCE
 
 

@@ -1,42 +1,11 @@
 """Slowly-Changing Regression (SCR): the loss-of-plasticity regression stream, as tensors and as an
 Avalanche benchmark.
 
-Source: the Slowly-Changing Regression problem of the loss-of-plasticity work (Dohare et al.,
-"Loss of plasticity in deep continual learning", Nature 2024; after Mahmood & Sutton's
-representation-search problems), as used by "Predicting Plasticity in Deep Continual Learning"
-(arXiv 2605.09044); reconstructed from summaries of those texts:
-
-* 20 binary inputs. The first ``n_flipping = 15`` "flipping" bits are held fixed for a whole
-  *period* (10,000 examples in the paper; ``examples_per_period`` here, smaller allowed) and then
-  changed; the last ``n_random = 5`` bits are drawn uniformly at random for every example. Period
-  changes: ``"bit_flip"`` flips one flipping bit chosen uniformly at random (the paper's
-  problem); ``"resample"`` draws all 15 flipping bits afresh (the variant).
-* The target is a fixed random network ``20 → 100 LTU units → 1`` whose weights and hidden biases
-  are drawn uniformly from ``{−1, +1}``. LTU unit ``i`` outputs ``1`` if ``w_i·x̃ > τ_i`` and ``0``
-  otherwise, with ``τ_i = β(m+1) − S_i``, ``β = 0.7``.
-
-Reconstructions (documented because the text is ambiguous):
-
-* **m and S_i.** We read ``m`` as the number of input bits (20) and the ``+1`` as the bias, treated
-  as an extra input that is always 1: ``x̃ = [x; 1]`` has ``m + 1 = 21`` components, and ``S_i`` is
-  the number of −1 weights among those ``m + 1`` (input weights *and* the bias). With this reading
-  the rule has a clean meaning: ``w_i·x̃ > β(m+1) − S_i`` ⟺ the number of *matching* positions
-  (weight +1 with input 1, or weight −1 with input 0, the bias input being 1) exceeds
-  ``β(m+1)``, i.e. unit ``i`` fires when ``x̃`` agrees with its sign pattern in more than 70 % of
-  the positions (Mahmood & Sutton's LTU feature construction). ``ltu_thresholds`` implements
-  exactly this and is tested on a hand-checked case.
-* **Output layer.** ``y = Σ_i v_i f_i(x)`` with ``v_i ∈ {−1, +1}`` and no output bias (the "biases"
-  of the spec are read as the hidden units' biases).
-* **Randomness.** One seed fixes everything: the target network, the sequence of flipping-bit
-  states, and the random bits of every period (period ``t`` uses its own generator, so
-  ``period(t)`` is random-access and reproducible). The flipping bits of period 0 are uniform.
-
-Plain tensors: :meth:`SlowlyChangingRegression.period` (alias :func:`scr_period`) returns
-``(inputs, targets)`` of one period, ``inputs`` ``(n, 20)`` float32 in ``{0, 1}`` and ``targets``
-``(n, 1)`` float32. Avalanche: :func:`scr_benchmark` builds a benchmark with one experience per
-period (``train_stream`` / ``test_stream``, items ``(x, y, task_label=0)``) through Avalanche's
-``benchmark_from_datasets``; Avalanche's ``tensors_benchmark`` cannot be used because it treats
-targets as class labels (float regression targets fail when it collects the classes).
+20 binary inputs (15 "flipping" bits held for a period, 5 drawn for every example) and a fixed
+random target network of 100 LTU units (Dohare et al., Nature 2024; as used by arXiv 2605.09044).
+:meth:`SlowlyChangingRegression.period` (alias :func:`scr_period`) gives one period's tensors,
+:func:`scr_benchmark` an Avalanche benchmark with one experience per period. Source, the LTU rule
+and the reconstructions of the ambiguous parts: docs/benchmarks.md, "benchmarks.scr".
 
 Example:
     >>> scr = SlowlyChangingRegression(seed=0, examples_per_period=100)
@@ -52,13 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = [
-    "VARIANTS",
-    "SlowlyChangingRegression",
-    "ltu_thresholds",
-    "scr_period",
-    "scr_benchmark",
-]
+__all__ = ["VARIANTS", "SlowlyChangingRegression", "ltu_thresholds", "scr_benchmark", "scr_period"]
 
 VARIANTS = ("bit_flip", "resample")
 

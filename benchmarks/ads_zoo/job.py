@@ -1,5 +1,6 @@
 """One job: train an architecture on the old task, predict its shift (ADS and the naive
-predictors), train it on the new task and measure the realised shift and calibration."""
+predictors), train it on the new task and measure the realised shift and calibration; and the old
+and new task of each scenario as tensors (the task source of a job)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,46 @@ from torch import nn
 
 from avalanche_plugins.ads import architecture_driven_shift, distance_path, logit_shift
 from avalanche_plugins.core.stats import expected_calibration_error
+from avalanche_plugins.study.catalog import datasets
 from avalanche_plugins.study.jobs import Timer, seed_everything
 from benchmarks._training import accuracy, train_minibatches
-from benchmarks.ads_zoo.settings import ScenarioConfig
-from benchmarks.ads_zoo.tasks import scenario_data, subset
+from benchmarks.ads_zoo.settings import SCENARIOS, ScenarioConfig
 from benchmarks.ads_zoo.zoo import Arch, build_arch
+
+_DATA: dict = {}
+
+
+def scenario_data(name: str, data_root, seed: int = 0) -> dict:
+    """Old/new training tensors and old test tensors of a scenario (cached per process)."""
+    if name in _DATA:
+        return _DATA[name]
+    if name == "split_digits":
+        xtr, ytr, xte, yte = datasets.load_digits_arrays(seed=0)
+    elif name in ("split_mnist", "permuted_mnist"):
+        xtr, ytr, xte, yte = datasets.load_mnist_arrays(data_root)
+    elif name == "split_fashion_mnist":
+        xtr, ytr, xte, yte = datasets.load_fashion_mnist_arrays(data_root)
+    else:
+        raise ValueError(f"scenario must be one of {SCENARIOS}, got {name!r}")
+    if name == "permuted_mnist":
+        perm = torch.randperm(xtr[0].numel(), generator=torch.Generator().manual_seed(seed))
+        shape = xtr.shape[1:]
+        new_x = xtr.reshape(len(xtr), -1)[:, perm].reshape(len(xtr), *shape)
+        data = {"old": (xtr, ytr), "new": (new_x, ytr), "old_test": (xte, yte)}
+    else:
+        old, new, old_test = ytr < 5, ytr >= 5, yte < 5
+        data = {"old": (xtr[old], ytr[old]), "new": (xtr[new], ytr[new]), "old_test": (xte[old_test], yte[old_test])}
+    data["input_shape"] = tuple(xtr.shape[1:])
+    _DATA[name] = data
+    return data
+
+
+def subset(x, y, n, generator):
+    """At most ``n`` random rows of ``(x, y)`` drawn with ``generator`` (all of them, undrawn, if fewer)."""
+    if len(x) <= n:
+        return x, y
+    idx = torch.randperm(len(x), generator=generator)[:n]
+    return x[idx], y[idx]
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,7 @@ from dataclasses import asdict
 import benchmarks.ads_zoo as package
 from avalanche_plugins.study.jobs import run_jobs
 from avalanche_plugins.study.report.files import print_report
-from benchmarks._cli import (
-    benchmark_parser,
-    is_skipped,
-    make_executor,
-    parse_args,
-    split_list,
-)
+from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, split_list
 from benchmarks._results import write_results
 from benchmarks.ads_zoo.job import Job, run_job, warmup
 from benchmarks.ads_zoo.report import plot, report

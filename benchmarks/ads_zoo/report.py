@@ -5,36 +5,34 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from benchmarks._results import saved_figure
 from benchmarks.ads_zoo.scoring import PREDICTORS, analyse
 from benchmarks.ads_zoo.zoo import arch_from_dict
 
 
 def plot(rows: list[dict], scenarios: list[str], path: Path) -> None:
-    from matplotlib.figure import Figure
     from matplotlib.ticker import NullFormatter
 
     present = [s for s in scenarios if any(r["scenario"] == s for r in rows)]
-    fig = Figure(figsize=(4.2 * len(present), 7.0))
-    axes = fig.subplots(2, len(present), squeeze=False)
-    for col, scenario in enumerate(present):
-        part = [r for r in rows if r["scenario"] == scenario and r.get("realised_shift") is not None]
-        for row, (key, label) in enumerate((("ads_logit", "ADS (logit path)"), ("ads_loss", "ADS (loss path)"))):
-            ax = axes[row][col]
-            for family, marker in (("mlp", "o"), ("vit", "^")):
-                pts = [(r[key], r["realised_shift"]) for r in part if r["family"] == family and (r.get(key) or 0) > 0]
-                if pts:
-                    xs, ys = zip(*pts)
-                    ax.scatter(xs, ys, s=14, marker=marker, alpha=0.7, label=family.upper())
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.xaxis.set_minor_formatter(NullFormatter())
-            ax.yaxis.set_minor_formatter(NullFormatter())
-            ax.set_xlabel(label, fontsize=8)
-            ax.set_ylabel("realised old-task logit shift", fontsize=8)
-            ax.set_title(scenario, fontsize=9)
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with saved_figure(path, 2, len(present), figsize=(4.2 * len(present), 7.0), dpi=120) as (_, axes):
+        for col, scenario in enumerate(present):
+            part = [r for r in rows if r["scenario"] == scenario and r.get("realised_shift") is not None]
+            for row, (key, label) in enumerate((("ads_logit", "ADS (logit path)"), ("ads_loss", "ADS (loss path)"))):
+                ax = axes[row][col]
+                for family, marker in (("mlp", "o"), ("vit", "^")):
+                    pts = [(r[key], r["realised_shift"]) for r in part
+                           if r["family"] == family and (r.get(key) or 0) > 0]
+                    if pts:
+                        xs, ys = zip(*pts)
+                        ax.scatter(xs, ys, s=14, marker=marker, alpha=0.7, label=family.upper())
+                ax.set_xscale("log")
+                ax.set_yscale("log")
+                ax.xaxis.set_minor_formatter(NullFormatter())
+                ax.yaxis.set_minor_formatter(NullFormatter())
+                ax.set_xlabel(label, fontsize=8)
+                ax.set_ylabel("realised old-task logit shift", fontsize=8)
+                ax.set_title(scenario, fontsize=9)
+                ax.legend(fontsize=7)
 
 
 def format_results(per_scenario: dict) -> str:

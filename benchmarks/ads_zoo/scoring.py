@@ -90,6 +90,10 @@ def statistics(rows: list[dict], archs: list[Arch]) -> dict:
     return out
 
 
+def _total(rows: list[dict], key: str) -> float:
+    return float(sum(r[key] for r in rows))
+
+
 def analyse(rows: list[dict], archs: list[Arch], scenarios: list[str], seeds: list[int]) -> dict:
     add_topology_only(rows)
     add_first_step_logit(rows)
@@ -102,40 +106,41 @@ def analyse(rows: list[dict], archs: list[Arch], scenarios: list[str], seeds: li
             if part:
                 seed_stats.append(statistics(part, [a for a in archs if a.name in {r["arch"] for r in part}]))
         part = [r for r in rows if r["scenario"] == scenario]
-        if not part:
-            continue
-        entry = {"per_seed": seed_stats, "n_archs": seed_stats[0]["n_archs"], "n_pairs": seed_stats[0]["n_pairs"]}
-        for p in PREDICTORS:
-            for stat in ("spearman", "kendall", "direction_consistency", "ece_spearman", "ece_increase_spearman",
-                         "spearman_mlp", "spearman_vit"):
-                vals = np.array([s[p].get(stat, np.nan) for s in seed_stats if p in s], dtype=float)
-                entry[f"{p}_{stat}_mean"] = float(np.nanmean(vals)) if len(vals) and np.isfinite(vals).any() else float("nan")
-                entry[f"{p}_{stat}_std"] = (float(np.nanstd(vals, ddof=1)) if np.isfinite(vals).sum() > 1
-                                            else 0.0)
-        ratios = np.array([r["time_ratio"] for r in part])
-        entry["time_ratio_median"] = float(np.median(ratios))
-        entry["time_ratio_total"] = float(sum(r["ads_s"] for r in part) / sum(r["truth_s"] for r in part))
-        entry["probe_time_ratio_total"] = float(sum(r["ads_probe_s"] for r in part) / sum(r["truth_s"] for r in part))
-        if all("ads_cpu_s" in r for r in part):  # process CPU time: robust to a shared machine
-            entry["cpu_time_ratio_total"] = float(sum(r["ads_cpu_s"] for r in part)
-                                                  / max(sum(r["truth_cpu_s"] for r in part), 1e-12))
-        refs = [r for r in part if r.get("calibration_reference")]
-        if refs:  # ADS for every architecture plus the references' ground truth, over the ground truth avoided
-            entry["calibrated_time_ratio_total"] = float(
-                (sum(r["ads_s"] for r in part) + sum(r["truth_s"] for r in refs))
-                / max(sum(r["truth_s"] for r in part if not r.get("calibration_reference")), 1e-12))
-        for family in ("mlp", "vit"):  # what separates the families (docs/ads.md)
-            fam = [r for r in part if r["family"] == family and r.get("realised_shift") is not None]
-            if fam:
-                entry[f"{family}_time_ratio_total"] = float(sum(r["ads_s"] for r in fam) / sum(r["truth_s"] for r in fam))
-                entry[f"{family}_time_ratio_min"] = float(min(r["time_ratio"] for r in fam))  # the cheapest job
-                entry[f"{family}_acc_old_before"] = float(np.mean([r["acc_old_before"] for r in fam]))
-                entry[f"{family}_realised_shift_median"] = float(np.median([r["realised_shift"] for r in fam]))
-                if all(r.get("ads_logit") for r in fam):
-                    entry[f"{family}_shift_over_ads_logit_median"] = float(
-                        np.median([r["realised_shift"] / r["ads_logit"] for r in fam]))
-        entry["ads_seconds_total"] = float(sum(r["ads_s"] for r in part))
-        entry["truth_seconds_total"] = float(sum(r["truth_s"] for r in part))
-        entry["spearman_target_met"] = bool(entry["ads_logit_spearman_mean"] >= 0.8)
-        per_scenario[scenario] = entry
+        if part:
+            per_scenario[scenario] = _scenario_entry(part, seed_stats)
     return per_scenario
+
+
+def _scenario_entry(part: list[dict], seed_stats: list[dict]) -> dict:
+    """A scenario's statistics (mean and std over seeds) and its cost ratios."""
+    entry = {"per_seed": seed_stats, "n_archs": seed_stats[0]["n_archs"], "n_pairs": seed_stats[0]["n_pairs"]}
+    for p in PREDICTORS:
+        for stat in ("spearman", "kendall", "direction_consistency", "ece_spearman", "ece_increase_spearman",
+                     "spearman_mlp", "spearman_vit"):
+            vals = np.array([s[p].get(stat, np.nan) for s in seed_stats if p in s], dtype=float)
+            entry[f"{p}_{stat}_mean"] = float(np.nanmean(vals)) if len(vals) and np.isfinite(vals).any() else float("nan")
+            entry[f"{p}_{stat}_std"] = float(np.nanstd(vals, ddof=1)) if np.isfinite(vals).sum() > 1 else 0.0
+    entry["time_ratio_median"] = float(np.median(np.array([r["time_ratio"] for r in part])))
+    entry["time_ratio_total"] = _total(part, "ads_s") / _total(part, "truth_s")
+    entry["probe_time_ratio_total"] = _total(part, "ads_probe_s") / _total(part, "truth_s")
+    if all("ads_cpu_s" in r for r in part):  # process CPU time: robust to a shared machine
+        entry["cpu_time_ratio_total"] = _total(part, "ads_cpu_s") / max(_total(part, "truth_cpu_s"), 1e-12)
+    refs = [r for r in part if r.get("calibration_reference")]
+    if refs:  # ADS for every architecture plus the references' ground truth, over the ground truth avoided
+        avoided = [r for r in part if not r.get("calibration_reference")]
+        entry["calibrated_time_ratio_total"] = float(
+            (_total(part, "ads_s") + _total(refs, "truth_s")) / max(_total(avoided, "truth_s"), 1e-12))
+    for family in ("mlp", "vit"):  # what separates the families (docs/ads.md)
+        fam = [r for r in part if r["family"] == family and r.get("realised_shift") is not None]
+        if fam:
+            entry[f"{family}_time_ratio_total"] = _total(fam, "ads_s") / _total(fam, "truth_s")
+            entry[f"{family}_time_ratio_min"] = float(min(r["time_ratio"] for r in fam))  # the cheapest job
+            entry[f"{family}_acc_old_before"] = float(np.mean([r["acc_old_before"] for r in fam]))
+            entry[f"{family}_realised_shift_median"] = float(np.median([r["realised_shift"] for r in fam]))
+            if all(r.get("ads_logit") for r in fam):
+                entry[f"{family}_shift_over_ads_logit_median"] = float(
+                    np.median([r["realised_shift"] / r["ads_logit"] for r in fam]))
+    entry["ads_seconds_total"] = _total(part, "ads_s")
+    entry["truth_seconds_total"] = _total(part, "truth_s")
+    entry["spearman_target_met"] = bool(entry["ads_logit_spearman_mean"] >= 0.8)
+    return entry

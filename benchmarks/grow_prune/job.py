@@ -7,14 +7,9 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from avalanche_plugins.study.catalog.datasets import make_stream
-from benchmarks.grow_prune.learner import (
-    run_one,
-    time_per_epoch,
-)
-from benchmarks.grow_prune.settings import (
-    Setting,
-)
+from avalanche_plugins.study.catalog import datasets as data
+from benchmarks.grow_prune.learner import run_one, time_per_epoch
+from benchmarks.grow_prune.settings import Setting
 
 
 @dataclass(frozen=True)
@@ -31,10 +26,8 @@ class Job:
 @functools.lru_cache(maxsize=4)
 def _stream(dataset: str, scenario: str, n_experiences: int, data_root, subset: int | None = None):
     if subset is None:
-        return make_stream(dataset, scenario, n_experiences=n_experiences, data_root=data_root, seed=0)
-    from avalanche_plugins.study.catalog import datasets as data
-
-    full = make_stream(dataset, "permuted" if scenario == "random_labels" else scenario, n_experiences=1,
+        return data.make_stream(dataset, scenario, n_experiences=n_experiences, data_root=data_root, seed=0)
+    full = data.make_stream(dataset, "permuted" if scenario == "random_labels" else scenario, n_experiences=1,
                        data_root=data_root, seed=0)
     arrays_of = data.load_fashion_mnist_arrays if dataset == "fashion_mnist" else data.load_mnist_arrays
     xtr, ytr, xte, yte = arrays_of(data_root)

@@ -9,13 +9,7 @@ from dataclasses import asdict, replace
 import benchmarks.grow_prune as package
 from avalanche_plugins.study.jobs import run_jobs
 from avalanche_plugins.study.report.files import print_report
-from benchmarks._cli import (
-    benchmark_parser,
-    is_skipped,
-    make_executor,
-    parse_args,
-    split_list,
-)
+from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, split_list
 from benchmarks._results import summarize, write_results
 from benchmarks.grow_prune.job import Job, run_job
 from benchmarks.grow_prune.report import (
@@ -26,11 +20,7 @@ from benchmarks.grow_prune.report import (
     report,
     share_run_configs,
 )
-from benchmarks.grow_prune.settings import (
-    METHODS,
-    Setting,
-    settings_for,
-)
+from benchmarks.grow_prune.settings import METHODS, Setting, settings_for
 
 
 def _methods(value: str | None, default, parser, flag: str) -> list[str]:

@@ -3,56 +3,43 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 
-from benchmarks._results import format_table, rounded_floats
+from benchmarks._results import format_table, rounded_floats, saved_figure
 
 
 def plot_course(rows, path) -> None:
     """Newborn/incumbent gradient ratio against iterations since the last growth (mean over seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    keys = dict.fromkeys((r["setting"], r["method"], r["compactness"]) for r in rows if r.get("newborn_course"))
-    for st, m, c in keys:
-        curves = [r["newborn_course"][-1]["ratio"] for r in rows
-                  if (r["setting"], r["method"], r["compactness"]) == (st, m, c) and r["newborn_course"]]
-        n = min(len(x) for x in curves)
-        if n:
-            ax.plot(10 * np.arange(1, n + 1), np.mean([x[:n] for x in curves], axis=0), label=f"{st} {m} c={c:.0%}")
-    ax.axhline(1.0, color="k", lw=0.8, ls="--")
-    ax.set(xlabel="iterations since the last growth", ylabel="newborn / incumbent gradient norm", yscale="log")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with saved_figure(path, figsize=(5.5, 3.6)) as (_, axes):
+        ax = axes[0][0]
+        keys = dict.fromkeys((r["setting"], r["method"], r["compactness"]) for r in rows if r.get("newborn_course"))
+        for st, m, c in keys:
+            curves = [r["newborn_course"][-1]["ratio"] for r in rows
+                      if (r["setting"], r["method"], r["compactness"]) == (st, m, c) and r["newborn_course"]]
+            n = min(len(x) for x in curves)
+            if n:
+                ax.plot(10 * np.arange(1, n + 1), np.mean([x[:n] for x in curves], axis=0),
+                        label=f"{st} {m} c={c:.0%}")
+        ax.axhline(1.0, color="k", lw=0.8, ls="--")
+        ax.set(xlabel="iterations since the last growth", ylabel="newborn / incumbent gradient norm", yscale="log")
+        ax.legend(fontsize=6)
 
 
 def plot_trajectories(rows, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     keys = list(dict.fromkeys((r["setting"], r["compactness"]) for r in rows if r["method"] != "dense"))
-    fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(5 * max(1, len(keys)), 3.6), squeeze=False)
-    for ax, (setting, c) in zip(axes[0], keys):
-        for method in dict.fromkeys(r["method"] for r in rows):
-            runs = [r for r in rows if r["setting"] == setting and r["method"] == method
-                    and (r["compactness"] == c or method == "dense")]
-            if runs:
-                curve = np.mean([[a for _, a in r["trajectory"]] for r in runs], axis=0)
-                ax.plot(range(1, len(curve) + 1), curve, marker=".", label=method)
-        ax.set(xlabel="cycle (epoch)", ylabel="cumulative test accuracy", title=f"{setting}, c={c:.0%}",
-               ylim=(0, 1))
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with saved_figure(path, 1, max(1, len(keys)), figsize=(5 * max(1, len(keys)), 3.6)) as (_, axes):
+        for ax, (setting, c) in zip(axes[0], keys):
+            for method in dict.fromkeys(r["method"] for r in rows):
+                runs = [r for r in rows if r["setting"] == setting and r["method"] == method
+                        and (r["compactness"] == c or method == "dense")]
+                if runs:
+                    curve = np.mean([[a for _, a in r["trajectory"]] for r in runs], axis=0)
+                    ax.plot(range(1, len(curve) + 1), curve, marker=".", label=method)
+            ax.set(xlabel="cycle (epoch)", ylabel="cumulative test accuracy", title=f"{setting}, c={c:.0%}",
+                   ylim=(0, 1))
+            ax.legend(fontsize=6)
 
 
 def _mean(xs) -> float:
@@ -61,6 +48,25 @@ def _mean(xs) -> float:
 
 
 INTERVENTIONS = ("zero_out", "zero_state", "fresh_state", "reinit_in", "newborn_lr", "leaky")
+
+
+def _targets(by: dict, st: str, method: str = "grow") -> list[float]:
+    """The compactness targets ``method`` ran at on setting ``st`` (``by``: rows by their key)."""
+    return sorted({k[2] for k in by if k[:2] == (st, method)})
+
+
+def _seeds(by: dict, st: str, a: str, b: str, c: float) -> list[int]:
+    """The seeds where methods ``a`` and ``b`` both ran on setting ``st`` at compactness ``c``."""
+    return sorted(k[3] for k in by if k[:3] == (st, a, c) and (st, b, c, k[3]) in by)
+
+
+def _paired_cells(by: dict, st: str, a: str, b: str, c: float, keys) -> list[str]:
+    """:func:`_paired` of ``a`` against ``b`` per key over their shared seeds ("–" where a run lacks it)."""
+    seeds, cells = _seeds(by, st, a, b, c), []
+    for key in keys:
+        x, y = [by[(st, a, c, n)].get(key) for n in seeds], [by[(st, b, c, n)].get(key) for n in seeds]
+        cells.append("–" if None in x + y else _paired(x, y))
+    return cells
 
 
 def analysis(rows: list[dict]) -> str:
@@ -72,9 +78,8 @@ def analysis(rows: list[dict]) -> str:
     out = ["Paired Grow − Prune (mean over seeds; seeds where Grow is higher)",
            "| setting | c | ΔACC | ΔTAA | Δticket ACC | Δticket TAA |", "|---|---|---|---|---|---|"]
     for s in settings:
-        for c in sorted({r["compactness"] for r in rows if r["setting"] == s and r["method"] == "grow"}):
-            seeds = sorted(k[3] for k in by if k[:3] == (s, "grow", c) and (s, "prune", c, k[3]) in by)
-            cells = []
+        for c in _targets(by, s):
+            seeds, cells = _seeds(by, s, "grow", "prune", c), []
             for key in ("acc", "taa", "ticket_acc", "ticket_taa"):
                 d = [by[(s, "grow", c, x)][key] - by[(s, "prune", c, x)][key] for x in seeds
                      if by[(s, "grow", c, x)][key] is not None and by[(s, "prune", c, x)][key] is not None]
@@ -131,7 +136,7 @@ def claim1_table(by: dict, settings: list[str]) -> list[str]:
            "50 iterations; iterations to parity |",
            "|---|---|---|---|---|---|"]
     for st in settings:
-        for c in sorted({k[2] for k in by if k[:2] == (st, "grow")}):
+        for c in _targets(by, st):
             rs = [by[k] for k in sorted(by) if k[:3] == (st, "grow", c)]
             g = np.array([np.mean([e["grad_ratio"] for e in r["newborn_log"]]) for r in rs])
             a = np.array([np.mean([e["newborn_act"] / e["incumbent_act"] for e in r["newborn_log"]
@@ -171,29 +176,28 @@ def verdict_tables(rows: list[dict]) -> str:
     3. each intervention − plain Grow on the grad ratio, ACC, TAA and ticket ACC;
     4. on the plasticity settings, Grow − Prune (ACC, TAA, current-task accuracy) per integration time.
     """
-
     by = {(r["setting"], r["method"], r["compactness"], r["seed"]): r for r in rows}
     settings = list(dict.fromkeys(r["setting"] for r in rows))
-    out = claim1_table(by, settings)
-    out += ["", "Claim 2: Grow − Prune, paired over seeds: mean (d_z; seeds where Grow is higher; paired t-test p)",
-            "| setting | c | ACC | TAA | ticket ACC | ticket TAA | current-task acc |", "|---|---|---|---|---|---|---|"]
+    return "\n".join(claim1_table(by, settings) + claim2_tables(by, settings) + claim3_table(by, settings)
+                     + claim4_table(by))
+
+
+def claim2_tables(by: dict, settings: list[str]) -> list[str]:
+    """Grow − Prune per setting and compactness, and where a stream ran with both networks, the
+    CNN's gap minus the MLP's (is the gap larger with the conv trunk?)."""
+    out = ["", "Claim 2: Grow − Prune, paired over seeds: mean (d_z; seeds where Grow is higher; paired t-test p)",
+           "| setting | c | ACC | TAA | ticket ACC | ticket TAA | current-task acc |", "|---|---|---|---|---|---|---|"]
     for st in settings:
-        for c in sorted({k[2] for k in by if k[:2] == (st, "grow")}):
-            seeds = sorted(k[3] for k in by if k[:3] == (st, "grow", c) and (st, "prune", c, k[3]) in by)
-            if not seeds:
-                continue
-            cells = []
-            for key in ("acc", "taa", "ticket_acc", "ticket_taa", "plasticity"):
-                g = [by[(st, "grow", c, x)].get(key) for x in seeds]
-                q = [by[(st, "prune", c, x)].get(key) for x in seeds]
-                cells.append("–" if None in g + q else _paired(g, q))
-            out.append(f"| {st} | {c:.0%} | " + " | ".join(cells) + " |")
-    for pair in _mlp_cnn_pairs(settings):  # claim 2: is the Grow − Prune gap larger with the conv trunk?
+        for c in _targets(by, st):
+            if _seeds(by, st, "grow", "prune", c):
+                cells = _paired_cells(by, st, "grow", "prune", c, ("acc", "taa", "ticket_acc", "ticket_taa", "plasticity"))
+                out.append(f"| {st} | {c:.0%} | " + " | ".join(cells) + " |")
+    for pair in _mlp_cnn_pairs(settings):
         if not all((st, "grow") in {k[:2] for k in by} for st in pair):
             continue
         out += ["", f"Claim 2, MLP vs CNN ({pair[1].removeprefix('cnn ')}): (Grow − Prune on the CNN) − (Grow − Prune on "
                 "the MLP), paired by seed", "| c | ACC | TAA | ticket ACC | ticket TAA |", "|---|---|---|---|---|"]
-        for c in sorted({k[2] for k in by if k[:2] == (pair[1], "grow")}):
+        for c in _targets(by, pair[1]):
             seeds = sorted(x for x in {k[3] for k in by}
                            if all((st, m, c, x) in by for st in pair for m in ("grow", "prune")))
             cells = []
@@ -204,29 +208,27 @@ def verdict_tables(rows: list[dict]) -> str:
                 d = [[by[(st, "grow", c, x)][key] - by[(st, "prune", c, x)][key] for x in seeds] for st in pair]
                 cells.append(_paired(d[1], d[0]))
             out.append(f"| {c:.0%} | " + " | ".join(cells) + " |")
-    out += ["", "Claim 3: intervention − plain Grow, paired over seeds (same c)",
-            "| setting | c | intervention | grad ratio | ACC | TAA | ticket ACC | ticket TAA |",
-            "|---|---|---|---|---|---|---|---|"]
+    return out
+
+
+def claim3_table(by: dict, settings: list[str]) -> list[str]:
+    """Each intervention − plain Grow on the grad ratio, ACC, TAA and the ticket's."""
+    out = ["", "Claim 3: intervention − plain Grow, paired over seeds (same c)",
+           "| setting | c | intervention | grad ratio | ACC | TAA | ticket ACC | ticket TAA |",
+           "|---|---|---|---|---|---|---|---|"]
     for st in settings:
         for iv in INTERVENTIONS:
-            for c in sorted({k[2] for k in by if k[:2] == (st, f"grow+{iv}")}):
-                seeds = sorted(k[3] for k in by if k[:3] == (st, f"grow+{iv}", c) and (st, "grow", c, k[3]) in by)
-                cells = []
-                for key in ("newborn_grad_ratio", "acc", "taa", "ticket_acc", "ticket_taa"):
-                    v = [by[(st, f"grow+{iv}", c, x)].get(key) for x in seeds]
-                    b = [by[(st, "grow", c, x)].get(key) for x in seeds]
-                    cells.append("–" if None in v + b else _paired(v, b))
+            for c in _targets(by, st, f"grow+{iv}"):
+                cells = _paired_cells(by, st, f"grow+{iv}", "grow", c,
+                                      ("newborn_grad_ratio", "acc", "taa", "ticket_acc", "ticket_taa"))
                 out.append(f"| {st} | {c:.0%} | {iv} | " + " | ".join(cells) + " |")
-    out += claim4_table(by)
-    return "\n".join(out)
+    return out
 
 
 def claim4_table(by: dict) -> list[str]:
     """Plasticity settings (names ending in `` E<epochs>``): Grow − each baseline per integration
     time E, and the trend (the Grow − baseline difference at the largest E minus at the smallest,
     paired over seeds)."""
-    import re
-
     groups: dict = {}
     for (st, _, _, _) in by:
         m = re.match(r"(.*) E(\d+)$", st)

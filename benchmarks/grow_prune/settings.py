@@ -81,15 +81,12 @@ def settings_for(args) -> list[Setting]:
     if args.data_root:
         # class-incremental Split Fashion-MNIST (issue 40): the conv-trunk claims where the CNN does
         # not saturate; ``--fashion-subset`` cuts the training images (never the seeds)
-        fashion = dict(dataset="fashion_mnist", data_root=args.data_root, batch_size=64,
-                       subset=getattr(args, "fashion_subset", None))
-        out += [Setting("mlp split fashion_mnist", hidden=(256, 256), epochs=2 if quick else 3, edits=2, **fashion),
-                Setting("cnn split fashion_mnist", model="cnn", widths=(32, 64), epochs=2 if quick else 3, edits=2,
-                        **fashion)]
+        split = dict(epochs=2 if quick else 3, edits=2, batch_size=64, data_root=args.data_root)
+        for dataset, subset in (("fashion_mnist", getattr(args, "fashion_subset", None)), ("mnist", None)):
+            out += [Setting(f"mlp split {dataset}", hidden=(256, 256), dataset=dataset, subset=subset, **split),
+                    Setting(f"cnn split {dataset}", model="cnn", widths=(32, 64), dataset=dataset, subset=subset,
+                            **split)]
         mnist = dict(dataset="mnist", data_root=args.data_root, batch_size=64)
-        out += [Setting("mlp split mnist", hidden=(256, 256), epochs=2 if quick else 3, edits=2, **mnist),
-                Setting("cnn split mnist", model="cnn", widths=(32, 64), epochs=2 if quick else 3, edits=2,
-                        **mnist)]
         if not quick:
             out.append(Setting("mlp iid mnist", n_experiences=1, hidden=(256, 256), epochs=6, edits=3, **mnist))
         # the i.i.d. CNN (issue 25): where the dense CNN learns (>= 0.97), beside the MLP at the same protocol

@@ -1,14 +1,8 @@
-"""The tight online training loop (batch 1, one pass per task) of a run.
+"""The tight online training loop (batch 1, one pass per task) of a run, and the minibatch learner.
 
-The update is the library's one SGD / Adam step (:mod:`avalanche_plugins.core.optim`, the same
-formula as ``torch.optim``) written out in NumPy float32 on views of the model's parameters.
-Calling :func:`avalanche_plugins.core.optim.functional_step` per sample instead was measured on
-SCR (20-5-5-1, Adam, one thread): in float64 torch the weights drift from this loop by ~5e-6
-after five tasks (float32 torch: ~1e-6, the update's operations in another order) and it trains
-about 3× slower (≈ 1,000 vs ≈ 3,200 steps/s on a busy 2-core machine). The benchmark's numbers
-would change (checkpoint rankings over millions of online steps are sensitive to it) and its
-hour-long run would be slower, so the loop stays; ``tests/test_plasticity_ranking.py`` checks it
-against ``torch.optim`` and ``functional_step``.
+The update is the library's SGD / Adam step written out in NumPy float32 on views of the model's
+parameters: why it is not :func:`avalanche_plugins.core.optim.functional_step` per sample is in
+docs/benchmarks.md, "benchmarks.plasticity_ranking" (training loop).
 """
 
 from __future__ import annotations
@@ -42,11 +36,9 @@ class OnlineLearner:
         self.W = [lin.weight.detach().numpy() for lin in linears]
         self.b = [lin.bias.detach().numpy() for lin in linears]
         self.steps = 0
-        if optimizer == "adam":
-            self.mW = [np.zeros_like(w) for w in self.W]
-            self.vW = [np.zeros_like(w) for w in self.W]
-            self.mb = [np.zeros_like(b) for b in self.b]
-            self.vb = [np.zeros_like(b) for b in self.b]
+        if optimizer == "adam":  # first and second moments of the weights and of the biases
+            self.mW, self.vW = [np.zeros_like(w) for w in self.W], [np.zeros_like(w) for w in self.W]
+            self.mb, self.vb = [np.zeros_like(b) for b in self.b], [np.zeros_like(b) for b in self.b]
 
     def train(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """One pass over ``(x, y)`` in order, one sample per step; returns the mean online loss."""
@@ -118,16 +110,17 @@ class OnlineLearner:
         return torch.optim.SGD(params, lr=self.lr).state_dict()
 
     def checkpoint(self) -> dict:
+        """The model's state, the optimizer's (``torch.optim`` format, a copy) and the step count."""
         return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
-                "optimizer": self.optimizer_state_dict(), "steps": self.steps}
+                "optimizer": copy.deepcopy(self.optimizer_state_dict()), "steps": self.steps}
 
 
-class MinibatchLearner:
+class MinibatchLearner(OnlineLearner):
     """Minibatch training of a model with ``torch.optim`` (the declining streams of issue 33):
     ``epochs`` passes over each task, each a fresh shuffle (seeded ``torch.Generator``), batches of
     ``batch_size``. ``optimizer``: ``"adam"`` (``torch.optim.Adam``, default betas) or ``"sgd"``
     (``torch.optim.SGD`` with ``momentum``); ``loss``: ``"ce"`` or ``"mse"``. Same interface as
-    :class:`OnlineLearner` (``train``, ``checkpoint``, ``steps``), plus the accuracy on the task
+    :class:`OnlineLearner` (``train``, ``steps``; ``checkpoint`` is inherited), plus the accuracy on the task
     just trained (``last_accuracy``, ``"ce"`` only): the loss-of-plasticity curve."""
 
     def __init__(self, model: nn.Module, optimizer: str, lr: float, loss: str, *, batch_size: int, epochs: int,
@@ -165,7 +158,3 @@ class MinibatchLearner:
 
     def optimizer_state_dict(self) -> dict:
         return self.opt.state_dict()
-
-    def checkpoint(self) -> dict:
-        return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
-                "optimizer": copy.deepcopy(self.opt.state_dict()), "steps": self.steps}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import types
@@ -9,14 +10,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from avalanche_plugins.study.jobs import run_jobs
-from avalanche_plugins.study.report.files import print_report
-from benchmarks._cli import (
-    benchmark_parser,
-    is_skipped,
-    make_executor,
-    parse_args,
-    split_list,
-)
+from avalanche_plugins.study.report.files import load_results, print_report
+from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, split_list
 from benchmarks._results import summarize, write_results
 from benchmarks.plasticity_ranking.ranking import pra_rows
 from benchmarks.plasticity_ranking.report import analysis, keep, plot_decline, plot_runs, report
@@ -35,11 +30,8 @@ def run_benchmark(settings: list[Setting], seeds: list[int], out_dir, *, data_ro
     (oversubscription).
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt_dir = None
-    if save_checkpoints:
-        ckpt_dir = out / "checkpoints"
-        ckpt_dir.mkdir(exist_ok=True)
+    ckpt_dir = out / "checkpoints" if save_checkpoints else None
+    (ckpt_dir or out).mkdir(parents=True, exist_ok=True)
     by_name = {s.name: s for s in settings}
     jobs = [Job(s, seed, data_root, None if ckpt_dir is None else str(ckpt_dir)) for s in settings for seed in seeds]
     start = time.perf_counter()
@@ -52,26 +44,16 @@ def run_benchmark(settings: list[Setting], seeds: list[int], out_dir, *, data_ro
     a = analysis(rows, checkpoints, by_name)
     summary = summarize([r for r in rows if r["pra"] is not None], ["benchmark", "stratum", "gain", "k", "metric"],
                         ["pra"])
-    extra = {
-        "pra": a["values"]["all"],
-        "pra_by_stratum": a["values"],
-        "ablation": a["ablation_values"],
-        "ablation_sizes": a["ablation_sizes"],
-        "cost_ratios": a["cost_ratios"],
-        "headline": a["headline"],
-        "regimes": a["regimes"],
-        "noise_ceiling_and_pooled": a["pooled"],
-        "checkpoints": checkpoints,
-        "training": [{"setting": r["setting"], "seed": r["seed"], "train_seconds": r["train_seconds"],
-                      "score_seconds": r["score_seconds"], "steps_per_second": r["steps_per_second"]} for r in runs],
-    }
+    extra = {"pra": a["values"]["all"], "pra_by_stratum": a["values"], "ablation": a["ablation_values"],
+             "ablation_sizes": a["ablation_sizes"], "cost_ratios": a["cost_ratios"], "headline": a["headline"],
+             "regimes": a["regimes"], "noise_ceiling_and_pooled": a["pooled"], "checkpoints": checkpoints,
+             "training": [{k: r[k] for k in ("setting", "seed", "train_seconds", "score_seconds", "steps_per_second")}
+                          for r in runs]}
     config = {"settings": [asdict(s) for s in settings], "seeds": seeds, **(config_extra or {})}
     args = args or types.SimpleNamespace(command=None, data_root=data_root)
     write_results(out, args, config=config, rows=rows, summary=summary, wall_seconds=wall, extra=extra)
     plot_runs(runs, by_name, out / "or_vs_gain.png")
     if any(s.stream != "permuted" or s.benchmark == "scr" for s in settings):
-        import json
-
         plot_decline(json.loads((out / "results.json").read_text()), out / "decline.png")
     text = print_report(out / "results.json", report, out_dir=out, echo=echo)
     if echo:
@@ -104,8 +86,6 @@ def main(argv=None) -> dict:
     args = parse_args(parser, argv)
     if args.report:
         if args.keep:
-            from avalanche_plugins.study.report.files import load_results
-
             files = keep(load_results(args.report), args.keep, args.keep_name)
             print(f"kept {', '.join(files)} in {args.keep}")
         return {"report": print_report(args.report, report)}
@@ -114,8 +94,7 @@ def main(argv=None) -> dict:
                                   pmnist_val=args.pmnist_val)
     candidates += declining_settings(args.quick, args.data_root, tasks=args.tasks, n_runs=args.n_runs,
                                      epochs=args.epochs_per_task)
-    settings = [s for s in candidates
-                if s.benchmark in wanted and not is_skipped(args.skip, *s.name.split("/"))]
+    settings = [s for s in candidates if s.benchmark in wanted and not is_skipped(args.skip, *s.name.split("/"))]
     if args.only:
         names = set(split_list(args.only))
         settings = [s for s in settings if s.name in names]

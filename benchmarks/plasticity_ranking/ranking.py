@@ -114,14 +114,10 @@ def headlines(values: dict, settings: dict) -> dict:
         base = {m: cells[m]["mean"] for m in BASELINES if cells.get(m, {}).get("mean") is not None}
         best = max(base, key=base.get) if base else None
         or_all = cells["or"]["mean"]
-        out[bench] = {
-            "column": column,
-            "or_by_stratum": {st: values[st].get(bench, {}).get(column, {}).get("or", {}).get("mean")
-                              for st in STRATA},
-            "best_baseline": best,
-            "best_baseline_pra": base.get(best, float("nan")),
-            "or_above_every_baseline": bool(or_all is not None and all(or_all > v for v in base.values())),
-        }
+        by_stratum = {st: values[st].get(bench, {}).get(column, {}).get("or", {}).get("mean") for st in STRATA}
+        out[bench] = {"column": column, "or_by_stratum": by_stratum, "best_baseline": best,
+                      "best_baseline_pra": base.get(best, float("nan")),
+                      "or_above_every_baseline": bool(or_all is not None and all(or_all > v for v in base.values()))}
     return out
 
 

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from benchmarks._results import rounded_floats
-from benchmarks.plasticity_ranking.ranking import (
-    cost_ratios,
-    headlines,
-    paired_against_or,
-    pooled_analysis,
-    pooled_table,
-    pra_rows,
-    pra_table,
-    verdict,
-)
+import json
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks._results import rounded_floats, saved_figure
+from benchmarks.plasticity_ranking import ranking
 from benchmarks.plasticity_ranking.settings import (
     BASELINES,
     INGREDIENTS,
@@ -33,28 +29,21 @@ def analysis(rows: list[dict], runs: list[dict], settings: dict) -> dict:
     (``{"setting", "seed", "checkpoints"}``) and the settings by name."""
     tables, values = {}, {}
     for stratum in STRATA:
-        tables[stratum], values[stratum] = pra_table(rows, stratum)
+        tables[stratum], values[stratum] = ranking.pra_table(rows, stratum)
     ablation_metrics = list(dict.fromkeys(f"or_val{f:g}" for s in settings.values() for f in s.ablation_fractions))
-    ablation_table, ablation_values = pra_table([r for r in rows if r["metric"] in ablation_metrics], "all",
+    ablation_table, ablation_values = ranking.pra_table([r for r in rows if r["metric"] in ablation_metrics], "all",
                                                 metrics=ablation_metrics)
     regimes: dict = {}
     for r in runs:
         reg = regimes.setdefault(r["setting"], {"dead": 0, "live": 0})
         for c in r["checkpoints"]:
             reg["dead" if c["dead"] else "live"] += 1
-    return {
-        "tables": tables,
-        "values": values,
-        "ablation_table": ablation_table,
-        "ablation_values": ablation_values,
-        "ablation_sizes": {s.name: {f"{f:g}": max(2, int(round(f * s.n_val))) for f in s.ablation_fractions}
-                           for s in settings.values()},
-        "cost_ratios": cost_ratios(runs, settings),
-        "headline": headlines(values, settings),
-        "regimes": regimes,
-        "pooled": pooled_analysis(runs),
-        "against_or": _against_or(rows, values["all"], settings),
-    }
+    sizes = {s.name: {f"{f:g}": max(2, int(round(f * s.n_val))) for f in s.ablation_fractions}
+             for s in settings.values()}
+    return {"tables": tables, "values": values, "ablation_table": ablation_table, "ablation_values": ablation_values,
+            "ablation_sizes": sizes, "cost_ratios": ranking.cost_ratios(runs, settings),
+            "headline": ranking.headlines(values, settings), "regimes": regimes,
+            "pooled": ranking.pooled_analysis(runs), "against_or": _against_or(rows, values["all"], settings)}
 
 
 def _against_or(rows, values: dict, settings: dict) -> dict:
@@ -63,11 +52,11 @@ def _against_or(rows, values: dict, settings: dict) -> dict:
     for bench in values:
         s = next(x for x in settings.values() if x.benchmark == bench)
         for gain, _, _ in s.gain_optimizers:
-            tests = paired_against_or(rows, bench, gain, metrics=COMPARED)
-            verdicts = verdict(values, tests, bench, gain, s.ks)
+            tests = ranking.paired_against_or(rows, bench, gain, metrics=COMPARED)
+            verdicts = ranking.verdict(values, tests, bench, gain, s.ks)
             for k, v in verdicts.items():  # our variants against the best ingredient at this k
                 if v["best_ingredient"] is not None:
-                    by_k = paired_against_or(rows, bench, gain, metrics=VARIANTS, reference=v["best_ingredient"])
+                    by_k = ranking.paired_against_or(rows, bench, gain, metrics=VARIANTS, reference=v["best_ingredient"])
                     v["variants_vs_best_ingredient"] = by_k.get(k, {})
             out.setdefault(bench, {})[gain] = {
                 "tests": {str(k): v for k, v in tests.items()},
@@ -143,7 +132,7 @@ def format_report(a: dict) -> str:
         columns = [c for c in POOLED_COLUMNS if c in result] or list(result)
         entry = next(iter(result.values()))
         lines += [f"\n{bench}: {entry['n_checkpoints']} checkpoints from {entry['n_runs']} runs",
-                  pooled_table(a["pooled"], bench, columns)]
+                  ranking.pooled_table(a["pooled"], bench, columns)]
     return "\n".join(lines)
 
 
@@ -152,7 +141,7 @@ def report(saved: dict) -> str:
     a kept run without them and a run saved by older code read the same); headed by the command
     that made it."""
     settings = {s.name: s for s in map(setting_from_dict, saved["config"]["settings"])}
-    rows = [row for run in saved["checkpoints"] for row in pra_rows(run, settings[run["setting"]])]
+    rows = [row for run in saved["checkpoints"] for row in ranking.pra_rows(run, settings[run["setting"]])]
     head = f"command: `{saved['command']}`\n" if saved.get("command") else ""
     return head + format_report(analysis(rows, saved["checkpoints"], settings))
 
@@ -161,9 +150,6 @@ def keep(saved: dict, out_dir, name: str) -> list[str]:
     """The kept form of a run (docs/results/): ``NAME.json`` — results.json without the per-run PRA
     rows and their summary (``--report`` recomputes both from the checkpoints), floats at 10
     significant digits —, ``NAME_tables.md`` (the report) and ``NAME_decline.png``."""
-    import json
-    from pathlib import Path
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     kept = rounded_floats({k: v for k, v in saved.items() if k not in ("runs", "summary")}, 10)
@@ -175,33 +161,28 @@ def keep(saved: dict, out_dir, name: str) -> list[str]:
 
 def plot_runs(runs: list[dict], settings: dict, path) -> None:
     """OR (sampled, log scale) and the true gain along each setting's first run; dead checkpoints marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     firsts = {}
     for r in runs:
         firsts.setdefault(r["setting"], r)
-    fig, axes = plt.subplots(1, len(firsts), figsize=(4.2 * len(firsts), 3.4), squeeze=False)
-    for ax, (name, run) in zip(axes[0], firsts.items()):
-        s = settings[name]
-        cks = run["checkpoints"]
-        x = [c["tasks_trained"] for c in cks]
-        ax.semilogy(x, [max(c["or"], 1e-12) for c in cks], "o-", color="tab:blue", label="OR")
-        ax.set_xlabel("tasks trained")
-        ax.set_ylabel("OR (sampled)", color="tab:blue")
-        twin = ax.twinx()
-        gname, k = s.gain_optimizers[0][0], max(s.ks)
-        twin.plot(x, [max(c[f"gain_{gname}_k{k}"], -1.0) for c in cks], "s--", color="tab:red")
-        twin.set_ylabel(f"G^({k}) {gname}", color="tab:red")
-        for xi, c in zip(x, cks):
-            if c["dead"]:
-                ax.axvline(xi, color="grey", alpha=0.2, lw=4)
-        ax.set_title(f"{name} seed {run['seed']} (grey: dead)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with saved_figure(path, 1, len(firsts), figsize=(4.2 * len(firsts), 3.4)) as (_, axes):
+        for ax, (name, run) in zip(axes[0], firsts.items()):
+            _plot_run(ax, run, settings[name])
+
+
+def _plot_run(ax, run: dict, s) -> None:
+    cks = run["checkpoints"]
+    x = [c["tasks_trained"] for c in cks]
+    ax.semilogy(x, [max(c["or"], 1e-12) for c in cks], "o-", color="tab:blue", label="OR")
+    ax.set_xlabel("tasks trained")
+    ax.set_ylabel("OR (sampled)", color="tab:blue")
+    twin = ax.twinx()
+    gname, k = s.gain_optimizers[0][0], max(s.ks)
+    twin.plot(x, [max(c[f"gain_{gname}_k{k}"], -1.0) for c in cks], "s--", color="tab:red")
+    twin.set_ylabel(f"G^({k}) {gname}", color="tab:red")
+    for xi, c in zip(x, cks):
+        if c["dead"]:
+            ax.axvline(xi, color="grey", alpha=0.2, lw=4)
+    ax.set_title(f"{s.name} seed {run['seed']} (grey: dead)", fontsize=9)
 
 
 def plot_decline(saved: dict, path, metrics=("or", "loss", "grad_norm_sq", "lookahead_gd")) -> None:
@@ -209,43 +190,35 @@ def plot_decline(saved: dict, path, metrics=("or", "loss", "grad_norm_sq", "look
     accuracy where recorded, the first ground truth's G^(k) for every k, and ``metrics`` (each
     scaled to [0, 1] over the benchmark's checkpoints, lower-is-more-plastic ones flipped), so the
     decline and what follows it can be seen together."""
-    import matplotlib
-    import numpy as np
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from benchmarks.plasticity_ranking.ranking import metric_values
-
     settings = {s.name: s for s in map(setting_from_dict, saved["config"]["settings"])}
     benches = list(dict.fromkeys(settings[r["setting"]].benchmark for r in saved["checkpoints"]))
-    fig, axes = plt.subplots(1, len(benches), figsize=(5.2 * len(benches), 3.6), squeeze=False)
-    for ax, bench in zip(axes[0], benches):
-        runs = [r for r in saved["checkpoints"] if settings[r["setting"]].benchmark == bench]
-        s = settings[runs[0]["setting"]]
-        n = min(len(r["checkpoints"]) for r in runs)
-        x = [c["tasks_trained"] for c in runs[0]["checkpoints"][:n]]
+    with saved_figure(path, 1, len(benches), figsize=(5.2 * len(benches), 3.6)) as (_, axes):
+        for ax, bench in zip(axes[0], benches):
+            runs = [r for r in saved["checkpoints"] if settings[r["setting"]].benchmark == bench]
+            _plot_decline(ax, bench, runs, settings[runs[0]["setting"]], metrics)
 
-        def mean_of(values_per_run, n=n):
-            return np.nanmean(np.array([v[:n] for v in values_per_run], float), axis=0)
 
-        def scaled(v):
-            lo, hi = np.nanmin(v), np.nanmax(v)
-            return (v - lo) / (hi - lo) if hi > lo else v * 0
+def _plot_decline(ax, bench: str, runs: list[dict], s, metrics) -> None:
+    n = min(len(r["checkpoints"]) for r in runs)
+    x = [c["tasks_trained"] for c in runs[0]["checkpoints"][:n]]
 
-        acc = mean_of([[c.get("task_accuracy", np.nan) for c in r["checkpoints"]] for r in runs])
-        if np.isfinite(acc).any():
-            ax.plot(x, acc, "k-", lw=2, label="current-task accuracy")
-        gname = s.gain_optimizers[0][0]
-        for k, style in zip(s.ks, (":", "--", "-")):
-            g = mean_of([[c[f"gain_{gname}_k{k}"] for c in r["checkpoints"]] for r in runs])
-            ax.plot(x, scaled(g), "r" + style, label=f"G^({k}) {gname} (scaled)")
-        for m in metrics:
-            v = mean_of([metric_values(r["checkpoints"], m) for r in runs])
-            if np.isfinite(v).any():
-                ax.plot(x, scaled(v), marker=".", lw=1, label=f"{m} (scaled)")
-        ax.set(xlabel="tasks trained", title=f"{bench}: mean over {len(runs)} runs", ylim=(-0.05, 1.05))
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    def mean_of(values_per_run, n=n):
+        return np.nanmean(np.array([v[:n] for v in values_per_run], float), axis=0)
+
+    def scaled(v):
+        lo, hi = np.nanmin(v), np.nanmax(v)
+        return (v - lo) / (hi - lo) if hi > lo else v * 0
+
+    acc = mean_of([[c.get("task_accuracy", np.nan) for c in r["checkpoints"]] for r in runs])
+    if np.isfinite(acc).any():
+        ax.plot(x, acc, "k-", lw=2, label="current-task accuracy")
+    gname = s.gain_optimizers[0][0]
+    for k, style in zip(s.ks, (":", "--", "-")):
+        g = mean_of([[c[f"gain_{gname}_k{k}"] for c in r["checkpoints"]] for r in runs])
+        ax.plot(x, scaled(g), "r" + style, label=f"G^({k}) {gname} (scaled)")
+    for m in metrics:
+        v = mean_of([ranking.metric_values(r["checkpoints"], m) for r in runs])
+        if np.isfinite(v).any():
+            ax.plot(x, scaled(v), marker=".", lw=1, label=f"{m} (scaled)")
+    ax.set(xlabel="tasks trained", title=f"{bench}: mean over {len(runs)} runs", ylim=(-0.05, 1.05))
+    ax.legend(fontsize=6)

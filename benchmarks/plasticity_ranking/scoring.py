@@ -9,20 +9,7 @@ import time
 import torch
 from torch import nn
 
-from avalanche_plugins.readiness import (
-    active_unit_fraction,
-    average_weight_magnitude,
-    dormant_unit_fraction,
-    effective_rank,
-    energy_rank,
-    entk_energy_rank,
-    feature_rank,
-    hessian_energy_rank,
-    hidden_features,
-    k_step_gain,
-    optimization_readiness,
-    srank,
-)
+from avalanche_plugins import readiness as rd
 from avalanche_plugins.readiness.lookahead import curvature_readiness, lookahead_readiness
 from benchmarks.plasticity_ranking.settings import DIVERGED, Setting
 
@@ -30,7 +17,7 @@ from benchmarks.plasticity_ranking.settings import DIVERGED, Setting
 def last_hidden_features(model: nn.Module, probe: torch.Tensor) -> torch.Tensor:
     """The last hidden layer's features ``(n_probe, units)`` on ``probe`` (the representation the
     head reads; the effective / energy ranks and the regime are computed on it)."""
-    feats = hidden_features(model, probe)
+    feats = rd.hidden_features(model, probe)
     return list(feats.values())[-1].reshape(len(probe), -1)
 
 
@@ -53,9 +40,17 @@ def _finite_gain(value: float) -> float:
     return value if math.isfinite(value) else DIVERGED
 
 
+def _timed(timings: dict, key: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, its wall seconds stored in ``timings[key]``."""
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    timings[key] = time.perf_counter() - t0
+    return out
+
+
 def _safe_or(model, loss_fn, x, y, **kw):
     try:
-        return optimization_readiness(model, loss_fn, x, y, **kw)
+        return rd.optimization_readiness(model, loss_fn, x, y, **kw)
     except ValueError:  # zero loss on a tiny subset: OR undefined
         return None
 
@@ -68,20 +63,15 @@ def _variants(s: Setting, model, loss_fn, data, seed: int, timings: dict) -> dic
     x_tr, y_tr, x_val, y_val = data
     _, opt, lr = s.gain_optimizers[0]
     opt = "adam" if opt.startswith("adam") else opt
-    t0 = time.perf_counter()
-    la = lookahead_readiness(model, loss_fn, x_tr, y_tr, eval_inputs=x_val, eval_targets=y_val, lr=lr,
-                             k=s.lookahead_k, n_runs=s.lookahead_runs, batch_size=s.gain_batch, optimizer=opt,
-                             seed=seed + 7919)
-    timings["lookahead_s"] = time.perf_counter() - t0
+    la = _timed(timings, "lookahead_s", lookahead_readiness, model, loss_fn, x_tr, y_tr, eval_inputs=x_val,
+                eval_targets=y_val, lr=lr, k=s.lookahead_k, n_runs=s.lookahead_runs, batch_size=s.gain_batch,
+                optimizer=opt, seed=seed + 7919)
     probe_x, probe_y = x_val[: s.n_probe], y_val[: s.n_probe]
-    t0 = time.perf_counter()  # full-batch: every step uses all probe samples, one deterministic run
-    la_gd = lookahead_readiness(model, loss_fn, probe_x, probe_y, lr=lr, k=s.lookahead_k, n_runs=1,
-                                batch_size=len(probe_x), optimizer=opt)
-    timings["lookahead_gd_s"] = time.perf_counter() - t0
+    # full-batch: every step uses all probe samples, one deterministic run
+    la_gd = _timed(timings, "lookahead_gd_s", lookahead_readiness, model, loss_fn, probe_x, probe_y, lr=lr,
+                   k=s.lookahead_k, n_runs=1, batch_size=len(probe_x), optimizer=opt)
     sgd_lr = next((g[2] for g in s.gain_optimizers if g[1] == "sgd"), lr)
-    t0 = time.perf_counter()
-    q = curvature_readiness(model, loss_fn, x_val, y_val, lr=sgd_lr)
-    timings["quadratic_gain_s"] = time.perf_counter() - t0
+    q = _timed(timings, "quadratic_gain_s", curvature_readiness, model, loss_fn, x_val, y_val, lr=sgd_lr)
     return {"lookahead": _finite_gain(la.readiness), "lookahead_gd": _finite_gain(la_gd.readiness),
             "quadratic_gain": q.quadratic_gain,
             "grad_curvature": q.curvature}
@@ -99,7 +89,7 @@ def continuing_adam_gain(model: nn.Module, loss_fn, optimizer_state: dict, train
     ``t`` uses bias corrections ``1 − β^(t₀ + t)`` (``k_step_gain(..., adam_state=...)``).
     Returns ``{"gain", "stderr", "indices"}``; a diverged run gives a non-finite gain.
     """
-    result = k_step_gain(model, loss_fn, train_inputs, train_targets, val_inputs, val_targets, k=k, lr=lr,
+    result = rd.k_step_gain(model, loss_fn, train_inputs, train_targets, val_inputs, val_targets, k=k, lr=lr,
                          optimizer="adam", batch_size=batch_size, n_runs=n_runs, seed=seed,
                          chunk_size=chunk_size, adam_state=optimizer_state)
     return {"gain": result.gain, "stderr": result.stderr, "indices": result.indices,
@@ -122,7 +112,7 @@ def _gains(s: Setting, model: nn.Module, loss_fn, data, seed: int, timings: dict
                                          batch_size=s.gain_batch, n_runs=s.n_runs, seed=seed)
                 gain, stderr = g["gain"], g["stderr"]
             else:
-                g = k_step_gain(model, loss_fn, x_tr, y_tr, x_val, y_val, k=k, lr=lr, optimizer=opt,
+                g = rd.k_step_gain(model, loss_fn, x_tr, y_tr, x_val, y_val, k=k, lr=lr, optimizer=opt,
                                 batch_size=s.gain_batch, n_runs=dict(s.n_runs_by_k).get(k, s.n_runs), seed=seed)
                 gain, stderr = g.gain, g.stderr
             timings[f"gain_{name}_k{k}_s"] = time.perf_counter() - t0
@@ -132,10 +122,8 @@ def _gains(s: Setting, model: nn.Module, loss_fn, data, seed: int, timings: dict
         name, opt, lr = s.gain_optimizers[0]
         for k in s.cost_k:
             if f"gain_{name}_k{k}_s" not in timings:
-                t0 = time.perf_counter()
-                k_step_gain(model, loss_fn, x_tr, y_tr, x_val, y_val, k=k, lr=lr, optimizer=opt,
-                            batch_size=s.gain_batch, n_runs=s.n_runs, seed=seed)
-                timings[f"gain_{name}_k{k}_s"] = time.perf_counter() - t0
+                _timed(timings, f"gain_{name}_k{k}_s", rd.k_step_gain, model, loss_fn, x_tr, y_tr, x_val, y_val,
+                       k=k, lr=lr, optimizer=opt, batch_size=s.gain_batch, n_runs=s.n_runs, seed=seed)
     return rec
 
 
@@ -146,37 +134,30 @@ def score_checkpoint(setting: Setting, model: nn.Module, loss_fn, data, *, seed:
     s = setting
     rec: dict = {}
     timings: dict = {}
-    t0 = time.perf_counter()
-    res = optimization_readiness(model, loss_fn, x_val, y_val, batch_size=s.or_batch, n_batches=s.or_batches,
-                                 estimator="sampled", seed=seed)
-    timings["or_sampled_s"] = time.perf_counter() - t0
+    res = _timed(timings, "or_sampled_s", rd.optimization_readiness, model, loss_fn, x_val, y_val,
+                 batch_size=s.or_batch, n_batches=s.or_batches, estimator="sampled", seed=seed)
     or_ps = float("nan")
     if s.per_sample_or:
-        t0 = time.perf_counter()
-        or_ps = optimization_readiness(model, loss_fn, x_val, y_val, batch_size=s.or_batch,
-                                       estimator="per_sample").readiness
-        timings["or_per_sample_s"] = time.perf_counter() - t0
+        or_ps = _timed(timings, "or_per_sample_s", rd.optimization_readiness, model, loss_fn, x_val, y_val,
+                       batch_size=s.or_batch, estimator="per_sample").readiness
     rec.update(loss=res.loss, grad_norm_sq=res.grad_norm_sq, or_=res.readiness, strength=res.strength,
                reliability=res.reliability, or_per_sample=or_ps)
     rec["or"] = rec.pop("or_")
     probe = x_val[: s.n_probe]
     probe_j, probe_jy = x_val[: s.n_probe_jacobian], y_val[: s.n_probe_jacobian]
     last = last_hidden_features(model, probe)
-    rec["effective_rank"] = effective_rank(last)
-    rec["energy_rank"] = float(energy_rank(last))
-    rec["active_units"] = active_unit_fraction(model, probe)
-    rec["srank"] = float(srank(last))
-    rec["feature_rank"] = float(feature_rank(last))
-    rec["dormant_units"] = dormant_unit_fraction(model, probe)
-    rec["weight_magnitude"] = average_weight_magnitude(model)
+    rec["effective_rank"] = rd.effective_rank(last)
+    rec["energy_rank"] = float(rd.energy_rank(last))
+    rec["active_units"] = rd.active_unit_fraction(model, probe)
+    rec["srank"] = float(rd.srank(last))
+    rec["feature_rank"] = float(rd.feature_rank(last))
+    rec["dormant_units"] = rd.dormant_unit_fraction(model, probe)
+    rec["weight_magnitude"] = rd.average_weight_magnitude(model)
     rec.update(regime(last))
     rec.update(_variants(s, model, loss_fn, data, seed, timings))
-    t0 = time.perf_counter()
-    rec["entk_energy_rank"] = float(entk_energy_rank(model, probe_j))
-    timings["entk_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    rec["hessian_energy_rank"] = float(hessian_energy_rank(model, loss_fn, probe_j, probe_jy))
-    timings["hessian_s"] = time.perf_counter() - t0
+    rec["entk_energy_rank"] = float(_timed(timings, "entk_s", rd.entk_energy_rank, model, probe_j))
+    rec["hessian_energy_rank"] = float(_timed(timings, "hessian_s", rd.hessian_energy_rank, model, loss_fn,
+                                              probe_j, probe_jy))
     rec.update(_gains(s, model, loss_fn, data, seed, timings, optimizer_state, time_costs))
     for frac in s.ablation_fractions:
         n = max(2, int(round(frac * len(x_val))))

@@ -93,11 +93,6 @@ def load_standard_arrays(data: str, data_root=None):
 def load_unit_arrays(data: str, data_root=None):
     """``(x_train, y_train, x_test, y_test)`` flattened, pixels mapped back to [0, 1] (cached per
     process)."""
-    arrays = load_mnist_arrays(data_root) if data == "mnist" else load_digits_arrays()
-    x_tr, y_tr, x_te, y_te = arrays
+    x_tr, y_tr, x_te, y_te = load_standard_arrays(data, data_root)
     lo, hi = float(x_tr.min()), float(x_tr.max())
-
-    def unit(x):
-        return ((x - lo) / (hi - lo)).clamp(0, 1).reshape(len(x), -1).contiguous()
-
-    return unit(x_tr), y_tr, unit(x_te), y_te
+    return ((x_tr - lo) / (hi - lo)).clamp(0, 1), y_tr, ((x_te - lo) / (hi - lo)).clamp(0, 1), y_te

@@ -59,3 +59,23 @@ def test_a_recipe_is_made_from_the_typed_rows_and_choices_of_a_saved_study():
     assert recipe["strategies"]["EWC"]["test"]["acc"] == [0.5, 1.5] and recipe["strategies"]["EWC"]["test"]["seeds"] == [0, 1]
     assert recipe["strategies"]["Naive"]["chosen"] == "default" and recipe["strategies"]["Naive"]["validation_acc"] is None
     assert skipped == ["SI: every grid setting failed", "LwF: seed 0: boom"]
+
+
+def test_a_recipe_strategy_of_the_tuning_study_gives_its_spec_on_the_tuned_scenario():
+    # a strategy the tuning study took a recipe for is saved as {"name", "per_scenario": {scenario: spec}}
+    from benchmarks.recipes import recipe_from_results
+
+    spec = {"name": "EWC", "class": "EWC", "kwargs": {"ewc_lambda": 1.0}, "plugins": [],
+            "grid": {"ewc_lambda": [1, 10]}, "training": {}, "recipe": "split_digits", "overridden": []}
+    row = {"scenario": "split_digits", "strategy": "EWC", "setting": "s", "seed": 0, "split": "test", "acc": 0.5,
+           "acc_til": 0.9, "forgetting": 0.1, "bwt": -0.1, "train_s": 2.0, "status": "ok"}
+    saved = {"config": {"scenarios": [{"name": "split_digits", "benchmark": "split_digits", "n_experiences": 5,
+                                       "task_incremental": False}], "model": {"name": "mlp", "kwargs": {}},
+                        "training": {"lr": 0.1}, "tune_seed": 0,
+                        "strategies": [{"name": "EWC", "per_scenario": {"split_digits": spec}}]},
+             "chosen": {"split_digits": {"EWC": {"setting": {"ewc_lambda": 10}, "label": "ewc_lambda=10",
+                                                 "val_acc": 0.7}}},
+             "tuning": [], "runs": [row]}
+    recipe, skipped = recipe_from_results(saved)
+    assert skipped == [] and recipe["strategies"]["EWC"]["kwargs"] == {"ewc_lambda": 10}
+    assert recipe["strategies"]["EWC"]["grid"] == {"ewc_lambda": [1, 10]}
