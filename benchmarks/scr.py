@@ -1,19 +1,5 @@
-"""Slowly-Changing Regression (SCR): the loss-of-plasticity regression stream, as tensors and as an
-Avalanche benchmark.
-
-20 binary inputs (15 "flipping" bits held for a period, 5 drawn for every example) and a fixed
-random target network of 100 LTU units (Dohare et al., Nature 2024; as used by arXiv 2605.09044).
-:meth:`SlowlyChangingRegression.period` (alias :func:`scr_period`) gives one period's tensors,
-:func:`scr_benchmark` an Avalanche benchmark with one experience per period. Source, the LTU rule
-and the reconstructions of the ambiguous parts: docs/benchmarks.md, "benchmarks.scr".
-
-Example:
-    >>> scr = SlowlyChangingRegression(seed=0, examples_per_period=100)
-    >>> x, y = scr.period(3)
-    >>> x.shape, y.shape, bool(((x == 0) | (x == 1)).all())
-    (torch.Size([100, 20]), torch.Size([100, 1]), True)
-    >>> bool((x[:, :15] == x[0, :15]).all())  # flipping bits are constant within a period
-    True
+"""Slowly-Changing Regression (SCR), the loss-of-plasticity regression stream, as tensors and as an
+Avalanche benchmark. Source, LTU rule, reconstructions: docs/benchmarks.md, "benchmarks.scr".
 """
 
 from __future__ import annotations
@@ -27,10 +13,8 @@ VARIANTS = ("bit_flip", "resample")
 
 
 def ltu_thresholds(weights: torch.Tensor, bias: torch.Tensor, beta: float = 0.7) -> torch.Tensor:
-    """LTU thresholds ``τ_i = β(m+1) − S_i`` for ±1 ``weights`` ``(units, m)`` and ``bias`` ``(units,)``.
-
-    ``m`` is the number of inputs; the bias is the ``(m+1)``-th weight (on a constant-1 input) and
-    ``S_i`` counts the −1 entries among the ``m + 1`` weights of unit ``i``.
+    """LTU thresholds ``τ_i = β(m+1) − S_i`` for ±1 ``weights`` ``(units, m)`` and ``bias`` ``(units,)``
+    (``m``, ``S_i``: docs/benchmarks.md, "benchmarks.scr").
 
     Example:
         >>> w = torch.tensor([[1.0, -1.0, -1.0]])  # m = 3
@@ -44,15 +28,8 @@ def ltu_thresholds(weights: torch.Tensor, bias: torch.Tensor, beta: float = 0.7)
 
 
 class SlowlyChangingRegression:
-    """The SCR problem with a fixed seeded target network (see the module docstring).
-
-    Args:
-        n_flipping: flipping bits (held for a period). n_random: bits redrawn for every example.
-        n_hidden: LTU units of the target network. beta: LTU matching fraction β.
-        variant: ``"bit_flip"`` (one random flipping bit flips per period) or ``"resample"``.
-        examples_per_period: default number of examples returned by :meth:`period`.
-        seed: fixes the target network, the flipping-bit sequence and every period's random bits.
-    """
+    """The SCR problem with a fixed seeded target network (arguments: docs/benchmarks.md,
+    "benchmarks.scr")."""
 
     def __init__(self, *, n_flipping: int = 15, n_random: int = 5, n_hidden: int = 100, beta: float = 0.7,
                  variant: str = "bit_flip", examples_per_period: int = 10_000, seed: int = 0):

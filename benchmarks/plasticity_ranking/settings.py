@@ -3,30 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
-METRICS = ("or", "or_per_sample", "strength", "reliability", "loss", "grad_norm_sq", "effective_rank", "energy_rank",
-           "entk_energy_rank", "hessian_energy_rank", "active_units", "srank", "feature_rank", "dormant_units",
-           "weight_magnitude", "lookahead", "lookahead_gd", "quadratic_gain")
-METRIC_LABELS = {"or": "OR (sampled)", "or_per_sample": "OR (per-sample)", "strength": "S",
-                 "loss": "L (cheap baseline)", "grad_norm_sq": "‖g‖² (cheap baseline)",
-                 "reliability": "R", "effective_rank": "effective rank", "energy_rank": "energy rank (99%)",
-                 "entk_energy_rank": "eNTK energy rank", "hessian_energy_rank": "Hessian energy rank",
-                 "active_units": "active units", "srank": "srank (Kumar et al. 2021)",
-                 "feature_rank": "feature rank (Lyle et al. 2022)",
-                 "dormant_units": "τ-dormant units, fewer = more plastic (Sokar et al. 2023)",
-                 "weight_magnitude": "avg weight magnitude, lower = more plastic (Dohare et al. 2024)",
-                 "lookahead": "lookahead readiness LA^(10), 8 runs (ours)",
-                 "lookahead_gd": "full-batch lookahead LA_GD^(10) (ours)",
-                 "quadratic_gain": "curvature readiness Q(η) (ours)"}
+import yaml
+
+_SCORES = yaml.safe_load((Path(__file__).parent / "metrics.yaml").read_text(encoding="utf-8"))
+METRICS = tuple(_SCORES["metrics"])
+METRIC_LABELS = dict(_SCORES["metrics"])
 #: metrics read "lower = more plastic": negated before ranking (PLASTICITY_DIAGNOSTICS' directions)
-NEGATED = ("dormant_units", "weight_magnitude")
+NEGATED = tuple(_SCORES["negated"])
 #: OR's ingredients (cheaper parts of OR) and the variants beyond the paper
-INGREDIENTS = ("loss", "grad_norm_sq", "strength", "reliability")
-VARIANTS = ("lookahead", "lookahead_gd", "quadratic_gain")
+INGREDIENTS = tuple(_SCORES["ingredients"])
+VARIANTS = tuple(_SCORES["variants"])
+BASELINES = tuple(_SCORES["baselines"])
 STRATA = ("all", "dead", "live")
 DIVERGED = -1e300
-BASELINES = ("effective_rank", "energy_rank", "entk_energy_rank", "hessian_energy_rank", "active_units", "srank",
-             "feature_rank", "dormant_units", "weight_magnitude")
 
 
 @dataclass(frozen=True)
