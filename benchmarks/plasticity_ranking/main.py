@@ -23,12 +23,7 @@ def run_benchmark(settings: list[Setting], seeds: list[int], out_dir, *, data_ro
                   save_checkpoints: bool = False, config_extra: dict | None = None, echo: bool = True,
                   workers: int = 1, threads: int = 1, args=None) -> dict:
     """Run every setting × seed (one job each, cached in ``out_dir/jobs.jsonl``), write
-    results.json/csv and the plot, print the tables.
-
-    ``threads``: torch intra-op threads per worker. Default 1: every tensor here is tiny, and
-    several threads on a busy machine made the vectorised ground truth ~15× slower
-    (oversubscription).
-    """
+    results.json/csv and the plot, print the tables (``threads``: per worker, docs "Threads")."""
     out = Path(out_dir)
     ckpt_dir = out / "checkpoints" if save_checkpoints else None
     (ckpt_dir or out).mkdir(parents=True, exist_ok=True)

@@ -56,10 +56,7 @@ def _safe_or(model, loss_fn, x, y, **kw):
 
 
 def _variants(s: Setting, model, loss_fn, data, seed: int, timings: dict) -> dict:
-    """Our readiness variants: the lookahead LA^(k') with the first ground truth's optimizer and lr
-    (minibatches drawn with another seed than the ground truth's), its deterministic full-batch
-    form LA_GD^(k') (k' steps on all ``n_probe`` probe samples, loss on them), and the curvature
-    readiness Q(η) at the lr of the first SGD ground truth (else the first one's)."""
+    """Our readiness variants LA^(k'), LA_GD^(k') and Q(η) (docs/benchmarks.md, "Variants")."""
     x_tr, y_tr, x_val, y_val = data
     _, opt, lr = s.gain_optimizers[0]
     opt = "adam" if opt.startswith("adam") else opt
@@ -80,15 +77,8 @@ def _variants(s: Setting, model, loss_fn, data, seed: int, timings: dict) -> dic
 def continuing_adam_gain(model: nn.Module, loss_fn, optimizer_state: dict, train_inputs, train_targets,
                          val_inputs, val_targets, *, k: int, lr: float, batch_size: int, n_runs: int = 128,
                          seed: int = 0, chunk_size: int = 1024) -> dict:
-    """``G^(k)`` for Adam *continuing* from a checkpoint's optimizer state (moments and step count).
-
-    Same protocol as :func:`avalanche_plugins.readiness.k_step_gain` (``n_runs`` vectorised runs,
-    the same seeded minibatch draw, so with the same ``seed`` the runs use exactly the minibatches
-    of ``k_step_gain``'s), but every run starts from ``optimizer_state`` (a ``torch.optim.Adam``
-    ``state_dict``, parameters in ``model.parameters()`` order) instead of zero moments: step
-    ``t`` uses bias corrections ``1 − β^(t₀ + t)`` (``k_step_gain(..., adam_state=...)``).
-    Returns ``{"gain", "stderr", "indices"}``; a diverged run gives a non-finite gain.
-    """
+    """``G^(k)`` for Adam *continuing* from a checkpoint's optimizer state (docs/benchmarks.md,
+    "Ground truth"): ``{"gain", "stderr", "indices", "loss_before"}``."""
     result = rd.k_step_gain(model, loss_fn, train_inputs, train_targets, val_inputs, val_targets, k=k, lr=lr,
                          optimizer="adam", batch_size=batch_size, n_runs=n_runs, seed=seed,
                          chunk_size=chunk_size, adam_state=optimizer_state)

@@ -97,15 +97,8 @@ def default_settings(quick: bool, data_root=None, *, pmnist_examples: int | None
 
 def declining_settings(quick: bool, data_root=None, *, tasks: int | None = None, n_runs: int | None = None,
                        epochs: int | None = None) -> list[Setting]:
-    """The streams that lose plasticity (issue 33), on MNIST from ``data_root`` (scikit-learn digits
-    without it, for tests): ``randlabel`` — random-label MNIST (the first 1,000 training images,
-    fresh uniform labels every task, loss and accuracy on the task's own images, as in
-    ``benchmarks.grow_prune``'s random-label settings), and ``binary`` — a continual-ImageNet-style
-    stream (Dohare et al. 2024): every task a random pair of classes, binary labels, up to 1,000
-    training images, held-out images of the pair as validation. Learner as in ``benchmarks.grow_prune``:
-    MLP 256-256, SGD lr 0.01 with momentum 0.9, batch 64, 10 epochs per task; a checkpoint after every
-    task. Ground truth: SGD lr 0.01 (the learner's step, the paper's G), 128 runs (64 for G^(100)).
-    """
+    """The streams that lose plasticity (issue 33) on MNIST from ``data_root`` (digits without it):
+    docs/benchmarks.md, "benchmarks.plasticity_ranking"."""
     data = "mnist" if data_root is not None else "digits"
     common = dict(hidden=(256, 256), optimizer="sgd", lr=0.01, momentum=0.9, train_batch=64,
                   epochs_per_task=epochs or 10,
