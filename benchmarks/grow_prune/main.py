@@ -40,7 +40,8 @@ def _parser():
                               skip_help="setting names (e.g. 'cnn split digits'); timing (the masked/dense cost)")
     parser.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS)}")
     types = {"int": int, "float": float}
-    for option in yaml.safe_load((Path(__file__).parent / "options.yaml").read_text(encoding="utf-8")):
+    options = yaml.safe_load((Path(__file__).parent / "options.yaml").read_text(encoding="utf-8"))
+    for option in options:
         keywords = {k: types[v] if k == "type" else v for k, v in option.items() if k != "flag"}
         parser.add_argument(option["flag"], **keywords)
     return parser

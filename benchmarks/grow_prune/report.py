@@ -69,10 +69,8 @@ def _paired_cells(by: dict, st: str, a: str, b: str, c: float, keys) -> list[str
     return cells
 
 
-def analysis(rows: list[dict]) -> str:
-    """The docs' reading tables from the run rows (docs/benchmarks.md, "Report tables")."""
-    settings = list(dict.fromkeys(r["setting"] for r in rows))
-    by = {(r["setting"], r["method"], r["compactness"], r["seed"]): r for r in rows}
+def analysis(by: dict, settings: list[str]) -> str:
+    """The docs' reading tables from the run rows by key (docs/benchmarks.md, "Report tables")."""
     out = ["Paired Grow − Prune (mean over seeds; seeds where Grow is higher)",
            "| setting | c | ΔACC | ΔTAA | Δticket ACC | Δticket TAA |", "|---|---|---|---|---|---|"]
     for s in settings:
@@ -160,14 +158,6 @@ def _mlp_cnn_pairs(settings: list[str]) -> list[tuple[str, str]]:
     """
     return [(f"mlp {st.removeprefix('cnn ')}", st) for st in settings
             if st.startswith("cnn ") and f"mlp {st.removeprefix('cnn ')}" in settings]
-
-
-def verdict_tables(rows: list[dict]) -> str:
-    """The tests behind the verdicts of issue 25, claims 1–4 (docs, "Report tables")."""
-    by = {(r["setting"], r["method"], r["compactness"], r["seed"]): r for r in rows}
-    settings = list(dict.fromkeys(r["setting"] for r in rows))
-    return "\n".join(claim1_table(by, settings) + claim2_tables(by, settings) + claim3_table(by, settings)
-                     + claim4_table(by))
 
 
 def claim2_tables(by: dict, settings: list[str]) -> list[str]:
@@ -289,9 +279,14 @@ VALUES = ("acc", "taa", "ticket_acc", "ticket_taa", "newborn_grad_ratio", "plast
 
 
 def report(saved: dict) -> str:
-    """The summary table, the paired analysis and the masked/dense time per epoch of a saved run."""
-    lines = [format_table(saved["summary"], ["setting", "method", "compactness"], VALUES), analysis(saved["runs"]),
-             "", verdict_tables(saved["runs"])]
+    """The summary table, the paired analysis, the tests behind the verdicts of issue 25
+    (claims 1–4) and the masked/dense time per epoch of a saved run."""
+    by = {(r["setting"], r["method"], r["compactness"], r["seed"]): r for r in saved["runs"]}
+    settings = list(dict.fromkeys(r["setting"] for r in saved["runs"]))
+    claims = (claim1_table(by, settings) + claim2_tables(by, settings) + claim3_table(by, settings)
+              + claim4_table(by))
+    lines = [format_table(saved["summary"], ["setting", "method", "compactness"], VALUES),
+             analysis(by, settings), "", "\n".join(claims)]
     if saved.get("timing"):
         lines.append("masked/dense time per epoch: " + ", ".join(f"{t['setting']} {t['masked_over_dense']:.2f}"
                                                                for t in saved["timing"]))

@@ -64,7 +64,8 @@ def main(argv=None) -> dict:
     parser = benchmark_parser("plasticity_ranking", package.__doc__.splitlines()[0],
                               skip_help="benchmarks (scr, pmnist) or learners (e.g. scr/bit_flip/h2)")
     types = {"int": int, "float": float}  # the options of options.yaml beside this module
-    for option in yaml.safe_load((Path(__file__).parent / "options.yaml").read_text(encoding="utf-8")):
+    options = yaml.safe_load((Path(__file__).parent / "options.yaml").read_text(encoding="utf-8"))
+    for option in options:
         keywords = {k: types[v] if k == "type" else v for k, v in option.items() if k != "flag"}
         parser.add_argument(option["flag"], **keywords)
     args = parse_args(parser, argv)

@@ -93,21 +93,18 @@ def _gains(s: Setting, model: nn.Module, loss_fn, data, seed: int, timings: dict
     x_tr, y_tr, x_val, y_val = data
     rec: dict = {}
     for name, opt, lr in s.gain_optimizers:
+        continuing = opt == "adam_continue"  # k_step_gain as continuing_adam_gain calls it
+        if continuing and optimizer_state is None:
+            raise ValueError("the adam_continue ground truth needs the checkpoint's "
+                             "optimizer_state")
         for k in s.ks:
-            t0 = time.perf_counter()
-            if opt == "adam_continue":
-                if optimizer_state is None:
-                    raise ValueError("the adam_continue ground truth needs the checkpoint's optimizer_state")
-                g = continuing_adam_gain(model, loss_fn, optimizer_state, x_tr, y_tr, x_val, y_val, k=k, lr=lr,
-                                         batch_size=s.gain_batch, n_runs=s.n_runs, seed=seed)
-                gain, stderr = g["gain"], g["stderr"]
-            else:
-                g = rd.k_step_gain(model, loss_fn, x_tr, y_tr, x_val, y_val, k=k, lr=lr, optimizer=opt,
-                                batch_size=s.gain_batch, n_runs=dict(s.n_runs_by_k).get(k, s.n_runs), seed=seed)
-                gain, stderr = g.gain, g.stderr
-            timings[f"gain_{name}_k{k}_s"] = time.perf_counter() - t0
-            rec[f"gain_{name}_k{k}"] = _finite_gain(gain)
-            rec[f"gain_{name}_k{k}_stderr"] = stderr
+            n_runs = s.n_runs if continuing else dict(s.n_runs_by_k).get(k, s.n_runs)
+            g = _timed(timings, f"gain_{name}_k{k}_s", rd.k_step_gain, model, loss_fn, x_tr, y_tr,
+                       x_val, y_val, k=k, lr=lr, optimizer="adam" if continuing else opt,
+                       batch_size=s.gain_batch, n_runs=n_runs, seed=seed,
+                       adam_state=optimizer_state if continuing else None)
+            rec[f"gain_{name}_k{k}"] = _finite_gain(g.gain)
+            rec[f"gain_{name}_k{k}_stderr"] = g.stderr
     if time_costs:  # the cost ratio needs G^(k) timings also for k not ranked in this run
         name, opt, lr = s.gain_optimizers[0]
         for k in s.cost_k:
@@ -136,13 +133,11 @@ def score_checkpoint(setting: Setting, model: nn.Module, loss_fn, data, *, seed:
     probe = x_val[: s.n_probe]
     probe_j, probe_jy = x_val[: s.n_probe_jacobian], y_val[: s.n_probe_jacobian]
     last = last_hidden_features(model, probe)
-    rec["effective_rank"] = rd.effective_rank(last)
-    rec["energy_rank"] = float(rd.energy_rank(last))
-    rec["active_units"] = rd.active_unit_fraction(model, probe)
-    rec["srank"] = float(rd.srank(last))
-    rec["feature_rank"] = float(rd.feature_rank(last))
-    rec["dormant_units"] = rd.dormant_unit_fraction(model, probe)
-    rec["weight_magnitude"] = rd.average_weight_magnitude(model)
+    rec.update(effective_rank=rd.effective_rank(last), energy_rank=float(rd.energy_rank(last)),
+               active_units=rd.active_unit_fraction(model, probe), srank=float(rd.srank(last)),
+               feature_rank=float(rd.feature_rank(last)),
+               dormant_units=rd.dormant_unit_fraction(model, probe),
+               weight_magnitude=rd.average_weight_magnitude(model))
     rec.update(regime(last))
     rec.update(_variants(s, model, loss_fn, data, seed, timings))
     rec["entk_energy_rank"] = float(_timed(timings, "entk_s", rd.entk_energy_rank, model, probe_j))
