@@ -13,15 +13,8 @@ VARIANTS = ("bit_flip", "resample")
 
 
 def ltu_thresholds(weights: torch.Tensor, bias: torch.Tensor, beta: float = 0.7) -> torch.Tensor:
-    """LTU thresholds ``τ_i = β(m+1) − S_i`` for ±1 ``weights`` ``(units, m)`` and ``bias`` ``(units,)``
-    (``m``, ``S_i``: docs/benchmarks.md, "benchmarks.scr").
-
-    Example:
-        >>> w = torch.tensor([[1.0, -1.0, -1.0]])  # m = 3
-        >>> b = torch.tensor([-1.0])               # S = 3 (two weights + the bias)
-        >>> ltu_thresholds(w, b, beta=0.5)         # 0.5 * 4 - 3
-        tensor([-1.])
-    """
+    """LTU thresholds ``τ_i = β(m+1) − S_i`` for ±1 ``weights`` ``(units, m)`` and ``bias``
+    ``(units,)`` (``m``, ``S_i`` and a hand-checked case: docs/benchmarks.md, "benchmarks.scr")."""
     m = weights.shape[1]
     negatives = (weights < 0).sum(dim=1) + (bias < 0).long()
     return beta * (m + 1) - negatives.to(weights.dtype)
@@ -97,13 +90,7 @@ def scr_period(t: int, *, variant: str = "bit_flip", n: int = 10_000, seed: int 
 def scr_benchmark(n_periods: int, *, variant: str = "bit_flip", examples_per_period: int = 10_000,
                   test_examples: int = 1_000, seed: int = 0):
     """Avalanche benchmark with one experience per period (train: ``examples_per_period`` examples;
-    test: ``test_examples`` held-out examples of the same period). Items are ``(x, y, 0)``.
-
-    Example:
-        >>> bm = scr_benchmark(3, examples_per_period=20, test_examples=5)
-        >>> len(bm.train_stream), len(bm.train_stream[1].dataset), len(bm.test_stream[2].dataset)
-        (3, 20, 5)
-    """
+    test: ``test_examples`` held-out examples of the same period). Items are ``(x, y, 0)``."""
     from avalanche.benchmarks.scenarios.dataset_scenario import benchmark_from_datasets
     from avalanche.benchmarks.utils import AvalancheDataset
     from avalanche.benchmarks.utils.data_attribute import DataAttribute

@@ -150,14 +150,8 @@ def cost_ratios(runs: list[dict], settings: dict) -> dict:
 
 
 def noise_ceiling(gains, stderrs) -> float:
-    """Expected PRA of the true gains against one noisy measurement of them (Gaussian errors).
-
-    Example:
-        >>> round(noise_ceiling([0.1, 0.2, 0.3], [0.0, 0.0, 0.0]), 3)
-        1.0
-        >>> round(noise_ceiling([0.1, 0.1 + 1e-9], [0.05, 0.05]), 2)
-        0.5
-    """
+    """Expected PRA of the true gains against one noisy measurement of them (Gaussian errors; 1
+    without noise, 0.5 for a near tie: docs/benchmarks.md, "Pooled analysis")."""
     g, s = np.asarray(gains, float), np.asarray(stderrs, float)
     probs = []
     for i, j in combinations(range(len(g)), 2):

@@ -24,14 +24,8 @@ def last_hidden_features(model: nn.Module, probe: torch.Tensor) -> torch.Tensor:
 def regime(last: torch.Tensor) -> dict:
     """The regime of a checkpoint from its last hidden layer's features ``(n_probe, units)``:
     ``dead`` when no unit is non-zero on any probe input, and the fraction of units that are
-    (``last_layer_active``). The PRA tables are stratified by ``dead``.
-
-    Example:
-        >>> regime(torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]))
-        {'dead': False, 'last_layer_active': 0.3333333432674408}
-        >>> regime(torch.zeros(4, 3))["dead"]
-        True
-    """
+    (``last_layer_active``; examples: docs/benchmarks.md, "Regime"). The PRA tables are stratified
+    by ``dead``."""
     active = last.abs().amax(dim=0) > 0
     return {"dead": not bool(active.any()), "last_layer_active": float(active.float().mean())}
 

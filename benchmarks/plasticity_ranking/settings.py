@@ -103,14 +103,8 @@ def gain_keys(setting: Setting) -> list[tuple[str, int]]:
 
 
 def setting_from_dict(entry: dict) -> Setting:
-    """A :class:`Setting` from its saved form (``asdict`` in ``results.json``: lists for tuples).
-
-    Example:
-        >>> from dataclasses import asdict
-        >>> s = default_settings(True)[0]
-        >>> setting_from_dict(asdict(s)) == s
-        True
-    """
+    """A :class:`Setting` from its saved form (``asdict`` in ``results.json``: lists for tuples;
+    ``setting_from_dict(asdict(s)) == s``)."""
     tuples = ("hidden", "ks", "ablation_fractions", "cost_k")
     fields = {k: tuple(v) if k in tuples else v for k, v in entry.items()}
     fields["n_runs_by_k"] = tuple(tuple(p) for p in entry.get("n_runs_by_k", ()))
