@@ -1,19 +1,5 @@
-"""Slowly-Changing Regression (SCR): the loss-of-plasticity regression stream, as tensors and as an
-Avalanche benchmark.
-
-20 binary inputs (15 "flipping" bits held for a period, 5 drawn for every example) and a fixed
-random target network of 100 LTU units (Dohare et al., Nature 2024; as used by arXiv 2605.09044).
-:meth:`SlowlyChangingRegression.period` (alias :func:`scr_period`) gives one period's tensors,
-:func:`scr_benchmark` an Avalanche benchmark with one experience per period. Source, the LTU rule
-and the reconstructions of the ambiguous parts: docs/benchmarks.md, "benchmarks.scr".
-
-Example:
-    >>> scr = SlowlyChangingRegression(seed=0, examples_per_period=100)
-    >>> x, y = scr.period(3)
-    >>> x.shape, y.shape, bool(((x == 0) | (x == 1)).all())
-    (torch.Size([100, 20]), torch.Size([100, 1]), True)
-    >>> bool((x[:, :15] == x[0, :15]).all())  # flipping bits are constant within a period
-    True
+"""Slowly-Changing Regression (SCR), the loss-of-plasticity regression stream, as tensors and as an
+Avalanche benchmark. Source, LTU rule, reconstructions: docs/benchmarks.md, "benchmarks.scr".
 """
 
 from __future__ import annotations
@@ -27,32 +13,16 @@ VARIANTS = ("bit_flip", "resample")
 
 
 def ltu_thresholds(weights: torch.Tensor, bias: torch.Tensor, beta: float = 0.7) -> torch.Tensor:
-    """LTU thresholds ``τ_i = β(m+1) − S_i`` for ±1 ``weights`` ``(units, m)`` and ``bias`` ``(units,)``.
-
-    ``m`` is the number of inputs; the bias is the ``(m+1)``-th weight (on a constant-1 input) and
-    ``S_i`` counts the −1 entries among the ``m + 1`` weights of unit ``i``.
-
-    Example:
-        >>> w = torch.tensor([[1.0, -1.0, -1.0]])  # m = 3
-        >>> b = torch.tensor([-1.0])               # S = 3 (two weights + the bias)
-        >>> ltu_thresholds(w, b, beta=0.5)         # 0.5 * 4 - 3
-        tensor([-1.])
-    """
+    """LTU thresholds ``τ_i = β(m+1) − S_i`` for ±1 ``weights`` ``(units, m)`` and ``bias``
+    ``(units,)`` (``m``, ``S_i`` and a hand-checked case: docs/benchmarks.md, "benchmarks.scr")."""
     m = weights.shape[1]
     negatives = (weights < 0).sum(dim=1) + (bias < 0).long()
     return beta * (m + 1) - negatives.to(weights.dtype)
 
 
 class SlowlyChangingRegression:
-    """The SCR problem with a fixed seeded target network (see the module docstring).
-
-    Args:
-        n_flipping: flipping bits (held for a period). n_random: bits redrawn for every example.
-        n_hidden: LTU units of the target network. beta: LTU matching fraction β.
-        variant: ``"bit_flip"`` (one random flipping bit flips per period) or ``"resample"``.
-        examples_per_period: default number of examples returned by :meth:`period`.
-        seed: fixes the target network, the flipping-bit sequence and every period's random bits.
-    """
+    """The SCR problem with a fixed seeded target network (arguments: docs/benchmarks.md,
+    "benchmarks.scr")."""
 
     def __init__(self, *, n_flipping: int = 15, n_random: int = 5, n_hidden: int = 100, beta: float = 0.7,
                  variant: str = "bit_flip", examples_per_period: int = 10_000, seed: int = 0):
@@ -120,13 +90,7 @@ def scr_period(t: int, *, variant: str = "bit_flip", n: int = 10_000, seed: int 
 def scr_benchmark(n_periods: int, *, variant: str = "bit_flip", examples_per_period: int = 10_000,
                   test_examples: int = 1_000, seed: int = 0):
     """Avalanche benchmark with one experience per period (train: ``examples_per_period`` examples;
-    test: ``test_examples`` held-out examples of the same period). Items are ``(x, y, 0)``.
-
-    Example:
-        >>> bm = scr_benchmark(3, examples_per_period=20, test_examples=5)
-        >>> len(bm.train_stream), len(bm.train_stream[1].dataset), len(bm.test_stream[2].dataset)
-        (3, 20, 5)
-    """
+    test: ``test_examples`` held-out examples of the same period). Items are ``(x, y, 0)``."""
     from avalanche.benchmarks.scenarios.dataset_scenario import benchmark_from_datasets
     from avalanche.benchmarks.utils import AvalancheDataset
     from avalanche.benchmarks.utils.data_attribute import DataAttribute

@@ -41,9 +41,7 @@ def _stream(dataset: str, scenario: str, n_experiences: int, data_root, subset: 
 
 
 def _random_label_benchmark(x: torch.Tensor, n_experiences: int):
-    """Random-label MNIST (loss-of-plasticity literature): every experience is the same images with
-    fresh uniformly random labels, and its test set is its own training set, so accuracy measures how
-    well the network can still memorise a new labelling."""
+    """Random-label MNIST: the same images with fresh labels per experience (docs, "Streams")."""
     from avalanche.benchmarks import tensors_benchmark
 
     g = torch.Generator().manual_seed(0)

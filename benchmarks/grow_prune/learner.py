@@ -33,9 +33,7 @@ from benchmarks.grow_prune.settings import (
 
 
 class DelayedEditClock(CycleClock):
-    """Stream-scope cycles whose edit comes ``edit_epoch`` epochs into the cycle instead of at its
-    start (every cycle but the first): with one cycle per experience of T epochs, the edited network
-    trains T − ``edit_epoch`` epochs before the next task while every method trains T epochs in all.
+    """Stream-scope cycles, the edit ``edit_epoch`` epochs into each (docs, "Fixed budget").
 
     Example:
         >>> clock = DelayedEditClock(epochs_per_cycle=4, edit_epoch=3)
@@ -78,14 +76,8 @@ def _make_plugin(method: str, setting: Setting, c: float, seed: int):
 
 
 class NewbornCourse:
-    """Per-iteration newborn/incumbent gradient ratio after every growth event of a
-    :class:`GrowPlugin` (an Avalanche plugin placed after it): the time course of integration.
-
-    ``events``: per growth, ``{"edit", "iteration", "ratio"}`` with ``ratio`` the mean per-unit
-    gradient norm of the newborn units over the incumbents' (pooled over the masked layers), one
-    value per ``bin`` training iterations, until the next growth or the end of training.
-    :func:`steps_to_parity` reads from it how many iterations the newborns need to reach the
-    incumbents' gradient norm."""
+    """Newborn/incumbent gradient ratio after every growth of a :class:`GrowPlugin` (an Avalanche
+    plugin placed after it; ``events``: docs/benchmarks.md, "Newborn course")."""
 
     def __init__(self, grow: GrowPlugin, bin: int = 10):
         from avalanche.core import SupervisedPlugin
@@ -120,8 +112,7 @@ class NewbornCourse:
 
 
 def steps_to_parity(ratios, bin: int = 10, window: int = 3) -> tuple[int | None, int]:
-    """Iterations after insertion until the newborn gradient ratio first reaches 1 (a moving
-    average over ``window`` bins of ``bin`` iterations): ``(steps or None when never, steps observed)``.
+    """Iterations after insertion until the newborn gradient ratio reaches 1 ("Newborn course").
 
     Example:
         >>> steps_to_parity([0.2, 0.5, 0.9, 1.2, 1.3, 1.1], bin=10, window=2)
@@ -135,8 +126,7 @@ def steps_to_parity(ratios, bin: int = 10, window: int = 3) -> tuple[int | None,
 
 
 class CurrentTaskAccuracy:
-    """Test accuracy on each experience right after training on it (plasticity: how well a new task
-    is still learned), as an Avalanche plugin."""
+    """Test accuracy on each experience right after training on it, as an Avalanche plugin."""
 
     def __init__(self, test_stream):
         from avalanche.core import SupervisedPlugin
@@ -211,8 +201,8 @@ def run_one(setting: Setting, stream, method: str, c: float, seed: int, *, ticke
 
 
 def time_per_epoch(setting: Setting, stream, c: float | None, repeats: int = 3) -> float:
-    """Seconds per training epoch on the first experience, dense (``c`` None) or with a fixed
-    random mask at compactness ``c``; the minimum over ``repeats``."""
+    """Seconds per epoch on the first experience, dense (``c`` None) or masked at ``c``
+    (the minimum over ``repeats``)."""
     from avalanche.training.supervised import Naive
 
     best = math.inf

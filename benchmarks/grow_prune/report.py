@@ -69,12 +69,8 @@ def _paired_cells(by: dict, st: str, a: str, b: str, c: float, keys) -> list[str
     return cells
 
 
-def analysis(rows: list[dict]) -> str:
-    """The docs' reading tables from the run rows: paired Grow − Prune differences per compactness
-    (and in how many seeds Grow is higher), each intervention's paired change of the newborn
-    gradient ratio against plain Grow, and Grow's newborn/incumbent activation ratio."""
-    settings = list(dict.fromkeys(r["setting"] for r in rows))
-    by = {(r["setting"], r["method"], r["compactness"], r["seed"]): r for r in rows}
+def analysis(by: dict, settings: list[str]) -> str:
+    """The docs' reading tables from the run rows by key (docs/benchmarks.md, "Report tables")."""
     out = ["Paired Grow − Prune (mean over seeds; seeds where Grow is higher)",
            "| setting | c | ΔACC | ΔTAA | Δticket ACC | Δticket TAA |", "|---|---|---|---|---|---|"]
     for s in settings:
@@ -103,8 +99,7 @@ def analysis(rows: list[dict]) -> str:
 
 
 def _paired(a, b) -> str:
-    """``mean(a − b) [sd] d_z, seeds a > b, paired t-test p`` over aligned per-seed values
-    ("identical" when a equals b in every seed, e.g. an intervention that is a no-op).
+    """``mean(a − b) (d_z; seeds a > b; paired t-test p)`` over per-seed values, or "identical".
 
     Example:
         >>> _paired([0.5, 0.6], [0.5, 0.6])
@@ -127,8 +122,7 @@ def _paired(a, b) -> str:
 
 
 def claim1_table(by: dict, settings: list[str]) -> list[str]:
-    """Claim 1's table: plain Grow's newborn/incumbent gradient and activation ratios per setting and
-    compactness, the one-sample t-test of log(grad ratio) < 0, and the iterations to parity."""
+    """Claim 1: plain Grow's newborn units per setting and compactness (docs, "Report tables")."""
     from scipy import stats
 
     out = ["Claim 1: newborn units (plain Grow; per seed the mean over growth cycles)",
@@ -166,25 +160,8 @@ def _mlp_cnn_pairs(settings: list[str]) -> list[tuple[str, str]]:
             if st.startswith("cnn ") and f"mlp {st.removeprefix('cnn ')}" in settings]
 
 
-def verdict_tables(rows: list[dict]) -> str:
-    """The tests behind the verdicts of issue 25 (paired over seeds; scipy):
-
-    1. newborn/incumbent gradient and activation ratio per growth cycle, one-sample t-test of
-       log(grad ratio) against 0, and iterations until the newborns' gradient norm reaches the
-       incumbents' (:func:`steps_to_parity`) after the last growth;
-    2. Grow − Prune on ACC, TAA, ticket ACC, ticket TAA per setting and compactness;
-    3. each intervention − plain Grow on the grad ratio, ACC, TAA and ticket ACC;
-    4. on the plasticity settings, Grow − Prune (ACC, TAA, current-task accuracy) per integration time.
-    """
-    by = {(r["setting"], r["method"], r["compactness"], r["seed"]): r for r in rows}
-    settings = list(dict.fromkeys(r["setting"] for r in rows))
-    return "\n".join(claim1_table(by, settings) + claim2_tables(by, settings) + claim3_table(by, settings)
-                     + claim4_table(by))
-
-
 def claim2_tables(by: dict, settings: list[str]) -> list[str]:
-    """Grow − Prune per setting and compactness, and where a stream ran with both networks, the
-    CNN's gap minus the MLP's (is the gap larger with the conv trunk?)."""
+    """Claim 2: Grow − Prune per setting and compactness; the CNN's gap minus the MLP's."""
     out = ["", "Claim 2: Grow − Prune, paired over seeds: mean (d_z; seeds where Grow is higher; paired t-test p)",
            "| setting | c | ACC | TAA | ticket ACC | ticket TAA | current-task acc |", "|---|---|---|---|---|---|---|"]
     for st in settings:
@@ -226,9 +203,7 @@ def claim3_table(by: dict, settings: list[str]) -> list[str]:
 
 
 def claim4_table(by: dict) -> list[str]:
-    """Plasticity settings (names ending in `` E<epochs>``): Grow − each baseline per integration
-    time E, and the trend (the Grow − baseline difference at the largest E minus at the smallest,
-    paired over seeds)."""
+    """Claim 4: Grow − each baseline per integration time E, and the trend (docs, "Claim 4")."""
     groups: dict = {}
     for (st, _, _, _) in by:
         m = re.match(r"(.*) E(\d+)$", st)
@@ -266,8 +241,7 @@ def claim4_table(by: dict) -> list[str]:
 
 
 def compact_row(row: dict) -> dict:
-    """A row as a kept run stores it (``--merge``): without the unit indices of every edit and with
-    every float at 6 significant digits (the report prints 3 decimals); ``--report`` reads it unchanged.
+    """A row as a kept run stores it (``--merge``; docs/benchmarks.md, "Kept runs").
 
     Example:
         >>> compact_row({"edits": [{"cycle": 1, "units": {"fc": [3, 7]}}], "acc": 0.91234567891})
@@ -280,9 +254,8 @@ def compact_row(row: dict) -> dict:
 
 
 def share_run_configs(saved: dict) -> dict:
-    """A kept run with every distinct per-run ``config`` stored once, in ``saved["run_configs"]``,
-    and each run's ``config`` the index of its entry there (a setting's runs share one, so this
-    takes the repetition out of the kept files; ``report`` does not read it).
+    """A kept run with every distinct per-run ``config`` stored once in ``saved["run_configs"]`` and
+    each run's ``config`` its index there (docs/benchmarks.md, "Kept runs").
 
     Example:
         >>> share_run_configs({"runs": [{"acc": 1, "config": {"lr": 0.1}}, {"acc": 2, "config": {"lr": 0.1}}]})
@@ -306,9 +279,14 @@ VALUES = ("acc", "taa", "ticket_acc", "ticket_taa", "newborn_grad_ratio", "plast
 
 
 def report(saved: dict) -> str:
-    """The summary table, the paired analysis and the masked/dense time per epoch of a saved run."""
-    lines = [format_table(saved["summary"], ["setting", "method", "compactness"], VALUES), analysis(saved["runs"]),
-             "", verdict_tables(saved["runs"])]
+    """The summary table, the paired analysis, the tests behind the verdicts of issue 25
+    (claims 1–4) and the masked/dense time per epoch of a saved run."""
+    by = {(r["setting"], r["method"], r["compactness"], r["seed"]): r for r in saved["runs"]}
+    settings = list(dict.fromkeys(r["setting"] for r in saved["runs"]))
+    claims = (claim1_table(by, settings) + claim2_tables(by, settings) + claim3_table(by, settings)
+              + claim4_table(by))
+    lines = [format_table(saved["summary"], ["setting", "method", "compactness"], VALUES),
+             analysis(by, settings), "", "\n".join(claims)]
     if saved.get("timing"):
         lines.append("masked/dense time per epoch: " + ", ".join(f"{t['setting']} {t['masked_over_dense']:.2f}"
                                                                for t in saved["timing"]))

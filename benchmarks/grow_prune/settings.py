@@ -4,23 +4,16 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
+import yaml
 from torch import nn
 
 from avalanche_plugins.study.catalog.zoo import build_model
 
-GROW_VARIANTS = {  # method -> GrowPlugin interventions
-    "grow": {},
-    "grow+zero_out": {"outgoing": "zero"},
-    "grow+zero_state": {"optimizer_state": "zero"},
-    "grow+fresh_state": {"optimizer_state": "fresh"},
-    "grow+reinit_in": {"incoming": "reinit"},
-    "grow+newborn_lr": {"newborn_lr": 3.0, "newborn_lr_halflife": 200.0},
-    "grow+leaky": {},  # leaky ReLU model (plasticity-preserving activation; MLP only)
-}
-
-
+_DATA = yaml.safe_load((Path(__file__).parent / "settings.yaml").read_text(encoding="utf-8"))
+GROW_VARIANTS = _DATA["grow_variants"]  # method -> GrowPlugin interventions
 METHODS = ("dense", "prune", "prune+norewind", *GROW_VARIANTS)  # prune+norewind: IMP without rewinding
 
 
@@ -72,6 +65,7 @@ def make_optimizer(setting: Setting, params):
 
 
 def settings_for(args) -> list[Setting]:
+    """The settings of the command (what each is for: docs/benchmarks.md, "Settings")."""
     quick = args.quick
     common = dict(epochs=2 if quick else 4, edits=2 if quick else 3)
     out = [Setting("mlp split digits", hidden=(64, 64) if quick else (128, 128), **common),
@@ -79,8 +73,6 @@ def settings_for(args) -> list[Setting]:
     if not quick:
         out.append(Setting("mlp iid digits", n_experiences=1, epochs=8, edits=3))
     if args.data_root:
-        # class-incremental Split Fashion-MNIST (issue 40): the conv-trunk claims where the CNN does
-        # not saturate; ``--fashion-subset`` cuts the training images (never the seeds)
         split = dict(epochs=2 if quick else 3, edits=2, batch_size=64, data_root=args.data_root)
         for dataset, subset in (("fashion_mnist", getattr(args, "fashion_subset", None)), ("mnist", None)):
             out += [Setting(f"mlp split {dataset}", hidden=(256, 256), dataset=dataset, subset=subset, **split),
@@ -89,26 +81,19 @@ def settings_for(args) -> list[Setting]:
         mnist = dict(dataset="mnist", data_root=args.data_root, batch_size=64)
         if not quick:
             out.append(Setting("mlp iid mnist", n_experiences=1, hidden=(256, 256), epochs=6, edits=3, **mnist))
-        # the i.i.d. CNN (issue 25): where the dense CNN learns (>= 0.97), beside the MLP at the same protocol
         out.append(Setting("cnn iid mnist", model="cnn", n_experiences=1, widths=tuple(args.cnn_widths),
                            epochs=6, edits=3, lr=args.cnn_lr, **mnist))
-        # loss of plasticity: Permuted MNIST, one edit at the start of every experience, then E epochs
-        # (the integration time) before the next task; no tickets
+        permuted = dict(scenario="permuted", n_experiences=args.permuted_experiences,
+                        hidden=(256, 256), edits=args.permuted_experiences - 1, ticket=False,
+                        subset=args.permuted_subset, **mnist)
         for e in args.integration_epochs:
-            out.append(Setting(f"mlp permuted mnist E{e}", scenario="permuted", n_experiences=args.permuted_experiences,
-                               hidden=(256, 256), epochs=e, epochs_per_cycle=e, edits=args.permuted_experiences - 1,
-                               ticket=False, subset=args.permuted_subset, **mnist))
-        # the same stream at a fixed budget of T epochs per experience for every method: the edit comes
-        # T − E epochs into each experience, so only the newborns' time before the next task varies
+            out.append(Setting(f"mlp permuted mnist E{e}", epochs=e, epochs_per_cycle=e,
+                               **permuted))
         t = args.fixed_budget_epochs
         for e in (e for e in args.integration_epochs if e <= t):
-            out.append(Setting(f"mlp permuted mnist T{t} E{e}", scenario="permuted",
-                               n_experiences=args.permuted_experiences, hidden=(256, 256), epochs=t,
-                               epochs_per_cycle=t, edit_epoch=t - e, edits=args.permuted_experiences - 1,
-                               ticket=False, subset=args.permuted_subset, **mnist))
-            # the same with leaky ReLU for every method (a plasticity-preserving activation)
+            out.append(Setting(f"mlp permuted mnist T{t} E{e}", epochs=t, epochs_per_cycle=t,
+                               edit_epoch=t - e, **permuted))
             out.append(replace(out[-1], name=f"mlp leaky permuted mnist T{t} E{e}", leaky=True))
-            # random-label MNIST: memorise a new labelling of the same images per experience, no replay
             out.append(replace(out[-2], name=f"mlp random-label mnist T{t} E{e}", scenario="random_labels",
                                replay_per_class=0))
     return out

@@ -1,9 +1,5 @@
-"""The tight online training loop (batch 1, one pass per task) of a run, and the minibatch learner.
-
-The update is the library's SGD / Adam step written out in NumPy float32 on views of the model's
-parameters: why it is not :func:`avalanche_plugins.core.optim.functional_step` per sample is in
-docs/benchmarks.md, "benchmarks.plasticity_ranking" (training loop).
-"""
+"""The online training loop (batch 1, one pass per task; docs "Training loop") and the minibatch
+learner."""
 
 from __future__ import annotations
 
@@ -16,12 +12,8 @@ from torch import nn
 
 
 class OnlineLearner:
-    """Batch-1 online training of an ``MLP`` (Linear+ReLU chain) in NumPy, in place on the model.
-
-    ``loss``: ``"mse"`` (``nn.MSELoss`` on a ``(1, 1)`` output) or ``"ce"`` (``nn.CrossEntropyLoss``).
-    ``optimizer``: ``"adam"`` (``torch.optim.Adam`` defaults: betas (0.9, 0.999), eps 1e-8, bias
-    correction) or ``"sgd"``. The parameter arrays are NumPy views of the model's tensors.
-    """
+    """Batch-1 online training of a Linear+ReLU ``MLP`` in NumPy, in place on the model
+    (``optimizer``, ``loss``: docs/benchmarks.md, "Training loop")."""
 
     def __init__(self, model: nn.Module, optimizer: str, lr: float, loss: str,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
@@ -116,12 +108,8 @@ class OnlineLearner:
 
 
 class MinibatchLearner(OnlineLearner):
-    """Minibatch training of a model with ``torch.optim`` (the declining streams of issue 33):
-    ``epochs`` passes over each task, each a fresh shuffle (seeded ``torch.Generator``), batches of
-    ``batch_size``. ``optimizer``: ``"adam"`` (``torch.optim.Adam``, default betas) or ``"sgd"``
-    (``torch.optim.SGD`` with ``momentum``); ``loss``: ``"ce"`` or ``"mse"``. Same interface as
-    :class:`OnlineLearner` (``train``, ``steps``; ``checkpoint`` is inherited), plus the accuracy on the task
-    just trained (``last_accuracy``, ``"ce"`` only): the loss-of-plasticity curve."""
+    """Minibatch ``torch.optim`` training (the declining streams; docs, "Training loop"), with
+    :class:`OnlineLearner`'s interface and ``last_accuracy``."""
 
     def __init__(self, model: nn.Module, optimizer: str, lr: float, loss: str, *, batch_size: int, epochs: int,
                  momentum: float = 0.0, seed: int = 0):

@@ -23,10 +23,8 @@ from benchmarks.plasticity_ranking.settings import (
 
 
 def metric_values(checkpoints, metric: str) -> list[float]:
-    """A metric's values over checkpoints, oriented so that higher reads as more plastic (the
-    :data:`NEGATED` diagnostics flipped), at 10 significant digits so that floating-point noise is
-    not ranked (the effective rank of rank-one features is 1 + O(1e-15), not a rank above 1); NaN
-    where a checkpoint lacks the metric (runs saved before it existed).
+    """A metric's values over checkpoints, higher = more plastic, at 10 significant digits, NaN
+    where missing (why: docs/benchmarks.md, "benchmarks.plasticity_ranking", PRA).
 
     Example:
         >>> metric_values([{"dormant_units": 0.25}, {"effective_rank": 1.0000000000000004}], "effective_rank")
@@ -100,10 +98,7 @@ def pra_table(rows, stratum: str, metrics=METRICS) -> tuple[str, dict]:
 
 def headlines(values: dict, settings: dict) -> dict:
     """Per benchmark, at the first ground truth and the largest k: OR's PRA per stratum and the best
-    label-agnostic baseline's (all checkpoints). First ground truth: ``adam_fresh`` on SCR (the most
-    predictable choice in the calibration notes; SGD at the learner's lr diverges on many
-    Adam-trained checkpoints), ``sgd`` (the paper's definition of G, and the learner's optimizer) on
-    P-MNIST."""
+    label-agnostic baseline's (all checkpoints; the first ground truths: docs, "Headline")."""
     out = {}
     for bench, columns in values["all"].items():
         s = next(x for x in settings.values() if x.benchmark == bench)
@@ -155,14 +150,8 @@ def cost_ratios(runs: list[dict], settings: dict) -> dict:
 
 
 def noise_ceiling(gains, stderrs) -> float:
-    """Expected PRA of the true gains against one noisy measurement of them (Gaussian errors).
-
-    Example:
-        >>> round(noise_ceiling([0.1, 0.2, 0.3], [0.0, 0.0, 0.0]), 3)
-        1.0
-        >>> round(noise_ceiling([0.1, 0.1 + 1e-9], [0.05, 0.05]), 2)
-        0.5
-    """
+    """Expected PRA of the true gains against one noisy measurement of them (Gaussian errors; 1
+    without noise, 0.5 for a near tie: docs/benchmarks.md, "Pooled analysis")."""
     g, s = np.asarray(gains, float), np.asarray(stderrs, float)
     probs = []
     for i, j in combinations(range(len(g)), 2):
@@ -173,15 +162,9 @@ def noise_ceiling(gains, stderrs) -> float:
 
 
 def pooled_analysis(runs: list[dict]) -> dict:
-    """Per-run PRA next to PRA pooled over every run of a benchmark, and the noise ceiling, from
-    the per-checkpoint records of a run (``results.json``'s ``checkpoints``):
-    ``{benchmark: {truth column: {"ceiling_per_run", "ceiling_pooled", metric: {"per_run", "pooled"}}}}``.
-
-    Per-run PRA ranks the checkpoints of one learner and seed among themselves (the benchmark's
-    own tables); pooled PRA ranks every checkpoint of the benchmark together, as a ranking across
-    runs would. The noise ceiling is the PRA a perfect predictor can expect against the
-    *measured* truth (:func:`noise_ceiling`); a gap to it is the metric's, not noise.
-    """
+    """Per-run and pooled PRA and the noise ceiling from a run's per-checkpoint records (docs,
+    "Pooled analysis"): ``{benchmark: {truth column: {"ceiling_per_run", "ceiling_pooled",
+    metric: {"per_run", "pooled"}}}}``."""
     out: dict = {}
     for benchmark in sorted({r["setting"].split("/")[0] for r in runs}):
         members = [r for r in runs if r["setting"].split("/")[0] == benchmark]
@@ -222,9 +205,8 @@ def pooled_table(result: dict, benchmark: str, columns) -> str:
 
 def paired_against_or(rows, benchmark: str, gain: str, metrics=METRICS, stratum: str = "all",
                       reference: str = "or") -> dict:
-    """Per k: for every metric, its PRA minus the ``reference`` metric's (OR by default), paired over
-    runs (seeds), with a paired t-test (:func:`avalanche_plugins.study.report.stats.paired_test`; no test
-    under 3 paired runs): ``{k: {metric: {"mean_diff", "t", "p", "n"}}}``."""
+    """Per k, every metric's PRA minus the ``reference``'s, paired over runs (:func:`paired_test`):
+    ``{k: {metric: {"mean_diff", "t", "p", "n"}}}``."""
     from avalanche_plugins.study.report.stats import paired_test
 
     out: dict = {}
@@ -243,10 +225,8 @@ def paired_against_or(rows, benchmark: str, gain: str, metrics=METRICS, stratum:
 
 
 def verdict(values: dict, tests: dict, benchmark: str, gain: str, ks) -> dict:
-    """Does OR rank better than every ingredient and every plasticity diagnostic, per k?
-    ``{k: {"or", "best_ingredient", "best_diagnostic", "beats_all", "significantly_beaten_by"}}``:
-    ``beats_all`` when OR's mean PRA is above every ingredient's and diagnostic's;
-    ``significantly_beaten_by`` lists the metrics above OR with paired p < 0.05."""
+    """Does OR rank better than every ingredient and diagnostic, per k? (docs, "Verdict"):
+    ``{k: {"or", "best_ingredient", "best_diagnostic", "beats_all", "significantly_beaten_by"}}``"""
     out = {}
     for k in ks:
         cells = values.get(benchmark, {}).get(f"{gain}/k{k}", {})

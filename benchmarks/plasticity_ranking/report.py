@@ -137,9 +137,8 @@ def format_report(a: dict) -> str:
 
 
 def report(saved: dict) -> str:
-    """Every table of a saved run, recomputed from its checkpoints and settings (the PRA rows too, so
-    a kept run without them and a run saved by older code read the same); headed by the command
-    that made it."""
+    """Every table of a saved run, recomputed from its checkpoints and settings (the PRA rows too),
+    headed by its command."""
     settings = {s.name: s for s in map(setting_from_dict, saved["config"]["settings"])}
     rows = [row for run in saved["checkpoints"] for row in ranking.pra_rows(run, settings[run["setting"]])]
     head = f"command: `{saved['command']}`\n" if saved.get("command") else ""
@@ -147,9 +146,8 @@ def report(saved: dict) -> str:
 
 
 def keep(saved: dict, out_dir, name: str) -> list[str]:
-    """The kept form of a run (docs/results/): ``NAME.json`` — results.json without the per-run PRA
-    rows and their summary (``--report`` recomputes both from the checkpoints), floats at 10
-    significant digits —, ``NAME_tables.md`` (the report) and ``NAME_decline.png``."""
+    """The kept form of a run (docs/benchmarks.md, "Kept form"): ``NAME.json``, ``NAME_tables.md``
+    and ``NAME_decline.png``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     kept = rounded_floats({k: v for k, v in saved.items() if k not in ("runs", "summary")}, 10)
@@ -186,10 +184,8 @@ def _plot_run(ax, run: dict, s) -> None:
 
 
 def plot_decline(saved: dict, path, metrics=("or", "loss", "grad_norm_sq", "lookahead_gd")) -> None:
-    """Per benchmark, along the stream (mean over runs of each checkpoint index): the current-task
-    accuracy where recorded, the first ground truth's G^(k) for every k, and ``metrics`` (each
-    scaled to [0, 1] over the benchmark's checkpoints, lower-is-more-plastic ones flipped), so the
-    decline and what follows it can be seen together."""
+    """Per benchmark, along the stream: current-task accuracy, G^(k) and ``metrics`` (each scaled to
+    [0, 1]; docs/benchmarks.md, "Decline figure")."""
     settings = {s.name: s for s in map(setting_from_dict, saved["config"]["settings"])}
     benches = list(dict.fromkeys(settings[r["setting"]].benchmark for r in saved["checkpoints"]))
     with saved_figure(path, 1, len(benches), figsize=(5.2 * len(benches), 3.6)) as (_, axes):

@@ -24,14 +24,8 @@ def last_hidden_features(model: nn.Module, probe: torch.Tensor) -> torch.Tensor:
 def regime(last: torch.Tensor) -> dict:
     """The regime of a checkpoint from its last hidden layer's features ``(n_probe, units)``:
     ``dead`` when no unit is non-zero on any probe input, and the fraction of units that are
-    (``last_layer_active``). The PRA tables are stratified by ``dead``.
-
-    Example:
-        >>> regime(torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]))
-        {'dead': False, 'last_layer_active': 0.3333333432674408}
-        >>> regime(torch.zeros(4, 3))["dead"]
-        True
-    """
+    (``last_layer_active``; examples: docs/benchmarks.md, "Regime"). The PRA tables are stratified
+    by ``dead``."""
     active = last.abs().amax(dim=0) > 0
     return {"dead": not bool(active.any()), "last_layer_active": float(active.float().mean())}
 
@@ -56,10 +50,7 @@ def _safe_or(model, loss_fn, x, y, **kw):
 
 
 def _variants(s: Setting, model, loss_fn, data, seed: int, timings: dict) -> dict:
-    """Our readiness variants: the lookahead LA^(k') with the first ground truth's optimizer and lr
-    (minibatches drawn with another seed than the ground truth's), its deterministic full-batch
-    form LA_GD^(k') (k' steps on all ``n_probe`` probe samples, loss on them), and the curvature
-    readiness Q(η) at the lr of the first SGD ground truth (else the first one's)."""
+    """Our readiness variants LA^(k'), LA_GD^(k') and Q(η) (docs/benchmarks.md, "Variants")."""
     x_tr, y_tr, x_val, y_val = data
     _, opt, lr = s.gain_optimizers[0]
     opt = "adam" if opt.startswith("adam") else opt
@@ -80,15 +71,8 @@ def _variants(s: Setting, model, loss_fn, data, seed: int, timings: dict) -> dic
 def continuing_adam_gain(model: nn.Module, loss_fn, optimizer_state: dict, train_inputs, train_targets,
                          val_inputs, val_targets, *, k: int, lr: float, batch_size: int, n_runs: int = 128,
                          seed: int = 0, chunk_size: int = 1024) -> dict:
-    """``G^(k)`` for Adam *continuing* from a checkpoint's optimizer state (moments and step count).
-
-    Same protocol as :func:`avalanche_plugins.readiness.k_step_gain` (``n_runs`` vectorised runs,
-    the same seeded minibatch draw, so with the same ``seed`` the runs use exactly the minibatches
-    of ``k_step_gain``'s), but every run starts from ``optimizer_state`` (a ``torch.optim.Adam``
-    ``state_dict``, parameters in ``model.parameters()`` order) instead of zero moments: step
-    ``t`` uses bias corrections ``1 − β^(t₀ + t)`` (``k_step_gain(..., adam_state=...)``).
-    Returns ``{"gain", "stderr", "indices"}``; a diverged run gives a non-finite gain.
-    """
+    """``G^(k)`` for Adam *continuing* from a checkpoint's optimizer state (docs/benchmarks.md,
+    "Ground truth"): ``{"gain", "stderr", "indices", "loss_before"}``."""
     result = rd.k_step_gain(model, loss_fn, train_inputs, train_targets, val_inputs, val_targets, k=k, lr=lr,
                          optimizer="adam", batch_size=batch_size, n_runs=n_runs, seed=seed,
                          chunk_size=chunk_size, adam_state=optimizer_state)
@@ -103,21 +87,18 @@ def _gains(s: Setting, model: nn.Module, loss_fn, data, seed: int, timings: dict
     x_tr, y_tr, x_val, y_val = data
     rec: dict = {}
     for name, opt, lr in s.gain_optimizers:
+        continuing = opt == "adam_continue"  # k_step_gain as continuing_adam_gain calls it
+        if continuing and optimizer_state is None:
+            raise ValueError("the adam_continue ground truth needs the checkpoint's "
+                             "optimizer_state")
         for k in s.ks:
-            t0 = time.perf_counter()
-            if opt == "adam_continue":
-                if optimizer_state is None:
-                    raise ValueError("the adam_continue ground truth needs the checkpoint's optimizer_state")
-                g = continuing_adam_gain(model, loss_fn, optimizer_state, x_tr, y_tr, x_val, y_val, k=k, lr=lr,
-                                         batch_size=s.gain_batch, n_runs=s.n_runs, seed=seed)
-                gain, stderr = g["gain"], g["stderr"]
-            else:
-                g = rd.k_step_gain(model, loss_fn, x_tr, y_tr, x_val, y_val, k=k, lr=lr, optimizer=opt,
-                                batch_size=s.gain_batch, n_runs=dict(s.n_runs_by_k).get(k, s.n_runs), seed=seed)
-                gain, stderr = g.gain, g.stderr
-            timings[f"gain_{name}_k{k}_s"] = time.perf_counter() - t0
-            rec[f"gain_{name}_k{k}"] = _finite_gain(gain)
-            rec[f"gain_{name}_k{k}_stderr"] = stderr
+            n_runs = s.n_runs if continuing else dict(s.n_runs_by_k).get(k, s.n_runs)
+            g = _timed(timings, f"gain_{name}_k{k}_s", rd.k_step_gain, model, loss_fn, x_tr, y_tr,
+                       x_val, y_val, k=k, lr=lr, optimizer="adam" if continuing else opt,
+                       batch_size=s.gain_batch, n_runs=n_runs, seed=seed,
+                       adam_state=optimizer_state if continuing else None)
+            rec[f"gain_{name}_k{k}"] = _finite_gain(g.gain)
+            rec[f"gain_{name}_k{k}_stderr"] = g.stderr
     if time_costs:  # the cost ratio needs G^(k) timings also for k not ranked in this run
         name, opt, lr = s.gain_optimizers[0]
         for k in s.cost_k:
@@ -146,13 +127,11 @@ def score_checkpoint(setting: Setting, model: nn.Module, loss_fn, data, *, seed:
     probe = x_val[: s.n_probe]
     probe_j, probe_jy = x_val[: s.n_probe_jacobian], y_val[: s.n_probe_jacobian]
     last = last_hidden_features(model, probe)
-    rec["effective_rank"] = rd.effective_rank(last)
-    rec["energy_rank"] = float(rd.energy_rank(last))
-    rec["active_units"] = rd.active_unit_fraction(model, probe)
-    rec["srank"] = float(rd.srank(last))
-    rec["feature_rank"] = float(rd.feature_rank(last))
-    rec["dormant_units"] = rd.dormant_unit_fraction(model, probe)
-    rec["weight_magnitude"] = rd.average_weight_magnitude(model)
+    rec.update(effective_rank=rd.effective_rank(last), energy_rank=float(rd.energy_rank(last)),
+               active_units=rd.active_unit_fraction(model, probe), srank=float(rd.srank(last)),
+               feature_rank=float(rd.feature_rank(last)),
+               dormant_units=rd.dormant_unit_fraction(model, probe),
+               weight_magnitude=rd.average_weight_magnitude(model))
     rec.update(regime(last))
     rec.update(_variants(s, model, loss_fn, data, seed, timings))
     rec["entk_energy_rank"] = float(_timed(timings, "entk_s", rd.entk_energy_rank, model, probe_j))

@@ -3,30 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
-METRICS = ("or", "or_per_sample", "strength", "reliability", "loss", "grad_norm_sq", "effective_rank", "energy_rank",
-           "entk_energy_rank", "hessian_energy_rank", "active_units", "srank", "feature_rank", "dormant_units",
-           "weight_magnitude", "lookahead", "lookahead_gd", "quadratic_gain")
-METRIC_LABELS = {"or": "OR (sampled)", "or_per_sample": "OR (per-sample)", "strength": "S",
-                 "loss": "L (cheap baseline)", "grad_norm_sq": "‖g‖² (cheap baseline)",
-                 "reliability": "R", "effective_rank": "effective rank", "energy_rank": "energy rank (99%)",
-                 "entk_energy_rank": "eNTK energy rank", "hessian_energy_rank": "Hessian energy rank",
-                 "active_units": "active units", "srank": "srank (Kumar et al. 2021)",
-                 "feature_rank": "feature rank (Lyle et al. 2022)",
-                 "dormant_units": "τ-dormant units, fewer = more plastic (Sokar et al. 2023)",
-                 "weight_magnitude": "avg weight magnitude, lower = more plastic (Dohare et al. 2024)",
-                 "lookahead": "lookahead readiness LA^(10), 8 runs (ours)",
-                 "lookahead_gd": "full-batch lookahead LA_GD^(10) (ours)",
-                 "quadratic_gain": "curvature readiness Q(η) (ours)"}
+import yaml
+
+_SCORES = yaml.safe_load((Path(__file__).parent / "settings.yaml").read_text(encoding="utf-8"))
+METRICS = tuple(_SCORES["metrics"])
+METRIC_LABELS = dict(_SCORES["metrics"])
 #: metrics read "lower = more plastic": negated before ranking (PLASTICITY_DIAGNOSTICS' directions)
-NEGATED = ("dormant_units", "weight_magnitude")
+NEGATED = tuple(_SCORES["negated"])
 #: OR's ingredients (cheaper parts of OR) and the variants beyond the paper
-INGREDIENTS = ("loss", "grad_norm_sq", "strength", "reliability")
-VARIANTS = ("lookahead", "lookahead_gd", "quadratic_gain")
+INGREDIENTS = tuple(_SCORES["ingredients"])
+VARIANTS = tuple(_SCORES["variants"])
+BASELINES = tuple(_SCORES["baselines"])
 STRATA = ("all", "dead", "live")
 DIVERGED = -1e300
-BASELINES = ("effective_rank", "energy_rank", "entk_energy_rank", "hessian_energy_rank", "active_units", "srank",
-             "feature_rank", "dormant_units", "weight_magnitude")
 
 
 @dataclass(frozen=True)
@@ -75,58 +66,35 @@ class Setting:
 
 def default_settings(quick: bool, data_root=None, *, pmnist_examples: int | None = None,
                      pmnist_val: int | None = None) -> list[Setting]:
-    """The learners of the full run (or the reduced ``--quick`` run)."""
-    settings = []
-    scr_common = dict(optimizer="adam", lr=0.01, gain_optimizers=(
-        ("adam_fresh", "adam", 0.01), ("adam_continue", "adam_continue", 0.01), ("sgd", "sgd", 0.01)))
-    if quick:
-        scr_common.update(n_checkpoints=12, examples_per_task=2000, n_val=1000, ks=(1, 10), n_probe=128,
-                          n_probe_jacobian=32)
-        scr_grid = [("bit_flip", (5,)), ("bit_flip", (5, 5)), ("resample", (5, 5))]
-    else:
-        scr_common.update(n_checkpoints=30)
-        scr_grid = [(v, h) for v in ("bit_flip", "resample") for h in ((5,), (5, 5))]
-    for variant, hidden in scr_grid:
-        settings.append(Setting(benchmark="scr", name=f"scr/{variant}/h{len(hidden)}", hidden=hidden,
-                                variant=variant, data="scr", **scr_common))
+    """The learners of the full run (or the reduced ``--quick`` run), from ``settings.yaml``."""
+    mode, scr, pm = "quick" if quick else "full", _SCORES["scr"], _SCORES["pmnist"]
+    settings = [setting_from_dict({**scr["common"], **scr[mode], "benchmark": "scr", "data": "scr",
+                                   "name": f"scr/{variant}/h{len(hidden)}", "hidden": hidden,
+                                   "variant": variant}) for variant, hidden in scr["grid"][mode]]
     data = "mnist" if data_root is not None else "digits"
-    pm = dict(optimizer="sgd", lr=0.003, gain_optimizers=(("sgd", "sgd", 0.003), ("adam_fresh", "adam", 0.001)),
-              ablation_fractions=(1.0, 0.1, 0.01), hidden=(100, 100, 100), data=data)
-    if quick:
-        pm.update(n_checkpoints=8, ks=(1, 10), n_probe=128, n_probe_jacobian=16,
-                  examples_per_task=pmnist_examples or (1347 if data == "digits" else 1000),
-                  n_val=pmnist_val or (450 if data == "digits" else 500))
-    else:
-        pm.update(n_checkpoints=30, n_probe=256, n_probe_jacobian=16,
-                  examples_per_task=pmnist_examples or (1347 if data == "digits" else 10_000),
-                  n_val=pmnist_val or (450 if data == "digits" else 2000))
-    settings.append(Setting(benchmark="pmnist", name=f"pmnist/{data}", **pm))
+    size = "digits" if data == "digits" else mode
+    settings.append(setting_from_dict({
+        **pm["common"], **pm[mode], "benchmark": "pmnist", "name": f"pmnist/{data}", "data": data,
+        "examples_per_task": pmnist_examples or pm["examples_per_task"][size],
+        "n_val": pmnist_val or pm["n_val"][size]}))
     return settings
 
 
 def declining_settings(quick: bool, data_root=None, *, tasks: int | None = None, n_runs: int | None = None,
                        epochs: int | None = None) -> list[Setting]:
-    """The streams that lose plasticity (issue 33), on MNIST from ``data_root`` (scikit-learn digits
-    without it, for tests): ``randlabel`` — random-label MNIST (the first 1,000 training images,
-    fresh uniform labels every task, loss and accuracy on the task's own images, as in
-    ``benchmarks.grow_prune``'s random-label settings), and ``binary`` — a continual-ImageNet-style
-    stream (Dohare et al. 2024): every task a random pair of classes, binary labels, up to 1,000
-    training images, held-out images of the pair as validation. Learner as in ``benchmarks.grow_prune``:
-    MLP 256-256, SGD lr 0.01 with momentum 0.9, batch 64, 10 epochs per task; a checkpoint after every
-    task. Ground truth: SGD lr 0.01 (the learner's step, the paper's G), 128 runs (64 for G^(100)).
-    """
+    """The streams that lose plasticity (issue 33) on MNIST from ``data_root`` (digits without it):
+    docs/benchmarks.md, "benchmarks.plasticity_ranking"."""
     data = "mnist" if data_root is not None else "digits"
-    common = dict(hidden=(256, 256), optimizer="sgd", lr=0.01, momentum=0.9, train_batch=64,
-                  epochs_per_task=epochs or 10,
-                  checkpoint_every=1, n_checkpoints=tasks or (6 if quick else 20), examples_per_task=1000,
-                  n_val=1000, ks=(1, 10) if quick else (1, 10, 100),
-                  gain_optimizers=(("sgd", "sgd", 0.01),), n_runs=n_runs or (32 if quick else 128),
-                  n_runs_by_k=() if quick or n_runs else ((100, 64),), ablation_fractions=(1.0, 0.1), n_probe=256,
-                  n_probe_jacobian=8, per_sample_or=False, data=data)
+    preset = _SCORES["declining"]
+    common = {**preset["common"], **preset["quick" if quick else "full"], "data": data}
+    common.update({k: v for k, v in (("n_checkpoints", tasks), ("epochs_per_task", epochs)) if v})
+    if n_runs:
+        common.update(n_runs=n_runs, n_runs_by_k=())
     if data == "digits":
-        common.update(examples_per_task=500, n_val=300, hidden=(64, 64))
-    return [Setting(benchmark="randlabel", name=f"randlabel/{data}", stream="random_labels", **common),
-            Setting(benchmark="binary", name=f"binary/{data}", stream="binary", **common)]
+        common.update(preset["digits"])
+    streams = (("randlabel", "random_labels"), ("binary", "binary"))
+    return [setting_from_dict({**common, "benchmark": bench, "name": f"{bench}/{data}",
+                               "stream": stream}) for bench, stream in streams]
 
 
 def gain_keys(setting: Setting) -> list[tuple[str, int]]:
@@ -135,14 +103,8 @@ def gain_keys(setting: Setting) -> list[tuple[str, int]]:
 
 
 def setting_from_dict(entry: dict) -> Setting:
-    """A :class:`Setting` from its saved form (``asdict`` in ``results.json``: lists for tuples).
-
-    Example:
-        >>> from dataclasses import asdict
-        >>> s = default_settings(True)[0]
-        >>> setting_from_dict(asdict(s)) == s
-        True
-    """
+    """A :class:`Setting` from its saved form (``asdict`` in ``results.json``: lists for tuples;
+    ``setting_from_dict(asdict(s)) == s``)."""
     tuples = ("hidden", "ks", "ablation_fractions", "cost_k")
     fields = {k: tuple(v) if k in tuples else v for k, v in entry.items()}
     fields["n_runs_by_k"] = tuple(tuple(p) for p in entry.get("n_runs_by_k", ()))

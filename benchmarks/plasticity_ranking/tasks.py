@@ -38,8 +38,7 @@ class TaskSource:
         self._perms = [torch.arange(self.n_pixels)]
 
     def _init_declining(self, setting: Setting, seed: int, data_root, arrays) -> None:
-        """Random-label / binary streams: standardised images (the harness arrays, as
-        ``benchmarks.grow_prune`` trains on them), flattened."""
+        """Random-label / binary streams: the harness's standardised images, flattened."""
         x_tr, y_tr, x_te, y_te = arrays if arrays is not None else load_standard_arrays(setting.data, data_root)
         self.x_all, self.y_all, self.x_te, self.y_te = x_tr, y_tr, x_te, y_te
         self.x_tr = x_tr[: setting.examples_per_task]

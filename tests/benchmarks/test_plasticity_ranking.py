@@ -4,6 +4,7 @@
 
 import copy
 import json
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from torch import nn
 
 from avalanche_plugins.study.catalog.zoo import MLP
 from benchmarks import plasticity_ranking as pr
+from benchmarks.plasticity_ranking.settings import setting_from_dict
 from benchmarks.scr import SlowlyChangingRegression, ltu_thresholds, scr_benchmark, scr_period
 
 
@@ -66,6 +68,9 @@ def test_ltu_threshold_formula_hand_checked():
     x = torch.tensor([[1.0, 0.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
     fires = (x @ w.T + b).squeeze(1) > tau
     assert fires.tolist() == [True, False]
+    # m = 3, S = 3 (two weights + the bias): 0.5 * 4 - 3 (the example of docs/benchmarks.md)
+    tau = ltu_thresholds(torch.tensor([[1.0, -1.0, -1.0]]), torch.tensor([-1.0]), beta=0.5)
+    assert tau.tolist() == [-1.0]
 
 
 def test_ltu_rule_is_matching_fraction_above_beta():
@@ -85,6 +90,7 @@ def test_scr_avalanche_stream_one_experience_per_period():
     x, y, t = bm.train_stream[2].dataset[0]
     x_ref, y_ref = SlowlyChangingRegression(seed=2, examples_per_period=16).period(2)
     assert torch.equal(x, x_ref[0]) and torch.equal(y, y_ref[0]) and int(t) == 0
+    assert len(bm.train_stream[1].dataset) == 16 and len(bm.test_stream[2].dataset) == 4
 
 
 @pytest.mark.parametrize("optimizer,loss", [("adam", "mse"), ("sgd", "ce")])
@@ -151,6 +157,10 @@ def test_regime_classification_on_hand_made_dead_net():
     with torch.no_grad():
         last.bias[2] = 0.5  # one unit of five now fires on every input
     assert pr.regime(pr.last_hidden_features(model, probe)) == {"dead": False, "last_layer_active": pytest.approx(0.2)}
+    # the examples of docs/benchmarks.md, "Regime"
+    assert pr.regime(torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])) == {
+        "dead": False, "last_layer_active": 0.3333333432674408}
+    assert pr.regime(torch.zeros(4, 3))["dead"] is True
 
 
 def _fresh_adam_state(model):
@@ -275,6 +285,8 @@ def test_end_to_end_tiny_run_writes_pra_and_cost_ratios(tmp_path, capsys):
 
 def test_default_settings_follow_the_protocol():
     full = pr.default_settings(False)
+    # the saved form (results.json) reads back as the same settings
+    assert all(setting_from_dict(asdict(s)) == s for s in pr.default_settings(True) + full)
     scr = [s for s in full if s.benchmark == "scr"]
     assert {(s.variant, s.hidden) for s in scr} == {(v, h) for v in ("bit_flip", "resample") for h in ((5,), (5, 5))}
     assert all(s.optimizer == "adam" and s.lr == 0.01 and s.n_checkpoints >= 30 and s.checkpoint_every == 5

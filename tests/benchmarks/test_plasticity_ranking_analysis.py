@@ -41,3 +41,6 @@ def test_noise_ceiling_matches_a_monte_carlo_estimate():
         noisy = gains + rng.normal(0, se)
         hits.append(np.mean([(noisy[i] < noisy[j]) for i, j in ((0, 1), (0, 2), (1, 2))]))
     assert noise_ceiling(gains, se) == pytest.approx(np.mean(hits), abs=0.01)
+    # the limits of docs/benchmarks.md, "Pooled analysis": no noise, and a near tie
+    assert round(noise_ceiling([0.1, 0.2, 0.3], [0.0, 0.0, 0.0]), 3) == 1.0
+    assert round(noise_ceiling([0.1, 0.1 + 1e-9], [0.05, 0.05]), 2) == 0.5
