@@ -5,9 +5,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, replace
-from pathlib import Path
-
-import yaml
 
 import benchmarks.grow_prune as package
 from avalanche_plugins.study.jobs import run_jobs
@@ -35,15 +32,42 @@ def _methods(value: str | None, default, parser, flag: str) -> list[str]:
 
 
 def _parser():
-    """The shared flags, ``--methods`` and the options of ``options.yaml`` beside this module."""
     parser = benchmark_parser("grow_prune", package.__doc__.splitlines()[0],
                               skip_help="setting names (e.g. 'cnn split digits'); timing (the masked/dense cost)")
     parser.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS)}")
-    types = {"int": int, "float": float}
-    options = yaml.safe_load((Path(__file__).parent / "options.yaml").read_text(encoding="utf-8"))
-    for option in options:
-        keywords = {k: types[v] if k == "type" else v for k, v in option.items() if k != "flag"}
-        parser.add_argument(option["flag"], **keywords)
+    parser.add_argument("--cnn-methods", default=None,
+                        help="methods on the CNN settings (default: --methods; grow+leaky never runs there)")
+    parser.add_argument("--iid-methods", default=None, help="methods on the IID settings (default: --methods)")
+    parser.add_argument("--compactness", default=None, help="comma-separated targets (default 0.2,0.3,0.4,0.5)")
+    parser.add_argument("--settings", default=None,
+                        help="comma-separated subset of the setting names (default: all; see the docstring)")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="epochs per experience of the split settings (default: per setting)")
+    parser.add_argument("--iid-epochs", type=int, default=None,
+                        help="epochs of the IID settings (default: per setting; at least edits + 1)")
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
+                        help="sgd: lr 0.01, momentum 0.9; adam: lr 1e-3")
+    parser.add_argument("--iid-edits", type=int, default=None,
+                        help="edit cycles of the IID settings (default: per setting)")
+    parser.add_argument("--cnn-widths", default="8,16,32", help="channels of 'cnn iid mnist'")
+    parser.add_argument("--cnn-lr", type=float, default=0.05, help="SGD lr of 'cnn iid mnist'")
+    parser.add_argument("--variant-compactness", default=None,
+                        help="compactness at which the grow+intervention methods run (default: every target)")
+    parser.add_argument("--integration-epochs", default="1,2,4",
+                        help="epochs per experience of the 'mlp permuted mnist E*' settings (integration time)")
+    parser.add_argument("--fixed-budget-epochs", type=int, default=4, metavar="T",
+                        help="epochs per experience of the 'mlp permuted mnist T<T> E*' settings (edit T − E epochs in)")
+    parser.add_argument("--permuted-experiences", type=int, default=10, help="experiences of Permuted MNIST")
+    parser.add_argument("--permuted-subset", type=int, default=None,
+                        help="Permuted MNIST on the first N training (N // 2 test) images of the subset (cost)")
+    parser.add_argument("--permuted-methods", default="dense,prune,grow",
+                        help="methods on the 'mlp permuted mnist E*' settings")
+    parser.add_argument("--fashion-subset", type=int, default=None,
+                        help="the 'split fashion_mnist' settings on the first N training (N // 2 test) images of "
+                             "Fashion-MNIST's 60,000 / 10,000 (cost; default: all)")
+    parser.add_argument("--seed-list", default=None, help="explicit seeds (comma-separated; overrides --seeds)")
+    parser.add_argument("--merge", default=None, metavar="JOBS_JSONL",
+                        help="comma-separated job caches: write results.json/report from their rows (runs nothing)")
     return parser
 
 

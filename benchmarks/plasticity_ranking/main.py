@@ -9,8 +9,6 @@ import types
 from dataclasses import asdict
 from pathlib import Path
 
-import yaml
-
 from avalanche_plugins.study.jobs import run_jobs
 from avalanche_plugins.study.report.files import load_results, print_report
 from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, split_list
@@ -63,11 +61,23 @@ def main(argv=None) -> dict:
     package = sys.modules["benchmarks.plasticity_ranking"]
     parser = benchmark_parser("plasticity_ranking", package.__doc__.splitlines()[0],
                               skip_help="benchmarks (scr, pmnist) or learners (e.g. scr/bit_flip/h2)")
-    types = {"int": int, "float": float}  # the options of options.yaml beside this module
-    options = yaml.safe_load((Path(__file__).parent / "options.yaml").read_text(encoding="utf-8"))
-    for option in options:
-        keywords = {k: types[v] if k == "type" else v for k, v in option.items() if k != "flag"}
-        parser.add_argument(option["flag"], **keywords)
+    parser.add_argument("--benchmarks", default="scr,pmnist",
+                        help="comma-separated subset of scr,pmnist and the declining streams randlabel,binary")
+    parser.add_argument("--tasks", type=int, default=None,
+                        help="declining streams: tasks (= checkpoints, one after every task; default 20, quick 6)")
+    parser.add_argument("--epochs-per-task", type=int, default=None, help="declining streams: epochs per task (10)")
+    parser.add_argument("--n-runs", type=int, default=None,
+                        help="declining streams: runs per ground-truth G^(k) (default 128, quick 32)")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated setting names to run (e.g. scr/bit_flip/h2,pmnist/mnist); default all")
+    parser.add_argument("--pmnist-examples", type=int, default=None,
+                        help="training images per P-MNIST task (default 10,000 full / 1,000 quick; digits: all)")
+    parser.add_argument("--pmnist-val", type=int, default=None, help="validation images per P-MNIST task")
+    parser.add_argument("--save-checkpoints", action="store_true", help="also write every checkpoint to OUT/checkpoints")
+    parser.add_argument("--keep", default=None, metavar="DIR",
+                        help="with --report: write the run's kept form to DIR (NAME.json without raw rows, "
+                             "NAME_tables.md, NAME_decline.png; NAME from --keep-name)")
+    parser.add_argument("--keep-name", default="results", help="file stem of --keep's files")
     args = parse_args(parser, argv)
     if args.report:
         if args.keep:
