@@ -1,10 +1,6 @@
 """How far are the fast per-layer curvature estimators from the exact Hessian blocks?
 
-For the MLP, CNN and tiny ViT at three checkpoints and each seed: the Fisher-block and cheaper
-Hessian-block estimators against the exact ``s_ℓ`` (:func:`candidates`), on what LayerAdaptiveEWC
-uses (κ, α̂, the ``measured`` / ``smoothed`` λ_ℓ, Spearman of ``s_ℓ``) and time. Writes
-``results.json`` / ``results.csv`` / ``tables.md`` / ``profiles.png``; ``--report`` re-prints a
-saved run. Method: docs/benchmarks.md, "benchmarks.curvature_agreement".
+Method, outputs and ``--report``: docs/benchmarks.md, "benchmarks.curvature_agreement".
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """Per-layer curvature against the maintained curvature library, side by side in one process.
 
-The top eigenvalue of each layer's Hessian, empirical Fisher and GGN block, ours against
-curvlinops, on the benchmark MLP, the BN-CNN and the CIFAR ResNet-18: time, speed-up and relative
-difference. Prints the table and writes ``results.json`` / ``results.csv`` / ``report.md`` under
-``--out``; ``--report`` re-prints it; ``--memory`` measures the peak RSS of the default curvature
-on the ResNet-18 instead. Method: docs/benchmarks.md, "benchmarks.curvature_peers".
+Method, outputs, ``--report`` and ``--memory``: docs/benchmarks.md, "benchmarks.curvature_peers".
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """Layer-adaptive EWC on a pretrained backbone: does pretraining make curvature depth-dependent?
 
-Pretrains the small CNN on MNIST classes 0–4, profiles its per-layer curvature (κ, α̂), then runs
-Naive, EWC and the layer-adaptive schedules (λ, α tuned on a validation split) on {5, 6}, {7, 8, 9},
-task- and/or class-incremental. ``python -m benchmarks.lae_pretrained --data-root DATA`` writes
-``results.json``, ``results.csv`` and ``report.md`` (``--report`` re-prints it); the method:
-docs/benchmarks.md, "benchmarks.lae_pretrained".
+Method, outputs and ``--report``: docs/benchmarks.md, "benchmarks.lae_pretrained".
 """
 
 from __future__ import annotations

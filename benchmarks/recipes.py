@@ -1,9 +1,6 @@
 """Tuning the shipped recipes, and writing them from the kept runs.
 
-``tune SCENARIO [--part NAME]`` runs the tuning study ``studies/recipes/SCENARIO[.NAME].yaml``
-into ``out/recipes/``; ``write [SCENARIO ...]`` writes the shipped recipe files, the kept summaries
-under ``docs/results/recipes/`` and ``docs/recipes.md`` from those runs. Commands and outputs:
-docs/benchmarks.md, "benchmarks.recipes".
+Commands (``tune``, ``write``) and outputs: docs/benchmarks.md, "benchmarks.recipes".
 """
 
 from __future__ import annotations

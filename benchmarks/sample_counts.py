@@ -1,10 +1,6 @@
 """What a diagnostic's sample count costs and changes (issue 41's trade-off).
 
-Runs the ``fashion/1`` setting of :mod:`benchmarks.diagnostics_cost` with only ``--metric``
-attached, for each sample count (``--eval-samples`` / ``--counts``) and seed, and reports the
-metric's seconds as a share of training and how far its logged values are from those at the
-reference count (the whole experience, or :data:`REFERENCE`). Writes results.json/csv and
-report.md under ``--out``. Method: docs/benchmarks.md, "benchmarks.sample_counts".
+Method, outputs and ``--report``: docs/benchmarks.md, "benchmarks.sample_counts".
 """
 
 from __future__ import annotations

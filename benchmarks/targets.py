@@ -1,10 +1,6 @@
 """Reproduction targets: continual-learning-baselines' published numbers next to this runner's.
 
-``studies/targets/*.yaml`` re-express their experiments' settings in the study runner's format.
-``python -m benchmarks.targets run`` prints the commands that run them; ``python -m
-benchmarks.targets write`` reads the kept runs (``out/targets/NAME/results.json``) and writes
-``docs/targets.csv`` and ``docs/results/targets/`` (``summary.md``, ``NAME/tables.md``). What is
-compared and how: docs/benchmarks.md, "benchmarks.targets".
+Commands (``run``, ``write``), outputs, what is compared: docs/benchmarks.md, "benchmarks.targets".
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """How much "forgotten" task-A accuracy do transport keys bring back?
 
-Per task pair (``split``, ``domain``), model (CNN, mini ResNet, tiny ViT) and seed: train θ_A on
-task A, fine-tune it on task B (θ_AB), then at every stage stitch θ_AB's early layers to θ_A's late
-layers through closed-form keys, their label-free refinements, a label-trained stitch and controls
-(arXiv 2606.02860). ``python -m benchmarks.transport_keys [--quick]`` writes ``results.json`` /
-``results.csv`` and ``recovery.png`` and prints the tables of docs/RESULTS.md (``--report``
-re-prints them). Every variant and control: docs/benchmarks.md, "benchmarks.transport_keys".
+Every variant, control, output and ``--report``: docs/benchmarks.md, "benchmarks.transport_keys".
 """
 
 from __future__ import annotations
