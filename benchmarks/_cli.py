@@ -1,11 +1,5 @@
-"""The one command-line contract of every benchmark (here, not in the wheel: the package knows
-nothing of ``benchmarks/``). The shared flags and what they do: docs/benchmarks.md.
-
-Benchmarks add their own options to :func:`benchmark_parser` and read the result of
-:func:`parse_args`. Importing this module changes nothing else: a benchmark job's cache entry holds
-the code it ran under ``benchmarks/`` and the package because its job function lives in
-``benchmarks`` (:func:`avalanche_plugins.study.jobs.code_roots`), so a changed module the
-job ran reruns it and any other edit keeps it.
+"""The one command-line contract of every benchmark (here, not in the wheel); its flags and the
+job cache they drive: docs/benchmarks.md. Add options to :func:`benchmark_parser`, then parse.
 """
 
 from __future__ import annotations

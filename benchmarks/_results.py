@@ -1,12 +1,5 @@
-"""The benchmarks' own results helpers (not in the wheel: a study has its own tables).
-
-* :func:`write_results`: the package's :func:`~avalanche_plugins.study.report.files.write_results`
-  with a benchmark's parsed command line (``args``: its ``command`` and the fingerprint of its
-  ``--data-root``, where ``command`` / ``data`` are not given).
-* :func:`summarize` / :func:`format_table`: mean ± std per group of rows, as a Markdown table.
-* :func:`rounded_floats`: the kept (rounded) form of a results file.
-* :func:`saved_figure`: a matplotlib figure written to a file when its block ends.
-"""
+"""The benchmarks' own results helpers (not in the wheel: a study has its own tables): results
+files, mean ± std tables, rounding and figures (docs/benchmarks.md)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """The benchmarks' own training helpers (not in the wheel: the study trains with Avalanche's
-strategies, :mod:`avalanche_plugins.study.run.job`).
-
-* :func:`accuracy_evaluator`: :func:`~avalanche_plugins.quiet_evaluator` with per-experience accuracy.
-* :func:`train_minibatches`: shuffled minibatch epochs on tensors with Adam or SGD and a seeded generator.
-* :func:`accuracy` (logits), :func:`batched_accuracy` (a forward over chunks).
-"""
+strategies, :mod:`avalanche_plugins.study.run.job`): minibatch training and accuracies."""
 
 from __future__ import annotations
 

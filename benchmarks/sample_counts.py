@@ -8,9 +8,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import yaml
 
 from avalanche_plugins.core.calls import sample_stride
 from avalanche_plugins.study.api import load_study, plan_test_jobs
@@ -23,20 +25,11 @@ from benchmarks.diagnostics_cost import METRICS, setting_config
 
 ALL = 0  # --eval-samples 0: the whole experience (eval_samples=None)
 TEST_IMAGES = 2000  # per experience of Split Fashion-MNIST (5 experiences of 2 classes)
-#: the logged values compared, per metric: {metric name prefix: column title}
-VALUES = {"TransportKeyMetric": {"TransportKeyAcc": "stitched acc", "TransportKeyRecovery": "recovery"},
-          "CycleAccuracyMetric": {"CycleAccuracy": "cycle acc", "TAA": "TAA"},
-          "OptimizationReadinessMetric": {"OptimizationReadiness": "OR"},
-          "ArchitectureDrivenShiftMetric": {"ADS": "ADS", "ADSLayerShift": "per-layer shift"},
-          "LayerSensitivityMetric": {"LayerSensitivity": "s_l", "LayerSensitivityKappa": "kappa"}}
-#: the keyword a metric's count sets; the metrics measured against the whole experience (ALL)
-COUNT_KWARG = {"TransportKeyMetric": "eval_samples", "CycleAccuracyMetric": "eval_samples",
-               "OptimizationReadinessMetric": "n_samples", "ArchitectureDrivenShiftMetric": "calibration_size",
-               "LayerSensitivityMetric": "n_samples"}
-#: the reference count of the estimators with no "whole experience": 4x the demo's argument
-REFERENCE = {"OptimizationReadinessMetric": 1024, "ArchitectureDrivenShiftMetric": 512, "LayerSensitivityMetric": 512}
-DEFAULT_COUNTS = {"OptimizationReadinessMetric": "256,128,64,32", "ArchitectureDrivenShiftMetric": "128,64,32,16",
-                  "LayerSensitivityMetric": "128,64,32,16"}
+#: per metric: the logged values compared ({name prefix: column title}), the keyword its count sets,
+#: the reference count of the estimators with no "whole experience", the default counts
+_SETTINGS = yaml.safe_load(Path(__file__).with_suffix(".yaml").read_text(encoding="utf-8"))
+VALUES, COUNT_KWARG, REFERENCE, DEFAULT_COUNTS = (
+    _SETTINGS[key] for key in ("values", "count_kwarg", "reference", "default_counts"))
 
 
 def relative(metric: str) -> bool:

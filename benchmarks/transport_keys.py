@@ -34,7 +34,7 @@ from avalanche_plugins.transport import (
     stitched_accuracy,
 )
 from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, split_list
-from benchmarks._results import format_table, summarize, write_results
+from benchmarks._results import format_table, saved_figure, summarize, write_results
 from benchmarks._training import batched_accuracy, train_minibatches
 
 PAIRS = ("split", "domain")
@@ -162,10 +162,8 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: Config, wi
 
 
 def _noise_at_residual(theta_a, stage: str, v, residual: float, test) -> dict:
-    """θ_A's late layers on θ_A's own test activations plus Gaussian noise of relative energy equal
-    to a key's anchor ``residual`` (``‖ε‖² = residual · ‖V − μ_v‖²`` per sample on average, ``v``
-    θ_A's anchor activations): how much accuracy an error of the key's size costs in a random
-    direction."""
+    """The ``noise_at_residual`` row (docs/benchmarks.md): θ_A's late layers under noise of a key's
+    fit ``residual`` (``‖ε‖² = residual · ‖V − μ_v‖²``, ``v`` θ_A's anchor activations)."""
     xte, yte = test
     with torch.no_grad():
         h = stage_activations(theta_a, stage, xte)
@@ -320,27 +318,25 @@ def time_ratios(rows: list[dict], main_anchors: int) -> dict:
 
 
 def plot(rows: list[dict], out: Path, main_anchors: int) -> None:
-    from matplotlib.figure import Figure
-
     variants = [v for v in REPORT_VARIANTS
                 if v not in ("trained_stitch_short", "noise_at_residual")]
     combos = sorted({(r["pair"], r["model"]) for r in rows})
-    fig = Figure(figsize=(3.2 * len(combos), 3))
-    axes = fig.subplots(1, len(combos), squeeze=False)
-    for ax, (pair, model) in zip(axes[0], combos):
-        stages = STAGES[model]
-        for variant in variants:
-            ys = [np.nanmean([r["recovery"] for r in rows if (r["pair"], r["model"], r["stage"], r["variant"],
-                                                               r["n_anchors"]) == (pair, model, s, variant, main_anchors)]
-                             or [np.nan]) for s in stages]
-            ax.plot(range(len(stages)), ys, marker="o", label=variant)
-        ax.set_xticks(range(len(stages)), stages, rotation=30, fontsize=7)
-        ax.set_title(f"{pair} / {model}", fontsize=9)
-        ax.axhline(1.0, color="gray", lw=0.5)
-        ax.set_ylabel("recovery")
-    axes[0][0].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(out / "recovery.png", dpi=120)
+    main = [r for r in rows if r["n_anchors"] == main_anchors]
+    size = (3.2 * len(combos), 3)
+    with saved_figure(out / "recovery.png", 1, len(combos), figsize=size, dpi=120) as (_, axes):
+        for ax, (pair, model) in zip(axes[0], combos):
+            stages = STAGES[model]
+            ours = [r for r in main if (r["pair"], r["model"]) == (pair, model)]
+            for variant in variants:
+                cell = [r for r in ours if r["variant"] == variant]
+                ys = [np.nanmean([r["recovery"] for r in cell if r["stage"] == s] or [np.nan])
+                      for s in stages]
+                ax.plot(range(len(stages)), ys, marker="o", label=variant)
+            ax.set_xticks(range(len(stages)), stages, rotation=30, fontsize=7)
+            ax.set_title(f"{pair} / {model}", fontsize=9)
+            ax.axhline(1.0, color="gray", lw=0.5)
+            ax.set_ylabel("recovery")
+        axes[0][0].legend(fontsize=6)
 
 
 def report(saved: dict) -> str:
