@@ -29,20 +29,15 @@ def add_topology_only(rows: list[dict]) -> None:
 
 
 def add_first_step_logit(rows: list[dict]) -> None:
-    """``first_step_logit``: one real SGD step's measured old-logit change times the logit path
-    factor (the cheap baseline beside ADS; the docs divide it by the scenario's lr, a constant that
-    leaves every rank statistic unchanged). ``new_loss`` is stored by every job already."""
+    """``first_step_logit`` (docs/benchmarks.md); ``new_loss`` is stored by every job already."""
     for r in rows:
         ok = r.get("first_step") is not None and r.get("logit_path_factor") is not None
         r["first_step_logit"] = r["first_step"] * r["logit_path_factor"] if ok else None
 
 
 def add_family_calibrated(rows: list[dict]) -> None:
-    """``ads_logit_calibrated``: per (scenario, seed, family), the logit-path ADS rescaled by one
-    measured reference, the family member with the median ADS: ``ADS · shift_ref / ADS_ref``.
-    MLPs and ViTs move by different amounts per unit of ADS (LayerNorm bounds a ViT's logits), so
-    a pooled ranking needs one ground truth per family. The reference gets None (it is not a
-    prediction) and its ground-truth time counts in ``calibrated_time_ratio_total``."""
+    """``ads_logit_calibrated``: ``ADS · shift_ref / ADS_ref`` per (scenario, seed, family), the
+    reference (None) the member with the median ADS (docs/benchmarks.md, "benchmarks.ads_zoo")."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r.get("realised_shift") is not None and r.get("ads_logit") is not None:
