@@ -49,15 +49,8 @@ def benchmark_parser(name: str, description: str, *, skip_help: str = "") -> arg
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse and resolve the shared flags: ``args.seeds`` becomes the seed count (:data:`DEFAULT_SEEDS`,
     :data:`QUICK_SEEDS` with ``--quick``; an explicit ``--seeds`` wins), ``args.skip`` a frozenset of
-    names, ``args.command`` the command line with relative paths (for ``results.json``).
-
-    Example:
-        >>> p = benchmark_parser("x", "demo")
-        >>> [parse_args(p, a).seeds for a in ([], ["--quick"], ["--quick", "--seeds", "3"], ["--seeds", "5"])]
-        [3, 1, 3, 5]
-        >>> sorted(parse_args(p, ["--skip", "permuted/cnn, anchor"]).skip)
-        ['anchor', 'permuted/cnn']
-    """
+    names, ``args.command`` the command line with relative paths (for ``results.json``); examples:
+    tests/benchmarks/test_cli.py."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if getattr(args, "address", None) is not None and getattr(args, "executor", "local") != "ray":
@@ -72,16 +65,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
 def make_executor(args, *, warmup=None, isolate: bool = False):
     """The executor the flags ask for (:func:`avalanche_plugins.study.jobs.make_executor`
     with ``args.executor``, ``args.workers``, ``args.threads`` and ``args.address``; missing
-    attributes take the parser's defaults, so any namespace works).
-
-    Example:
-        >>> p = benchmark_parser("x", "demo")
-        >>> type(make_executor(parse_args(p, ["--workers", "2"]))).__name__
-        'LocalExecutor'
-        >>> ex = make_executor(parse_args(p, ["--executor", "ray", "--workers", "2", "--threads", "2"]))
-        >>> type(ex).__name__, ex.num_cpus, ex.threads, ex.address
-        ('RayExecutor', 4, 2, None)
-    """
+    attributes take the parser's defaults, so any namespace works; tests/benchmarks/test_cli.py)."""
     return jobs.make_executor(getattr(args, "executor", "local") or "local", workers=getattr(args, "workers", 1),
                               threads=getattr(args, "threads", 1), address=getattr(args, "address", None),
                               warmup=warmup, isolate=isolate)

@@ -38,11 +38,7 @@ def relative(metric: str) -> bool:
 
 
 def count_kwargs(metric: str, count: int) -> dict:
-    """The keywords that set ``metric``'s sample count to ``count`` (``ALL``: the whole experience).
-
-    >>> count_kwargs("OptimizationReadinessMetric", 64), count_kwargs("TransportKeyMetric", ALL)
-    ({'n_samples': 64, 'n_batches': 32}, {'eval_samples': None})
-    """
+    """The keywords that set ``metric``'s sample count to ``count`` (``ALL``: whole experience)."""
     if metric == "OptimizationReadinessMetric":
         return {"n_samples": count, "n_batches": max(1, count // 2)}
     return {COUNT_KWARG[metric]: None if count == ALL else count}

@@ -5,6 +5,7 @@ and new task of each scenario as tensors (the task source of a job)."""
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -20,31 +21,25 @@ from benchmarks._training import accuracy, train_minibatches
 from benchmarks.ads_zoo.settings import SCENARIOS, ScenarioConfig
 from benchmarks.ads_zoo.zoo import Arch, build_arch
 
-_DATA: dict = {}
+LOADERS = {"split_digits": lambda _: datasets.load_digits_arrays(seed=0),
+           "split_mnist": datasets.load_mnist_arrays, "permuted_mnist": datasets.load_mnist_arrays,
+           "split_fashion_mnist": datasets.load_fashion_mnist_arrays}
 
 
+@functools.lru_cache(maxsize=None)
 def scenario_data(name: str, data_root, seed: int = 0) -> dict:
     """Old/new training tensors and old test tensors of a scenario (cached per process)."""
-    if name in _DATA:
-        return _DATA[name]
-    if name == "split_digits":
-        xtr, ytr, xte, yte = datasets.load_digits_arrays(seed=0)
-    elif name in ("split_mnist", "permuted_mnist"):
-        xtr, ytr, xte, yte = datasets.load_mnist_arrays(data_root)
-    elif name == "split_fashion_mnist":
-        xtr, ytr, xte, yte = datasets.load_fashion_mnist_arrays(data_root)
-    else:
+    if name not in LOADERS:
         raise ValueError(f"scenario must be one of {SCENARIOS}, got {name!r}")
+    xtr, ytr, xte, yte = LOADERS[name](data_root)
     if name == "permuted_mnist":
         perm = torch.randperm(xtr[0].numel(), generator=torch.Generator().manual_seed(seed))
-        shape = xtr.shape[1:]
-        new_x = xtr.reshape(len(xtr), -1)[:, perm].reshape(len(xtr), *shape)
+        new_x = xtr.reshape(len(xtr), -1)[:, perm].reshape(xtr.shape)
         data = {"old": (xtr, ytr), "new": (new_x, ytr), "old_test": (xte, yte)}
     else:
         old, new, old_test = ytr < 5, ytr >= 5, yte < 5
         data = {"old": (xtr[old], ytr[old]), "new": (xtr[new], ytr[new]), "old_test": (xte[old_test], yte[old_test])}
     data["input_shape"] = tuple(xtr.shape[1:])
-    _DATA[name] = data
     return data
 
 
