@@ -18,13 +18,9 @@ __all__ = ["format_table", "rounded_floats", "saved_figure", "summarize", "write
 def write_results(out_dir, args=None, *, config: dict, rows: Sequence[dict], summary: Sequence[dict],
                   wall_seconds: float, extra: dict | None = None, command: str | None = None,
                   data: dict | None = None) -> Path:
-    """Write ``results.json`` and ``results.csv`` into ``out_dir``; return the folder.
-
-    ``command``: the command line that made the run (default: ``args.command``); ``data``: what data
-    it read (default: the fingerprint of the one dataset at ``args.data_root``, a benchmark's
-    ``--data-root``). ``args`` is any object with those attributes (a benchmark's parsed command
-    line), or ``None``. See :func:`avalanche_plugins.study.report.files.write_results`.
-    """
+    """Write ``results.json`` and ``results.csv`` into ``out_dir`` (:func:`results.write_results`);
+    return the folder. ``command`` / ``data`` default to ``args.command`` and the fingerprint of the
+    dataset at ``args.data_root`` (``args``: any object with those attributes, or None)."""
     return results.write_results(
         out_dir, config=config, rows=rows, summary=summary, wall_seconds=wall_seconds, extra=extra,
         command=command if command is not None else getattr(args, "command", None),

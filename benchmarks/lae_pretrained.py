@@ -136,20 +136,17 @@ def pretrained(job: Job, benchmark) -> tuple[Path, dict]:
     return path, info
 
 
-class _Load:
-    """Loads the pretrained weights after the strategy's model adaptation of experience 0."""
+def _load_plugin(path):
+    """A plugin that loads the pretrained weights after the model adaptation of experience 0."""
+    from avalanche.core import SupervisedPlugin
 
-    def __init__(self, path):
-        from avalanche.core import SupervisedPlugin
-
-        self.path = path
-        self.plugin = type("LoadPretrained", (SupervisedPlugin,), {"before_training_exp": self._load})()
-
-    def _load(self, strategy, **kwargs):
+    def load(plugin, strategy, **kwargs):
         if strategy.clock.train_exp_counter == 0:
             own = strategy.model.state_dict()  # the heads of later tasks (made by evaluations) are not loaded
-            saved = {k: v for k, v in torch.load(self.path).items() if k in own}
+            saved = {k: v for k, v in torch.load(path).items() if k in own}
             strategy.model.load_state_dict(saved, strict=False)
+
+    return type("LoadPretrained", (SupervisedPlugin,), {"before_training_exp": load})()
 
 
 def plugins_for(job: Job) -> list:
@@ -169,7 +166,7 @@ def plugins_for(job: Job) -> list:
 def _profile_row(job: Job, benchmark, path: Path, info: dict, fields: dict) -> dict:
     if not info:  # weights were cached by an earlier run: re-measure the pretrained profile
         model = _model(job)
-        strategy = sgd_naive(model, [_Load(path).plugin], 0, lr=0.01)
+        strategy = sgd_naive(model, [_load_plugin(path)], 0, lr=0.01)
         with quiet_deprecations():
             strategy.train(benchmark.train_stream[0], num_workers=0)
         profile = _profile(model, benchmark.train_stream[0], job.scenario == "task", job.seed)
@@ -189,7 +186,7 @@ def run_job(job: Job) -> dict:
     seed_everything(job.seed)
     model = _model(job)
     plugins = plugins_for(job)
-    strategy = sgd_naive(model, [_Load(path).plugin, *plugins], 0, lr=0.01)
+    strategy = sgd_naive(model, [_load_plugin(path), *plugins], 0, lr=0.01)
     n = len(benchmark.train_stream)
     acc = np.full((n, n), np.nan)
     try:

@@ -25,8 +25,7 @@ from benchmarks.diagnostics_cost import METRICS, setting_config
 
 ALL = 0  # --eval-samples 0: the whole experience (eval_samples=None)
 TEST_IMAGES = 2000  # per experience of Split Fashion-MNIST (5 experiences of 2 classes)
-#: per metric: the logged values compared ({name prefix: column title}), the keyword its count sets,
-#: the reference count of the estimators with no "whole experience", the default counts
+#: per metric (what each table is: the comments of sample_counts.yaml)
 _SETTINGS = yaml.safe_load(Path(__file__).with_suffix(".yaml").read_text(encoding="utf-8"))
 VALUES, COUNT_KWARG, REFERENCE, DEFAULT_COUNTS = (
     _SETTINGS[key] for key in ("values", "count_kwarg", "reference", "default_counts"))

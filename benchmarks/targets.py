@@ -25,8 +25,6 @@ REPO = "ContinualAI/continual-learning-baselines"
 COLUMNS = ("scenario", "strategy", "their_target", "target_source", "their_settings", "our_acc_mean", "our_acc_std",
            "n_seeds", "our_forgetting_mean", "status", "data_difference", "settings_difference", "gap",
            "explanation", "source_file", "config")
-# One entry per target: their number and settings (from `source_file`, path@commit in their
-# repository), the run that reproduces it, and what the investigation of the gap found
 TARGETS: list[dict] = yaml.safe_load(SOURCES.read_text(encoding="utf-8"))["targets"]
 
 

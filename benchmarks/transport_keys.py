@@ -41,6 +41,7 @@ PAIRS = ("split", "domain")
 DATASETS = {"mnist": datasets.load_mnist_arrays,
             "fashion_mnist": datasets.load_fashion_mnist_arrays}
 MODELS = ("cnn", "resnet", "vit")
+MODEL_KWARGS = {"cnn": {"widths": (32, 64)}, "vit": {"dim": 48, "depth": 2, "heads": 4}}
 STAGES = {"cnn": ["features.0", "features.1"], "resnet": ["stem", "layer1", "layer2", "layer3"],
           "vit": ["embed", "blocks.0", "blocks.1"]}
 
@@ -82,10 +83,8 @@ class Job:
 def task_data(pair: str, data_root, quick: bool, dataset: str = "mnist"):
     """``{"A": (xtr, ytr, xte, yte), "B": ...}`` with labels 0..K-1 per task (``dataset`` from
     ``data_root``; scikit-learn digits when ``data_root`` is None)."""
-    if data_root is not None:
-        xtr, ytr, xte, yte = DATASETS[dataset](data_root)
-    else:
-        xtr, ytr, xte, yte = datasets.load_digits_arrays()
+    xtr, ytr, xte, yte = (DATASETS[dataset](data_root) if data_root is not None
+                          else datasets.load_digits_arrays())
     if quick:
         xtr, ytr = xtr[:2000], ytr[:2000]
     if pair == "split":
@@ -179,15 +178,11 @@ def run_job(job: Job) -> list[dict]:
     start = time.perf_counter()
     seed_everything(job.seed)
     data = task_data(job.pair, cfg.data_root, cfg.quick, cfg.dataset)
-    xtr_a, ytr_a, xte_a, yte_a = data["A"]
-    xtr_b, ytr_b, _, _ = data["B"]
-    xte_a, yte_a = xte_a[:cfg.max_test], yte_a[:cfg.max_test]
-    xtr_a, ytr_a, xtr_b, ytr_b = xtr_a[:cfg.max_train], ytr_a[:cfg.max_train], xtr_b[:cfg.max_train], ytr_b[:cfg.max_train]
+    xtr_a, ytr_a, xtr_b, ytr_b = (t[:cfg.max_train] for t in (*data["A"][:2], *data["B"][:2]))
+    xte_a, yte_a = (t[:cfg.max_test] for t in data["A"][2:])
     n_classes = int(ytr_a.max()) + 1
-    kwargs = {"dim": 48, "depth": 2, "heads": 4} if job.model == "vit" else {}
-    if job.model == "cnn":
-        kwargs["widths"] = (32, 64)
-    trunk = build_model(job.model, tuple(xtr_a.shape[1:]), n_classes, **kwargs)
+    trunk = build_model(job.model, tuple(xtr_a.shape[1:]), n_classes,
+                        **MODEL_KWARGS.get(job.model, {}))
     feature_dim = trunk.feature_dim
     trunk.head = nn.Identity()
     theta_a = TaskHeadsNet(trunk, feature_dim, n_classes, n_tasks=2)

@@ -26,9 +26,7 @@ def scenario_config(name: str, quick: bool, calibration: int, overrides: dict | 
     if name == "split_digits":
         cfg = ScenarioConfig(old_epochs=20 if quick else 40, old_lr=1e-3, batch_size=32, new_epochs=10,
                              new_lr=0.02, max_train=10_000, max_test=10_000, calibration=calibration)
-    else:
-        # ../shared/data holds an 8,000-image MNIST subset (≈4,000 per split task): 10 epochs on the
-        # new task give ≈600 (split) / ≈1,250 (permuted) SGD steps of ground truth
+    else:  # the MNIST budgets: docs/benchmarks.md, "benchmarks.ads_zoo"
         cfg = ScenarioConfig(old_epochs=2 if quick else 5, old_lr=1e-3, batch_size=64,
                              new_epochs=2 if quick else 10, new_lr=0.01, max_train=60_000, max_test=10_000,
                              calibration=calibration)
