@@ -30,6 +30,7 @@ from benchmarks._results import format_table, summarize, write_results
 from benchmarks._training import accuracy_evaluator
 
 METHODS = ("naive", "ewc", "lae_geometric", "lae_measured", "lae_smoothed")
+FAILED = {"acc": float("nan"), "acc_pretrain_classes": float("nan"), "forgetting": float("nan")}
 _ACC = re.compile(r"^Top1_Acc_Exp/eval_phase/test_stream/(?:Task\d+/)?Exp(\d+)$")
 
 
@@ -118,11 +119,10 @@ def pretrained(job: Job, benchmark) -> tuple[Path, dict]:
     model = _model(job)
     strategy = sgd_naive(model, [], 1, lr=0.05)
     first = benchmark.train_stream[0]
-    info = {}
     with quiet_deprecations():
         strategy.train(first, num_workers=0)
-        info["one_epoch"] = _profile(model, first, job.scenario == "task", job.seed)
-        info["one_epoch_acc"] = _eval(strategy, benchmark).get(0)
+        info = {"one_epoch": _profile(model, first, job.scenario == "task", job.seed),
+                "one_epoch_acc": _eval(strategy, benchmark).get(0)}
         strategy.train_epochs = job.pretrain_epochs - 3
         strategy.train(first, num_workers=0)
         for group in strategy.optimizer.param_groups:  # two final epochs at a tenth of the lr: converge
@@ -197,11 +197,9 @@ def run_job(job: Job) -> dict:
                 for j, v in _eval(strategy, benchmark).items():
                     acc[i, j] = v
     except ValueError as error:  # a λ too large diverges (NaN loss): a grid outcome
-        return {**fields, "acc": float("nan"), "acc_pretrain_classes": float("nan"), "forgetting": float("nan"),
-                "error": str(error)}
+        return {**fields, **FAILED, "error": str(error)}
     if not np.isfinite(acc[-1]).all() or any(not torch.isfinite(p).all() for p in model.parameters()):
-        return {**fields, "acc": float("nan"), "acc_pretrain_classes": float("nan"), "forgetting": float("nan"),
-                "error": "non-finite weights"}
+        return {**fields, **FAILED, "error": "non-finite weights"}
     row = {**fields, "acc": float(np.mean(acc[-1])), "acc_pretrain_classes": float(acc[-1, 0]),
            "forgetting": float(np.mean([np.max(acc[j:n - 1, j]) - acc[n - 1, j] for j in range(n - 1)])),
            "accuracy_matrix": acc.tolist(), "wall_s": timer.seconds}
@@ -273,8 +271,7 @@ def main(argv=None) -> dict:
     if args.report:
         return {"report": print_report(args.report, report)}
     scenarios = split_list(args.scenarios)
-    lambdas = [float(v) for v in split_list(args.lambdas)]
-    alphas = [float(v) for v in split_list(args.alphas)]
+    lambdas, alphas = ([float(v) for v in split_list(grid)] for grid in (args.lambdas, args.alphas))
     if args.quick:
         scenarios, lambdas, alphas = scenarios[:1], lambdas[1:3], alphas[1:2]
         args.pretrain_epochs, args.epochs = min(args.pretrain_epochs, 4), 1

@@ -103,9 +103,8 @@ def _table(key: str, recipe: dict, skipped: list[str]) -> str:
 
 
 def merge_rounds(saved: dict, later: dict, part: str) -> dict:
-    """``saved`` with every strategy of the tuning round ``later`` taken from it: its config entry,
-    tuning rows, choice and test runs (the others stay ``saved``'s). ``part`` names the round in
-    ``rounds``."""
+    """``saved`` with every strategy of the tuning round ``later`` (named ``part`` in ``rounds``)
+    taken from it: its config entry, tuning rows, choice and test runs."""
     names = {s["name"] for s in later["config"]["strategies"]}
     config = dict(saved["config"])
     replaced = {s["name"]: s for s in later["config"]["strategies"]}
@@ -151,8 +150,7 @@ def _kept_tables(saved: dict, folder: Path) -> str:
 def write(keys, out_root: Path = ROOT / "out" / "recipes") -> list[Path]:
     import yaml
 
-    written = []
-    tables = []
+    written, tables = [], []
     for key in keys:
         saved = _load_rounds(out_root, key)
         if saved is None:

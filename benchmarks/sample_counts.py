@@ -65,9 +65,7 @@ def run_one(job, metric: str, eval_samples: int) -> dict:
 
 
 def _matches(name: str, prefix: str, metric: str) -> bool:
-    """``name`` is one of the values ``prefix`` names: exactly that metric for the estimators
-    (``ADS`` is not ``ADSOldECE``), every name it begins for the evaluations (``TransportKeyAcc``
-    with its ``…Checkpoint`` / ``…Updated`` accuracies, as the kept trade-offs were measured)."""
+    """``name`` is one of the values ``prefix`` names (docs/benchmarks.md, sample_counts)."""
     return name == prefix if relative(metric) else name.startswith(prefix)
 
 

@@ -89,8 +89,7 @@ def target_rows(saved: dict[str, dict]) -> list[dict]:
         gap = None if mean is None else mean - target["their_target"]
         row = {k: target.get(k, "") for k in COLUMNS}
         row.update(their_target=f"{target['their_target']:.2f}", our_acc_mean=_fmt(mean), our_acc_std=_fmt(std),
-                   n_seeds=str(len(ok)), our_forgetting_mean=_fmt(sum(forgetting) / len(forgetting) if forgetting
-                                                                  else None),
+                   n_seeds=str(len(ok)), our_forgetting_mean=_fmt(_mean_std(forgetting)[0]),
                    status=status, gap=_fmt(gap, 3), config=f"studies/targets/{target['config']}.yaml",
                    source_file=f"{REPO}:{target['source_file']}",
                    explanation=" ".join(x for x in (target.get("explanation", ""),

@@ -101,8 +101,7 @@ def task_data(pair: str, data_root, quick: bool, dataset: str = "mnist"):
 
 
 def train_stitch(stitched, u, x, y, steps: int, lr: float, batch: int, seed: int) -> TransportKey:
-    """Model-stitching baseline: a linear/1×1-conv key (identity start) trained with labels by
-    Adam on minibatches of the anchors."""
+    """The ``trained_stitch`` baseline (docs/benchmarks.md), on minibatches of the anchors."""
     key = TransportKey("cross_channel", u.shape[1] if u.dim() == 4 else u.shape[-1],
                        layout="channels_first" if u.dim() == 4 else ("tokens" if u.dim() == 3 else "flat"))
     stitched.key = key
@@ -183,9 +182,8 @@ def run_job(job: Job) -> list[dict]:
     n_classes = int(ytr_a.max()) + 1
     trunk = build_model(job.model, tuple(xtr_a.shape[1:]), n_classes,
                         **MODEL_KWARGS.get(job.model, {}))
-    feature_dim = trunk.feature_dim
     trunk.head = nn.Identity()
-    theta_a = TaskHeadsNet(trunk, feature_dim, n_classes, n_tasks=2)
+    theta_a = TaskHeadsNet(trunk, trunk.feature_dim, n_classes, n_tasks=2)
     times = {}
     with Timer() as t:
         train_minibatches(theta_a, xtr_a, ytr_a, epochs=cfg.epochs_a, lr=cfg.lr, batch_size=cfg.batch_size,

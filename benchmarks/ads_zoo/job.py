@@ -26,7 +26,7 @@ LOADERS = {"split_digits": lambda _: datasets.load_digits_arrays(seed=0),
            "split_fashion_mnist": datasets.load_fashion_mnist_arrays}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def scenario_data(name: str, data_root, seed: int = 0) -> dict:
     """Old/new training tensors and old test tensors of a scenario (cached per process)."""
     if name not in LOADERS:
@@ -91,7 +91,6 @@ def run_job(job: Job) -> dict:
         res = architecture_driven_shift(model, loss_fn, cal_old, cal_new_x, cal_new_y, lr=cfg.new_lr, steps=steps,
                                         path="logit")
     cpu_ads = time.process_time() - cpu_ads
-    unit_shift = res.unit_shift
     budget = cfg.new_lr * steps
     loss_path = distance_path(res.new_loss, res.descent_rate, budget)
     with Timer() as t_probe:
@@ -115,7 +114,7 @@ def run_job(job: Job) -> dict:
         logits_after = model(test_x)
     finite = math.isfinite(shift)
     row.update(
-        ads_logit=res.ads, ads=budget * unit_shift, ads_loss=loss_path * unit_shift,
+        ads_logit=res.ads, ads=budget * res.unit_shift, ads_loss=loss_path * res.unit_shift,
         first_order_logit=res.path_factor * res.first_order_shift, first_order_loss=loss_path * res.first_order_shift,
         ads_probe=probe.ads, first_step=first_step, realised_shift=shift if finite else None,
         diverged=not finite, decay=probe.decay, path_factor=budget, loss_path_factor=loss_path,
