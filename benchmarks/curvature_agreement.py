@@ -120,8 +120,7 @@ def run_job(job: Job) -> list[dict]:
 
 
 def _saved_hessian_rows(path: str | None, job: Job) -> dict[str, dict]:
-    """``{estimator: row}`` of the Hessian-block estimators of the same (model, checkpoint, seed,
-    training) in a previous run's ``jobs.jsonl`` (empty without ``path``)."""
+    """The Hessian-block rows of the same job in ``--reference-from`` (docs/benchmarks.md)."""
     if not path:
         return {}
     if not Path(path).exists():

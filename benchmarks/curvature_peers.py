@@ -99,8 +99,7 @@ def ours(kind: str, model, x, y, setting: Setting, tol: float) -> tuple[np.ndarr
 
 
 def timed(fns, repeats: int) -> list[tuple]:
-    """``[(result of the last call, best wall time)]`` of each function, the functions called in
-    turn ``repeats`` times (interleaved, so a change of the machine's load hits both sides)."""
+    """``[(result of the last call, best wall time)]`` of each of ``fns``, called in turn."""
     best, out = [float("inf")] * len(fns), [None] * len(fns)
     for _ in range(repeats):
         for k, fn in enumerate(fns):

@@ -131,8 +131,7 @@ def _load_rounds(out_root: Path, key: str) -> dict | None:
 
 
 def _kept_tables(saved: dict, folder: Path) -> str:
-    """The run's ``tables.md``; with further rounds, its main and failed-runs tables made again
-    from the merged runs (paired tests against the reference over all strategies, Holm-corrected)."""
+    """The run's ``tables.md``, made again from the merged runs when it had further rounds."""
     if not saved.get("rounds"):
         return (folder / "tables.md").read_text()
     from avalanche_plugins.study.report.stats import summarize_study

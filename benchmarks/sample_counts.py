@@ -75,8 +75,7 @@ def _distance(value: float, reference: float, metric: str) -> float:
 
 
 def compare(runs: list[dict], metric: str) -> list[dict]:
-    """One row per (count, seed): cost, and the distance of its values to the reference count's
-    (the whole experience, or :data:`REFERENCE`; relative for those, :func:`relative`)."""
+    """One row per (count, seed): cost, and the distance of its values to the reference count's."""
     ref_count = REFERENCE.get(metric, ALL)
     full = {r["seed"]: r["values"] for r in runs if r["eval_samples"] == ref_count}
     rows = []

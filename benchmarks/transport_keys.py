@@ -81,8 +81,7 @@ class Job:
 
 
 def task_data(pair: str, data_root, quick: bool, dataset: str = "mnist"):
-    """``{"A": (xtr, ytr, xte, yte), "B": ...}`` with labels 0..K-1 per task (``dataset`` from
-    ``data_root``; scikit-learn digits when ``data_root`` is None)."""
+    """``{"A": (xtr, ytr, xte, yte), "B": ...}``, labels 0..K-1 per task (docs/benchmarks.md)."""
     xtr, ytr, xte, yte = (DATASETS[dataset](data_root) if data_root is not None
                           else datasets.load_digits_arrays())
     if quick:
@@ -239,8 +238,7 @@ REPORT_VARIANTS = ("identity", "channel", "cross_channel", "cross_channel+refine
 
 
 def docs_tables(rows: list[dict], main_anchors: int) -> str:
-    """The tables quoted in docs/RESULTS.md: per stage, stitched accuracy (recovery %) of every key
-    and the closed-form → trained-stitch time; the cross-channel controls; the anchor sweep."""
+    """The tables quoted in docs/RESULTS.md (what each holds: docs/benchmarks.md)."""
     main = [r for r in rows if r["n_anchors"] == main_anchors]
     cells = list(dict.fromkeys((r["pair"], r["model"], r["stage"]) for r in main))
 
@@ -287,8 +285,7 @@ def docs_tables(rows: list[dict], main_anchors: int) -> str:
 
 
 def time_ratios(rows: list[dict], main_anchors: int) -> dict:
-    """Trained-stitch time over closed-form time (and over closed form + refinement), at the main
-    anchor count: overall and per ``pair/model``. Every time is measured in the same process."""
+    """The time ratios of the report (docs/benchmarks.md, "benchmarks.transport_keys")."""
     def ratios(selected):
         def mean_time(variant):
             xs = [r["fit_s"] for r in selected if r["variant"] == variant]

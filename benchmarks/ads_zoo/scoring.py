@@ -14,8 +14,7 @@ PREDICTORS = ("ads_logit", "ads_logit_calibrated", "ads_loss", "ads", "ads_probe
 
 
 def add_topology_only(rows: list[dict]) -> None:
-    """``ads_topology``: per (scenario, seed, design), the median-width member's data terms times
-    each member's fan-ins (``topology_only_shift`` applied post hoc to the stored terms)."""
+    """``ads_topology`` (docs/benchmarks.md): ``topology_only_shift`` on the stored terms."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["scenario"], r["seed"], r["design"]), []).append(r)

@@ -84,8 +84,7 @@ def build_zoo() -> list[Arch]:
 
 
 def quick_zoo() -> list[Arch]:
-    """~20 architectures with one-edit pairs: ReLU MLPs of base width 32/128 up to depth 3 plus
-    the depth-4 constant ones, and four ViTs."""
+    """The ``--quick`` zoo: ~20 architectures with one-edit pairs (docs/benchmarks.md)."""
     zoo = build_zoo()
     mlps = [a for a in zoo if a.family == "mlp" and a.activation == "relu" and a.base in (32, 128)
             and (len(a.widths) <= 3 or a.pattern == "constant")]
