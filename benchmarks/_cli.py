@@ -21,8 +21,7 @@ QUICK_SEEDS = 1
 
 
 def benchmark_parser(name: str, description: str, *, skip_help: str = "") -> argparse.ArgumentParser:
-    """Parser with the shared flags; benchmarks add their own options on top. ``skip_help`` names
-    what ``--skip`` can leave out in this benchmark."""
+    """Parser with the shared flags (``skip_help``: what ``--skip`` can leave out here)."""
     parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{name}", description=description)
     default_out = f"out/{name}"
     parser.add_argument("--data-root", default=None,

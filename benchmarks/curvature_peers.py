@@ -172,11 +172,9 @@ def main(argv=None) -> None:
     if args.memory:
         peak_memory()
         return
-    start, rows = time.perf_counter(), []
-    for setting in SETTINGS:
-        for kind in CURVATURES:
-            if not is_skipped(args.skip, setting.name, kind):
-                rows.append(measure(setting, kind, args.quick, args.repeats))
+    start = time.perf_counter()
+    rows = [measure(setting, kind, args.quick, args.repeats) for setting in SETTINGS
+            for kind in CURVATURES if not is_skipped(args.skip, setting.name, kind)]
     config = {"threads": args.threads, "repeats": args.repeats, "quick": args.quick, "chunk": CHUNK,
               "settings": [vars(s) for s in SETTINGS]}
     out = write_results(args.out, args, config=config, rows=rows, summary=[], wall_seconds=time.perf_counter() - start)

@@ -109,8 +109,7 @@ def _eval(strategy, benchmark) -> dict[int, float]:
 
 
 def pretrained(job: Job, benchmark) -> tuple[Path, dict]:
-    """Pretrain (or load) the network on the first experience; returns the weight file and, when
-    trained here, the profile after one epoch and at the end."""
+    """``(weights file, profiles)`` of the pretraining on experience 0 (no profiles when cached)."""
     path = Path(job.out) / "pretrained" / (f"{job.scenario}_s{job.seed}_{'val' if job.validation else 'test'}"
                                            f"_w{'-'.join(map(str, job.widths))}_e{job.pretrain_epochs}.pt")
     if path.exists():

@@ -103,8 +103,7 @@ def _table(key: str, recipe: dict, skipped: list[str]) -> str:
 
 
 def merge_rounds(saved: dict, later: dict, part: str) -> dict:
-    """``saved`` with every strategy of the tuning round ``later`` (named ``part`` in ``rounds``)
-    taken from it: its config entry, tuning rows, choice and test runs."""
+    """``saved`` with the strategies of the tuning round ``later`` (``part``) taken from it."""
     names = {s["name"] for s in later["config"]["strategies"]}
     config = dict(saved["config"])
     replaced = {s["name"]: s for s in later["config"]["strategies"]}

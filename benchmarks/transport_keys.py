@@ -159,8 +159,7 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: Config, wi
 
 
 def _noise_at_residual(theta_a, stage: str, v, residual: float, test) -> dict:
-    """The ``noise_at_residual`` row (docs/benchmarks.md): θ_A's late layers under noise of a key's
-    fit ``residual`` (``‖ε‖² = residual · ‖V − μ_v‖²``, ``v`` θ_A's anchor activations)."""
+    """The ``noise_at_residual`` row (docs/benchmarks.md); ``v``: θ_A's anchor activations."""
     xte, yte = test
     with torch.no_grad():
         h = stage_activations(theta_a, stage, xte)

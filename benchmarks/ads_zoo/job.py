@@ -61,8 +61,7 @@ class Job:
 
 
 def _samples(data: dict, cfg, g: torch.Generator):
-    """The job's old / new training subsets, old-task test subset and calibration sets, drawn from ``g``
-    in this order (the order fixes every job's samples)."""
+    """The job's train / old-task test / calibration subsets, drawn from ``g`` in this order."""
     old_x, old_y = subset(*data["old"], cfg.max_train, g)
     new_x, new_y = subset(*data["new"], cfg.max_train, g)
     test = subset(*data["old_test"], cfg.max_test, g)
@@ -133,8 +132,7 @@ def run_job(job: Job) -> dict:
 
 
 def warmup() -> None:
-    """The first ``torch.func`` calls of a process pay a one-off setup cost; the worker initialiser
-    runs this so that cost stays out of the first job's timings."""
+    """A worker's first ``torch.func`` calls (a one-off setup cost), outside any job's timings."""
     net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
     x = torch.randn(4, 4)
     for path in ("logit", "probe"):

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from benchmarks._results import saved_figure
-from benchmarks.ads_zoo.scoring import PREDICTORS, analyse
+from benchmarks.ads_zoo.scoring import PREDICTORS, STATS, analyse
 from benchmarks.ads_zoo.zoo import arch_from_dict
 
 
@@ -35,8 +35,6 @@ def plot(rows: list[dict], scenarios: list[str], path: Path) -> None:
 
 
 def format_results(per_scenario: dict) -> str:
-    stats = ("spearman", "kendall", "direction_consistency", "ece_spearman", "ece_increase_spearman",
-             "spearman_mlp", "spearman_vit")
     lines = ["| scenario | predictor | Spearman | Kendall | direction consistency | ECE Spearman | ΔECE Spearman "
              "| Spearman MLPs | Spearman ViTs |", "|---|---|---|---|---|---|---|---|---|"]
     for scenario, e in per_scenario.items():
@@ -44,7 +42,7 @@ def format_results(per_scenario: dict) -> str:
             if f"{p}_spearman_mean" not in e or not math.isfinite(e[f"{p}_spearman_mean"]):
                 continue
             cells = [f"{e[f'{p}_{s}_mean']:.3f} ± {e[f'{p}_{s}_std']:.3f}" if math.isfinite(e[f"{p}_{s}_mean"])
-                     else "—" for s in stats]
+                     else "—" for s in STATS]
             lines.append(f"| {scenario} | {p} | " + " | ".join(cells) + " |")
     lines += ["", "| scenario | architectures | one-edit pairs | ADS / ground-truth time (median, "
               "total) | same, process CPU time (total) | family-calibrated ADS (with its 2 "

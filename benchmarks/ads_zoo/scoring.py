@@ -11,6 +11,8 @@ from benchmarks.ads_zoo.zoo import Arch, one_edit_pairs
 
 PREDICTORS = ("ads_logit", "ads_logit_calibrated", "ads_loss", "ads", "ads_probe", "ads_topology",
               "first_order_logit", "first_order_loss", "first_step", "first_step_logit", "new_loss", "n_params")
+STATS = ("spearman", "kendall", "direction_consistency", "ece_spearman", "ece_increase_spearman",
+         "spearman_mlp", "spearman_vit")  # per predictor, in the report's column order
 
 
 def add_topology_only(rows: list[dict]) -> None:
@@ -109,8 +111,7 @@ def _scenario_entry(part: list[dict], seed_stats: list[dict]) -> dict:
     """A scenario's statistics (mean and std over seeds) and its cost ratios."""
     entry = {"per_seed": seed_stats, "n_archs": seed_stats[0]["n_archs"], "n_pairs": seed_stats[0]["n_pairs"]}
     for p in PREDICTORS:
-        for stat in ("spearman", "kendall", "direction_consistency", "ece_spearman", "ece_increase_spearman",
-                     "spearman_mlp", "spearman_vit"):
+        for stat in STATS:
             vals = np.array([s[p].get(stat, np.nan) for s in seed_stats if p in s], dtype=float)
             entry[f"{p}_{stat}_mean"] = float(np.nanmean(vals)) if len(vals) and np.isfinite(vals).any() else float("nan")
             entry[f"{p}_{stat}_std"] = float(np.nanstd(vals, ddof=1)) if np.isfinite(vals).sum() > 1 else 0.0

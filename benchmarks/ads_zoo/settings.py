@@ -21,8 +21,7 @@ class ScenarioConfig:
 
 
 def scenario_config(name: str, quick: bool, calibration: int, overrides: dict | None = None) -> ScenarioConfig:
-    """The training budget of a scenario; ``overrides`` (from :func:`parse_overrides`) replace
-    fields (a scenario's own override wins)."""
+    """A scenario's budget, ``overrides`` (:func:`parse_overrides`) applied: its own ones win."""
     if name == "split_digits":
         cfg = ScenarioConfig(old_epochs=20 if quick else 40, old_lr=1e-3, batch_size=32, new_epochs=10,
                              new_lr=0.02, max_train=10_000, max_test=10_000, calibration=calibration)

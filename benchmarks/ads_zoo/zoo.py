@@ -43,8 +43,7 @@ class Arch:
 
 
 def mlp_widths(pattern: str, depth: int, base: int) -> tuple[int, ...] | None:
-    """Hidden widths of a pattern, or None when a width leaves 16–512 or the pattern needs
-    depth ≥ 3."""
+    """Hidden widths of a pattern (None: a width outside 16–512, or a bottleneck of depth < 3)."""
     if pattern == "constant":
         widths = [base] * depth
     elif pattern == "increasing":
@@ -74,11 +73,10 @@ def build_zoo() -> list[Arch]:
                         continue
                     arch = Arch("mlp", activation, widths, pattern if depth > 1 else "constant", base)
                     archs.setdefault(arch.name, arch)
-    for depth, dim, heads in itertools.product((1, 2, 3), (16, 32, 64), (2, 4)):
-        arch = Arch("vit", "gelu", depth=depth, dim=dim, heads=heads, mlp_ratio=2.0)
-        archs.setdefault(arch.name, arch)
-    for ratio, dim in itertools.product((1.0, 4.0), (16, 32, 64)):
-        arch = Arch("vit", "gelu", depth=2, dim=dim, heads=2, mlp_ratio=ratio)
+    vits = [(*grid, 2.0) for grid in itertools.product((1, 2, 3), (16, 32, 64), (2, 4))]
+    vits += [(2, dim, 2, ratio) for ratio, dim in itertools.product((1.0, 4.0), (16, 32, 64))]
+    for depth, dim, heads, ratio in vits:  # (depth, d_model, heads, MLP ratio)
+        arch = Arch("vit", "gelu", depth=depth, dim=dim, heads=heads, mlp_ratio=ratio)
         archs.setdefault(arch.name, arch)
     return list(archs.values())
 
