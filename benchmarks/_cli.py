@@ -1,11 +1,5 @@
-"""The one command-line contract of every benchmark (here, not in the wheel: the package knows
-nothing of ``benchmarks/``). The shared flags and what they do: docs/benchmarks.md.
-
-Benchmarks add their own options to :func:`benchmark_parser` and read the result of
-:func:`parse_args`. Importing this module changes nothing else: a benchmark job's cache entry holds
-the code it ran under ``benchmarks/`` and the package because its job function lives in
-``benchmarks`` (:func:`avalanche_plugins.study.jobs.code_roots`), so a changed module the
-job ran reruns it and any other edit keeps it.
+"""The one command-line contract of every benchmark (here, not in the wheel); its flags and the
+job cache they drive: docs/benchmarks.md. Add options to :func:`benchmark_parser`, then parse.
 """
 
 from __future__ import annotations
@@ -27,10 +21,7 @@ QUICK_SEEDS = 1
 
 
 def benchmark_parser(name: str, description: str, *, skip_help: str = "") -> argparse.ArgumentParser:
-    """Parser with the shared flags; benchmarks add their own options on top.
-
-    ``skip_help`` names what ``--skip`` can leave out in this benchmark.
-    """
+    """Parser with the shared flags (``skip_help``: what ``--skip`` can leave out here)."""
     parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{name}", description=description)
     default_out = f"out/{name}"
     parser.add_argument("--data-root", default=None,
@@ -55,15 +46,8 @@ def benchmark_parser(name: str, description: str, *, skip_help: str = "") -> arg
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse and resolve the shared flags: ``args.seeds`` becomes the seed count (:data:`DEFAULT_SEEDS`,
     :data:`QUICK_SEEDS` with ``--quick``; an explicit ``--seeds`` wins), ``args.skip`` a frozenset of
-    names, ``args.command`` the command line with relative paths (for ``results.json``).
-
-    Example:
-        >>> p = benchmark_parser("x", "demo")
-        >>> [parse_args(p, a).seeds for a in ([], ["--quick"], ["--quick", "--seeds", "3"], ["--seeds", "5"])]
-        [3, 1, 3, 5]
-        >>> sorted(parse_args(p, ["--skip", "permuted/cnn, anchor"]).skip)
-        ['anchor', 'permuted/cnn']
-    """
+    names, ``args.command`` the command line with relative paths (for ``results.json``); examples:
+    tests/benchmarks/test_cli.py."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if getattr(args, "address", None) is not None and getattr(args, "executor", "local") != "ray":
@@ -78,16 +62,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
 def make_executor(args, *, warmup=None, isolate: bool = False):
     """The executor the flags ask for (:func:`avalanche_plugins.study.jobs.make_executor`
     with ``args.executor``, ``args.workers``, ``args.threads`` and ``args.address``; missing
-    attributes take the parser's defaults, so any namespace works).
-
-    Example:
-        >>> p = benchmark_parser("x", "demo")
-        >>> type(make_executor(parse_args(p, ["--workers", "2"]))).__name__
-        'LocalExecutor'
-        >>> ex = make_executor(parse_args(p, ["--executor", "ray", "--workers", "2", "--threads", "2"]))
-        >>> type(ex).__name__, ex.num_cpus, ex.threads, ex.address
-        ('RayExecutor', 4, 2, None)
-    """
+    attributes take the parser's defaults, so any namespace works; tests/benchmarks/test_cli.py)."""
     return jobs.make_executor(getattr(args, "executor", "local") or "local", workers=getattr(args, "workers", 1),
                               threads=getattr(args, "threads", 1), address=getattr(args, "address", None),
                               warmup=warmup, isolate=isolate)

@@ -1,12 +1,5 @@
-"""The benchmarks' own results helpers (not in the wheel: a study has its own tables).
-
-* :func:`write_results`: the package's :func:`~avalanche_plugins.study.report.files.write_results`
-  with a benchmark's parsed command line (``args``: its ``command`` and the fingerprint of its
-  ``--data-root``, where ``command`` / ``data`` are not given).
-* :func:`summarize` / :func:`format_table`: mean ± std per group of rows, as a Markdown table.
-* :func:`rounded_floats`: the kept (rounded) form of a results file.
-* :func:`saved_figure`: a matplotlib figure written to a file when its block ends.
-"""
+"""The benchmarks' own results helpers (not in the wheel: a study has its own tables): results
+files, mean ± std tables, rounding and figures (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -25,13 +18,9 @@ __all__ = ["format_table", "rounded_floats", "saved_figure", "summarize", "write
 def write_results(out_dir, args=None, *, config: dict, rows: Sequence[dict], summary: Sequence[dict],
                   wall_seconds: float, extra: dict | None = None, command: str | None = None,
                   data: dict | None = None) -> Path:
-    """Write ``results.json`` and ``results.csv`` into ``out_dir``; return the folder.
-
-    ``command``: the command line that made the run (default: ``args.command``); ``data``: what data
-    it read (default: the fingerprint of the one dataset at ``args.data_root``, a benchmark's
-    ``--data-root``). ``args`` is any object with those attributes (a benchmark's parsed command
-    line), or ``None``. See :func:`avalanche_plugins.study.report.files.write_results`.
-    """
+    """Write ``results.json`` and ``results.csv`` into ``out_dir`` (:func:`results.write_results`);
+    return the folder. ``command`` / ``data`` default to ``args.command`` and the fingerprint of the
+    dataset at ``args.data_root`` (``args``: any object with those attributes, or None)."""
     return results.write_results(
         out_dir, config=config, rows=rows, summary=summary, wall_seconds=wall_seconds, extra=extra,
         command=command if command is not None else getattr(args, "command", None),
@@ -40,11 +29,7 @@ def write_results(out_dir, args=None, *, config: dict, rows: Sequence[dict], sum
 
 def rounded_floats(value, digits: int = 6):
     """``value`` with every float (in nested dicts and lists) rounded to ``digits`` significant
-    digits: the kept form of a results file, stable across machines and small in the repository.
-
-    >>> rounded_floats({"a": [0.123456789, 2], "b": 1.0000001}, 3)
-    {'a': [0.123, 2], 'b': 1.0}
-    """
+    digits: the kept form of a results file, stable across machines and small in the repository."""
     if isinstance(value, float):
         return float(f"{value:.{digits}g}")
     if isinstance(value, dict):
@@ -56,13 +41,7 @@ def rounded_floats(value, digits: int = 6):
 
 def summarize(rows: Sequence[dict], group_by: Sequence[str], values: Sequence[str]) -> list[dict]:
     """Mean, sample std and count of ``values`` over rows sharing ``group_by`` (order kept); a value
-    no row of a group has (``None`` or missing, e.g. a ticket of the dense model) gets ``None``.
-
-    Example:
-        >>> rows = [{"m": "a", "acc": 0.5}, {"m": "a", "acc": 0.7}, {"m": "b", "acc": 0.9}]
-        >>> [(s["m"], round(s["acc_mean"], 2), round(s["acc_std"], 3), s["n"]) for s in summarize(rows, ["m"], ["acc"])]
-        [('a', 0.6, 0.141, 2), ('b', 0.9, 0.0, 1)]
-    """
+    no row of a group has (``None`` or missing, e.g. a ticket of the dense model) gets ``None``."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault(tuple(row[k] for k in group_by), []).append(row)
@@ -80,15 +59,7 @@ def summarize(rows: Sequence[dict], group_by: Sequence[str], values: Sequence[st
 
 def format_table(summary: Iterable[dict], keys: Sequence[str], values: Sequence[str], digits: int = 3) -> str:
     """Markdown table: ``keys`` verbatim, ``values`` as ``mean ± std`` ("–" where no row has the value;
-    "nan" stays visible, e.g. a diverged run).
-
-    Example:
-        >>> print(format_table([{"m": "a", "acc_mean": 0.5, "acc_std": 0.1, "ticket_mean": None, "n": 2}],
-        ...                    ["m"], ["acc", "ticket"], 2))
-        | m | acc | ticket | n |
-        |---|---|---|---|
-        | a | 0.50 ± 0.10 | – | 2 |
-    """
+    "nan" stays visible, e.g. a diverged run)."""
     header = [*keys, *values, "n"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in summary:

@@ -1,10 +1,5 @@
 """The benchmarks' own training helpers (not in the wheel: the study trains with Avalanche's
-strategies, :mod:`avalanche_plugins.study.run.job`).
-
-* :func:`accuracy_evaluator`: :func:`~avalanche_plugins.quiet_evaluator` with per-experience accuracy.
-* :func:`train_minibatches`: shuffled minibatch epochs on tensors with Adam or SGD and a seeded generator.
-* :func:`accuracy` (logits), :func:`batched_accuracy` (a forward over chunks).
-"""
+strategies, :mod:`avalanche_plugins.study.run.job`): minibatch training and accuracies."""
 
 from __future__ import annotations
 
@@ -31,14 +26,7 @@ def train_minibatches(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epo
     """Cross-entropy training on ``(x, y)``: each epoch a fresh permutation from ``generator``,
     minibatches of ``batch_size`` in that order, one ``torch.optim.Adam`` or plain ``SGD`` step
     each; ``model(x, task)`` when ``task`` is given. Leaves the model in eval mode; returns the
-    number of steps.
-
-    Example:
-        >>> model = nn.Linear(3, 2)
-        >>> train_minibatches(model, torch.randn(10, 3), torch.randint(0, 2, (10,)), epochs=2, lr=0.1,
-        ...                   batch_size=4, generator=torch.Generator().manual_seed(0), optimizer="sgd")
-        6
-    """
+    number of steps."""
     if optimizer not in ("adam", "sgd"):
         raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
     opt = torch.optim.Adam(model.parameters(), lr=lr) if optimizer == "adam" else \
@@ -60,12 +48,7 @@ def train_minibatches(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epo
 
 
 def accuracy(logits: torch.Tensor, targets: torch.Tensor) -> float:
-    """Top-1 accuracy of ``logits`` ``(N, C)``.
-
-    Example:
-        >>> accuracy(torch.tensor([[2.0, 1.0], [0.0, 1.0]]), torch.tensor([0, 0]))
-        0.5
-    """
+    """Top-1 accuracy of ``logits`` ``(N, C)``."""
     return float((logits.argmax(1) == targets).float().mean())
 
 
@@ -73,13 +56,7 @@ def accuracy(logits: torch.Tensor, targets: torch.Tensor) -> float:
 def batched_accuracy(forward: Callable[..., torch.Tensor], *inputs: torch.Tensor, targets: torch.Tensor,
                      batch_size: int = 500) -> float:
     """Top-1 accuracy of ``forward(*chunks)`` over aligned chunks of ``inputs`` of ``batch_size``
-    rows (memory-bounded evaluation).
-
-    Example:
-        >>> x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
-        >>> batched_accuracy(lambda a: a, x, targets=torch.tensor([0, 1, 1]), batch_size=2)
-        0.6666666666666666
-    """
+    rows (memory-bounded evaluation)."""
     correct = 0
     for s in range(0, len(targets), batch_size):
         out = forward(*(t[s:s + batch_size] for t in inputs))

@@ -1,10 +1,6 @@
 """How far are the fast per-layer curvature estimators from the exact Hessian blocks?
 
-For the MLP, CNN and tiny ViT at three checkpoints and each seed: the Fisher-block and cheaper
-Hessian-block estimators against the exact ``s_ℓ`` (:func:`candidates`), on what LayerAdaptiveEWC
-uses (κ, α̂, the ``measured`` / ``smoothed`` λ_ℓ, Spearman of ``s_ℓ``) and time. Writes
-``results.json`` / ``results.csv`` / ``tables.md`` / ``profiles.png``; ``--report`` re-prints a
-saved run. Method: docs/benchmarks.md, "benchmarks.curvature_agreement".
+Method, outputs and ``--report``: docs/benchmarks.md, "benchmarks.curvature_agreement".
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ from avalanche_plugins.layer_adaptive.hessian import condition_number, geometric
 from avalanche_plugins.layer_adaptive.schedules import layer_weights
 from avalanche_plugins.study.catalog.datasets import load_digits_arrays, load_mnist_arrays
 from avalanche_plugins.study.catalog.zoo import build_model
-from avalanche_plugins.study.jobs import run_jobs, seed_everything
+from avalanche_plugins.study.jobs import Timer, run_jobs, seed_everything
 from avalanche_plugins.study.report.files import print_report
 from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, split_list
 from benchmarks._results import format_table, saved_figure, summarize, write_results
@@ -102,12 +98,10 @@ def run_job(job: Job) -> list[dict]:
         if name in saved:  # the same seeded model, samples and Hessian code: reuse, do not recompute
             s, seconds = np.asarray(saved[name]["s"], dtype=float), saved[name]["seconds"]
         else:
-            start = time.perf_counter()
-            with warnings.catch_warnings():
+            with Timer() as timer, warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # truncated power iterations warn by design
                 spectrum = layer_curvature(model, loss_fn, x_train[idx], y_train[idx], seed=job.seed, **options)
-            seconds = time.perf_counter() - start
-            s = np.asarray(spectrum.top, dtype=float)
+            s, seconds = np.asarray(spectrum.top, dtype=float), timer.seconds
         d = _derived(s)
         if reference is None:
             reference = (s, d)
@@ -126,8 +120,7 @@ def run_job(job: Job) -> list[dict]:
 
 
 def _saved_hessian_rows(path: str | None, job: Job) -> dict[str, dict]:
-    """``{estimator: row}`` of the Hessian-block estimators of the same (model, checkpoint, seed,
-    training) in a previous run's ``jobs.jsonl`` (empty without ``path``)."""
+    """The Hessian-block rows of the same job in ``--reference-from`` (docs/benchmarks.md)."""
     if not path:
         return {}
     if not Path(path).exists():

@@ -1,10 +1,6 @@
 """Per-layer curvature against the maintained curvature library, side by side in one process.
 
-The top eigenvalue of each layer's Hessian, empirical Fisher and GGN block, ours against
-curvlinops, on the benchmark MLP, the BN-CNN and the CIFAR ResNet-18: time, speed-up and relative
-difference. Prints the table and writes ``results.json`` / ``results.csv`` / ``report.md`` under
-``--out``; ``--report`` re-prints it; ``--memory`` measures the peak RSS of the default curvature
-on the ResNet-18 instead. Method: docs/benchmarks.md, "benchmarks.curvature_peers".
+Method, outputs, ``--report`` and ``--memory``: docs/benchmarks.md, "benchmarks.curvature_peers".
 """
 
 from __future__ import annotations
@@ -103,8 +99,7 @@ def ours(kind: str, model, x, y, setting: Setting, tol: float) -> tuple[np.ndarr
 
 
 def timed(fns, repeats: int) -> list[tuple]:
-    """``[(result of the last call, best wall time)]`` of each function, the functions called in
-    turn ``repeats`` times (interleaved, so a change of the machine's load hits both sides)."""
+    """``[(result of the last call, best wall time)]`` of each of ``fns``, called in turn."""
     best, out = [float("inf")] * len(fns), [None] * len(fns)
     for _ in range(repeats):
         for k, fn in enumerate(fns):
@@ -177,11 +172,9 @@ def main(argv=None) -> None:
     if args.memory:
         peak_memory()
         return
-    start, rows = time.perf_counter(), []
-    for setting in SETTINGS:
-        for kind in CURVATURES:
-            if not is_skipped(args.skip, setting.name, kind):
-                rows.append(measure(setting, kind, args.quick, args.repeats))
+    start = time.perf_counter()
+    rows = [measure(setting, kind, args.quick, args.repeats) for setting in SETTINGS
+            for kind in CURVATURES if not is_skipped(args.skip, setting.name, kind)]
     config = {"threads": args.threads, "repeats": args.repeats, "quick": args.quick, "chunk": CHUNK,
               "settings": [vars(s) for s in SETTINGS]}
     out = write_results(args.out, args, config=config, rows=rows, summary=[], wall_seconds=time.perf_counter() - start)

@@ -1,10 +1,6 @@
 """Layer-adaptive EWC on a pretrained backbone: does pretraining make curvature depth-dependent?
 
-Pretrains the small CNN on MNIST classes 0–4, profiles its per-layer curvature (κ, α̂), then runs
-Naive, EWC and the layer-adaptive schedules (λ, α tuned on a validation split) on {5, 6}, {7, 8, 9},
-task- and/or class-incremental. ``python -m benchmarks.lae_pretrained --data-root DATA`` writes
-``results.json``, ``results.csv`` and ``report.md`` (``--report`` re-prints it); the method:
-docs/benchmarks.md, "benchmarks.lae_pretrained".
+Method, outputs and ``--report``: docs/benchmarks.md, "benchmarks.lae_pretrained".
 """
 
 from __future__ import annotations
@@ -34,6 +30,7 @@ from benchmarks._results import format_table, summarize, write_results
 from benchmarks._training import accuracy_evaluator
 
 METHODS = ("naive", "ewc", "lae_geometric", "lae_measured", "lae_smoothed")
+FAILED = {"acc": float("nan"), "acc_pretrain_classes": float("nan"), "forgetting": float("nan")}
 _ACC = re.compile(r"^Top1_Acc_Exp/eval_phase/test_stream/(?:Task\d+/)?Exp(\d+)$")
 
 
@@ -112,8 +109,7 @@ def _eval(strategy, benchmark) -> dict[int, float]:
 
 
 def pretrained(job: Job, benchmark) -> tuple[Path, dict]:
-    """Pretrain (or load) the network on the first experience; returns the weight file and, when
-    trained here, the profile after one epoch and at the end."""
+    """``(weights file, profiles)`` of the pretraining on experience 0 (no profiles when cached)."""
     path = Path(job.out) / "pretrained" / (f"{job.scenario}_s{job.seed}_{'val' if job.validation else 'test'}"
                                            f"_w{'-'.join(map(str, job.widths))}_e{job.pretrain_epochs}.pt")
     if path.exists():
@@ -122,11 +118,10 @@ def pretrained(job: Job, benchmark) -> tuple[Path, dict]:
     model = _model(job)
     strategy = sgd_naive(model, [], 1, lr=0.05)
     first = benchmark.train_stream[0]
-    info = {}
     with quiet_deprecations():
         strategy.train(first, num_workers=0)
-        info["one_epoch"] = _profile(model, first, job.scenario == "task", job.seed)
-        info["one_epoch_acc"] = _eval(strategy, benchmark).get(0)
+        info = {"one_epoch": _profile(model, first, job.scenario == "task", job.seed),
+                "one_epoch_acc": _eval(strategy, benchmark).get(0)}
         strategy.train_epochs = job.pretrain_epochs - 3
         strategy.train(first, num_workers=0)
         for group in strategy.optimizer.param_groups:  # two final epochs at a tenth of the lr: converge
@@ -140,20 +135,17 @@ def pretrained(job: Job, benchmark) -> tuple[Path, dict]:
     return path, info
 
 
-class _Load:
-    """Loads the pretrained weights after the strategy's model adaptation of experience 0."""
+def _load_plugin(path):
+    """A plugin that loads the pretrained weights after the model adaptation of experience 0."""
+    from avalanche.core import SupervisedPlugin
 
-    def __init__(self, path):
-        from avalanche.core import SupervisedPlugin
-
-        self.path = path
-        self.plugin = type("LoadPretrained", (SupervisedPlugin,), {"before_training_exp": self._load})()
-
-    def _load(self, strategy, **kwargs):
+    def load(plugin, strategy, **kwargs):
         if strategy.clock.train_exp_counter == 0:
             own = strategy.model.state_dict()  # the heads of later tasks (made by evaluations) are not loaded
-            saved = {k: v for k, v in torch.load(self.path).items() if k in own}
+            saved = {k: v for k, v in torch.load(path).items() if k in own}
             strategy.model.load_state_dict(saved, strict=False)
+
+    return type("LoadPretrained", (SupervisedPlugin,), {"before_training_exp": load})()
 
 
 def plugins_for(job: Job) -> list:
@@ -173,7 +165,7 @@ def plugins_for(job: Job) -> list:
 def _profile_row(job: Job, benchmark, path: Path, info: dict, fields: dict) -> dict:
     if not info:  # weights were cached by an earlier run: re-measure the pretrained profile
         model = _model(job)
-        strategy = sgd_naive(model, [_Load(path).plugin], 0, lr=0.01)
+        strategy = sgd_naive(model, [_load_plugin(path)], 0, lr=0.01)
         with quiet_deprecations():
             strategy.train(benchmark.train_stream[0], num_workers=0)
         profile = _profile(model, benchmark.train_stream[0], job.scenario == "task", job.seed)
@@ -193,7 +185,7 @@ def run_job(job: Job) -> dict:
     seed_everything(job.seed)
     model = _model(job)
     plugins = plugins_for(job)
-    strategy = sgd_naive(model, [_Load(path).plugin, *plugins], 0, lr=0.01)
+    strategy = sgd_naive(model, [_load_plugin(path), *plugins], 0, lr=0.01)
     n = len(benchmark.train_stream)
     acc = np.full((n, n), np.nan)
     try:
@@ -204,11 +196,9 @@ def run_job(job: Job) -> dict:
                 for j, v in _eval(strategy, benchmark).items():
                     acc[i, j] = v
     except ValueError as error:  # a λ too large diverges (NaN loss): a grid outcome
-        return {**fields, "acc": float("nan"), "acc_pretrain_classes": float("nan"), "forgetting": float("nan"),
-                "error": str(error)}
+        return {**fields, **FAILED, "error": str(error)}
     if not np.isfinite(acc[-1]).all() or any(not torch.isfinite(p).all() for p in model.parameters()):
-        return {**fields, "acc": float("nan"), "acc_pretrain_classes": float("nan"), "forgetting": float("nan"),
-                "error": "non-finite weights"}
+        return {**fields, **FAILED, "error": "non-finite weights"}
     row = {**fields, "acc": float(np.mean(acc[-1])), "acc_pretrain_classes": float(acc[-1, 0]),
            "forgetting": float(np.mean([np.max(acc[j:n - 1, j]) - acc[n - 1, j] for j in range(n - 1)])),
            "accuracy_matrix": acc.tolist(), "wall_s": timer.seconds}
@@ -280,8 +270,7 @@ def main(argv=None) -> dict:
     if args.report:
         return {"report": print_report(args.report, report)}
     scenarios = split_list(args.scenarios)
-    lambdas = [float(v) for v in split_list(args.lambdas)]
-    alphas = [float(v) for v in split_list(args.alphas)]
+    lambdas, alphas = ([float(v) for v in split_list(grid)] for grid in (args.lambdas, args.alphas))
     if args.quick:
         scenarios, lambdas, alphas = scenarios[:1], lambdas[1:3], alphas[1:2]
         args.pretrain_epochs, args.epochs = min(args.pretrain_epochs, 4), 1

@@ -1,10 +1,6 @@
 """What a diagnostic's sample count costs and changes (issue 41's trade-off).
 
-Runs the ``fashion/1`` setting of :mod:`benchmarks.diagnostics_cost` with only ``--metric``
-attached, for each sample count (``--eval-samples`` / ``--counts``) and seed, and reports the
-metric's seconds as a share of training and how far its logged values are from those at the
-reference count (the whole experience, or :data:`REFERENCE`). Writes results.json/csv and
-report.md under ``--out``. Method: docs/benchmarks.md, "benchmarks.sample_counts".
+Method, outputs and ``--report``: docs/benchmarks.md, "benchmarks.sample_counts".
 """
 
 from __future__ import annotations
@@ -12,9 +8,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import yaml
 
 from avalanche_plugins.core.calls import sample_stride
 from avalanche_plugins.study.api import load_study, plan_test_jobs
@@ -27,20 +25,10 @@ from benchmarks.diagnostics_cost import METRICS, setting_config
 
 ALL = 0  # --eval-samples 0: the whole experience (eval_samples=None)
 TEST_IMAGES = 2000  # per experience of Split Fashion-MNIST (5 experiences of 2 classes)
-#: the logged values compared, per metric: {metric name prefix: column title}
-VALUES = {"TransportKeyMetric": {"TransportKeyAcc": "stitched acc", "TransportKeyRecovery": "recovery"},
-          "CycleAccuracyMetric": {"CycleAccuracy": "cycle acc", "TAA": "TAA"},
-          "OptimizationReadinessMetric": {"OptimizationReadiness": "OR"},
-          "ArchitectureDrivenShiftMetric": {"ADS": "ADS", "ADSLayerShift": "per-layer shift"},
-          "LayerSensitivityMetric": {"LayerSensitivity": "s_l", "LayerSensitivityKappa": "kappa"}}
-#: the keyword a metric's count sets; the metrics measured against the whole experience (ALL)
-COUNT_KWARG = {"TransportKeyMetric": "eval_samples", "CycleAccuracyMetric": "eval_samples",
-               "OptimizationReadinessMetric": "n_samples", "ArchitectureDrivenShiftMetric": "calibration_size",
-               "LayerSensitivityMetric": "n_samples"}
-#: the reference count of the estimators with no "whole experience": 4x the demo's argument
-REFERENCE = {"OptimizationReadinessMetric": 1024, "ArchitectureDrivenShiftMetric": 512, "LayerSensitivityMetric": 512}
-DEFAULT_COUNTS = {"OptimizationReadinessMetric": "256,128,64,32", "ArchitectureDrivenShiftMetric": "128,64,32,16",
-                  "LayerSensitivityMetric": "128,64,32,16"}
+#: per metric (what each table is: the comments of sample_counts.yaml)
+_SETTINGS = yaml.safe_load(Path(__file__).with_suffix(".yaml").read_text(encoding="utf-8"))
+VALUES, COUNT_KWARG, REFERENCE, DEFAULT_COUNTS = (
+    _SETTINGS[key] for key in ("values", "count_kwarg", "reference", "default_counts"))
 
 
 def relative(metric: str) -> bool:
@@ -49,11 +37,7 @@ def relative(metric: str) -> bool:
 
 
 def count_kwargs(metric: str, count: int) -> dict:
-    """The keywords that set ``metric``'s sample count to ``count`` (``ALL``: the whole experience).
-
-    >>> count_kwargs("OptimizationReadinessMetric", 64), count_kwargs("TransportKeyMetric", ALL)
-    ({'n_samples': 64, 'n_batches': 32}, {'eval_samples': None})
-    """
+    """The keywords that set ``metric``'s sample count to ``count`` (``ALL``: whole experience)."""
     if metric == "OptimizationReadinessMetric":
         return {"n_samples": count, "n_batches": max(1, count // 2)}
     return {COUNT_KWARG[metric]: None if count == ALL else count}
@@ -81,9 +65,7 @@ def run_one(job, metric: str, eval_samples: int) -> dict:
 
 
 def _matches(name: str, prefix: str, metric: str) -> bool:
-    """``name`` is one of the values ``prefix`` names: exactly that metric for the estimators
-    (``ADS`` is not ``ADSOldECE``), every name it begins for the evaluations (``TransportKeyAcc``
-    with its ``…Checkpoint`` / ``…Updated`` accuracies, as the kept trade-offs were measured)."""
+    """``name`` is one of the values ``prefix`` names (docs/benchmarks.md, sample_counts)."""
     return name == prefix if relative(metric) else name.startswith(prefix)
 
 
@@ -93,8 +75,7 @@ def _distance(value: float, reference: float, metric: str) -> float:
 
 
 def compare(runs: list[dict], metric: str) -> list[dict]:
-    """One row per (count, seed): cost, and the distance of its values to the reference count's
-    (the whole experience, or :data:`REFERENCE`; relative for those, :func:`relative`)."""
+    """One row per (count, seed): cost, and the distance of its values to the reference count's."""
     ref_count = REFERENCE.get(metric, ALL)
     full = {r["seed"]: r["values"] for r in runs if r["eval_samples"] == ref_count}
     rows = []

@@ -1,10 +1,6 @@
 """Reproduction targets: continual-learning-baselines' published numbers next to this runner's.
 
-``studies/targets/*.yaml`` re-express their experiments' settings in the study runner's format.
-``python -m benchmarks.targets run`` prints the commands that run them; ``python -m
-benchmarks.targets write`` reads the kept runs (``out/targets/NAME/results.json``) and writes
-``docs/targets.csv`` and ``docs/results/targets/`` (``summary.md``, ``NAME/tables.md``). What is
-compared and how: docs/benchmarks.md, "benchmarks.targets".
+Commands (``run``, ``write``), outputs, what is compared: docs/benchmarks.md, "benchmarks.targets".
 """
 
 from __future__ import annotations
@@ -29,8 +25,6 @@ REPO = "ContinualAI/continual-learning-baselines"
 COLUMNS = ("scenario", "strategy", "their_target", "target_source", "their_settings", "our_acc_mean", "our_acc_std",
            "n_seeds", "our_forgetting_mean", "status", "data_difference", "settings_difference", "gap",
            "explanation", "source_file", "config")
-# One entry per target: their number and settings (from `source_file`, path@commit in their
-# repository), the run that reproduces it, and what the investigation of the gap found
 TARGETS: list[dict] = yaml.safe_load(SOURCES.read_text(encoding="utf-8"))["targets"]
 
 
@@ -95,8 +89,7 @@ def target_rows(saved: dict[str, dict]) -> list[dict]:
         gap = None if mean is None else mean - target["their_target"]
         row = {k: target.get(k, "") for k in COLUMNS}
         row.update(their_target=f"{target['their_target']:.2f}", our_acc_mean=_fmt(mean), our_acc_std=_fmt(std),
-                   n_seeds=str(len(ok)), our_forgetting_mean=_fmt(sum(forgetting) / len(forgetting) if forgetting
-                                                                  else None),
+                   n_seeds=str(len(ok)), our_forgetting_mean=_fmt(_mean_std(forgetting)[0]),
                    status=status, gap=_fmt(gap, 3), config=f"studies/targets/{target['config']}.yaml",
                    source_file=f"{REPO}:{target['source_file']}",
                    explanation=" ".join(x for x in (target.get("explanation", ""),

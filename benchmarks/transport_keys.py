@@ -1,11 +1,6 @@
 """How much "forgotten" task-A accuracy do transport keys bring back?
 
-Per task pair (``split``, ``domain``), model (CNN, mini ResNet, tiny ViT) and seed: train θ_A on
-task A, fine-tune it on task B (θ_AB), then at every stage stitch θ_AB's early layers to θ_A's late
-layers through closed-form keys, their label-free refinements, a label-trained stitch and controls
-(arXiv 2606.02860). ``python -m benchmarks.transport_keys [--quick]`` writes ``results.json`` /
-``results.csv`` and ``recovery.png`` and prints the tables of docs/RESULTS.md (``--report``
-re-prints them). Every variant and control: docs/benchmarks.md, "benchmarks.transport_keys".
+Every variant, control, output and ``--report``: docs/benchmarks.md, "benchmarks.transport_keys".
 """
 
 from __future__ import annotations
@@ -39,13 +34,14 @@ from avalanche_plugins.transport import (
     stitched_accuracy,
 )
 from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, split_list
-from benchmarks._results import format_table, summarize, write_results
+from benchmarks._results import format_table, saved_figure, summarize, write_results
 from benchmarks._training import batched_accuracy, train_minibatches
 
 PAIRS = ("split", "domain")
 DATASETS = {"mnist": datasets.load_mnist_arrays,
             "fashion_mnist": datasets.load_fashion_mnist_arrays}
 MODELS = ("cnn", "resnet", "vit")
+MODEL_KWARGS = {"cnn": {"widths": (32, 64)}, "vit": {"dim": 48, "depth": 2, "heads": 4}}
 STAGES = {"cnn": ["features.0", "features.1"], "resnet": ["stem", "layer1", "layer2", "layer3"],
           "vit": ["embed", "blocks.0", "blocks.1"]}
 
@@ -85,12 +81,9 @@ class Job:
 
 
 def task_data(pair: str, data_root, quick: bool, dataset: str = "mnist"):
-    """``{"A": (xtr, ytr, xte, yte), "B": ...}`` with labels 0..K-1 per task (``dataset`` from
-    ``data_root``; scikit-learn digits when ``data_root`` is None)."""
-    if data_root is not None:
-        xtr, ytr, xte, yte = DATASETS[dataset](data_root)
-    else:
-        xtr, ytr, xte, yte = datasets.load_digits_arrays()
+    """``{"A": (xtr, ytr, xte, yte), "B": ...}``, labels 0..K-1 per task (docs/benchmarks.md)."""
+    xtr, ytr, xte, yte = (DATASETS[dataset](data_root) if data_root is not None
+                          else datasets.load_digits_arrays())
     if quick:
         xtr, ytr = xtr[:2000], ytr[:2000]
     if pair == "split":
@@ -107,8 +100,7 @@ def task_data(pair: str, data_root, quick: bool, dataset: str = "mnist"):
 
 
 def train_stitch(stitched, u, x, y, steps: int, lr: float, batch: int, seed: int) -> TransportKey:
-    """Model-stitching baseline: a linear/1×1-conv key (identity start) trained with labels by
-    Adam on minibatches of the anchors."""
+    """The ``trained_stitch`` baseline (docs/benchmarks.md), on minibatches of the anchors."""
     key = TransportKey("cross_channel", u.shape[1] if u.dim() == 4 else u.shape[-1],
                        layout="channels_first" if u.dim() == 4 else ("tokens" if u.dim() == 3 else "flat"))
     stitched.key = key
@@ -167,10 +159,7 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: Config, wi
 
 
 def _noise_at_residual(theta_a, stage: str, v, residual: float, test) -> dict:
-    """θ_A's late layers on θ_A's own test activations plus Gaussian noise of relative energy equal
-    to a key's anchor ``residual`` (``‖ε‖² = residual · ‖V − μ_v‖²`` per sample on average, ``v``
-    θ_A's anchor activations): how much accuracy an error of the key's size costs in a random
-    direction."""
+    """The ``noise_at_residual`` row (docs/benchmarks.md); ``v``: θ_A's anchor activations."""
     xte, yte = test
     with torch.no_grad():
         h = stage_activations(theta_a, stage, xte)
@@ -186,18 +175,13 @@ def run_job(job: Job) -> list[dict]:
     start = time.perf_counter()
     seed_everything(job.seed)
     data = task_data(job.pair, cfg.data_root, cfg.quick, cfg.dataset)
-    xtr_a, ytr_a, xte_a, yte_a = data["A"]
-    xtr_b, ytr_b, _, _ = data["B"]
-    xte_a, yte_a = xte_a[:cfg.max_test], yte_a[:cfg.max_test]
-    xtr_a, ytr_a, xtr_b, ytr_b = xtr_a[:cfg.max_train], ytr_a[:cfg.max_train], xtr_b[:cfg.max_train], ytr_b[:cfg.max_train]
+    xtr_a, ytr_a, xtr_b, ytr_b = (t[:cfg.max_train] for t in (*data["A"][:2], *data["B"][:2]))
+    xte_a, yte_a = (t[:cfg.max_test] for t in data["A"][2:])
     n_classes = int(ytr_a.max()) + 1
-    kwargs = {"dim": 48, "depth": 2, "heads": 4} if job.model == "vit" else {}
-    if job.model == "cnn":
-        kwargs["widths"] = (32, 64)
-    trunk = build_model(job.model, tuple(xtr_a.shape[1:]), n_classes, **kwargs)
-    feature_dim = trunk.feature_dim
+    trunk = build_model(job.model, tuple(xtr_a.shape[1:]), n_classes,
+                        **MODEL_KWARGS.get(job.model, {}))
     trunk.head = nn.Identity()
-    theta_a = TaskHeadsNet(trunk, feature_dim, n_classes, n_tasks=2)
+    theta_a = TaskHeadsNet(trunk, trunk.feature_dim, n_classes, n_tasks=2)
     times = {}
     with Timer() as t:
         train_minibatches(theta_a, xtr_a, ytr_a, epochs=cfg.epochs_a, lr=cfg.lr, batch_size=cfg.batch_size,
@@ -253,8 +237,7 @@ REPORT_VARIANTS = ("identity", "channel", "cross_channel", "cross_channel+refine
 
 
 def docs_tables(rows: list[dict], main_anchors: int) -> str:
-    """The tables quoted in docs/RESULTS.md: per stage, stitched accuracy (recovery %) of every key
-    and the closed-form → trained-stitch time; the cross-channel controls; the anchor sweep."""
+    """The tables quoted in docs/RESULTS.md (what each holds: docs/benchmarks.md)."""
     main = [r for r in rows if r["n_anchors"] == main_anchors]
     cells = list(dict.fromkeys((r["pair"], r["model"], r["stage"]) for r in main))
 
@@ -301,8 +284,7 @@ def docs_tables(rows: list[dict], main_anchors: int) -> str:
 
 
 def time_ratios(rows: list[dict], main_anchors: int) -> dict:
-    """Trained-stitch time over closed-form time (and over closed form + refinement), at the main
-    anchor count: overall and per ``pair/model``. Every time is measured in the same process."""
+    """The time ratios of the report (docs/benchmarks.md, "benchmarks.transport_keys")."""
     def ratios(selected):
         def mean_time(variant):
             xs = [r["fit_s"] for r in selected if r["variant"] == variant]
@@ -325,27 +307,25 @@ def time_ratios(rows: list[dict], main_anchors: int) -> dict:
 
 
 def plot(rows: list[dict], out: Path, main_anchors: int) -> None:
-    from matplotlib.figure import Figure
-
     variants = [v for v in REPORT_VARIANTS
                 if v not in ("trained_stitch_short", "noise_at_residual")]
     combos = sorted({(r["pair"], r["model"]) for r in rows})
-    fig = Figure(figsize=(3.2 * len(combos), 3))
-    axes = fig.subplots(1, len(combos), squeeze=False)
-    for ax, (pair, model) in zip(axes[0], combos):
-        stages = STAGES[model]
-        for variant in variants:
-            ys = [np.nanmean([r["recovery"] for r in rows if (r["pair"], r["model"], r["stage"], r["variant"],
-                                                               r["n_anchors"]) == (pair, model, s, variant, main_anchors)]
-                             or [np.nan]) for s in stages]
-            ax.plot(range(len(stages)), ys, marker="o", label=variant)
-        ax.set_xticks(range(len(stages)), stages, rotation=30, fontsize=7)
-        ax.set_title(f"{pair} / {model}", fontsize=9)
-        ax.axhline(1.0, color="gray", lw=0.5)
-        ax.set_ylabel("recovery")
-    axes[0][0].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(out / "recovery.png", dpi=120)
+    main = [r for r in rows if r["n_anchors"] == main_anchors]
+    size = (3.2 * len(combos), 3)
+    with saved_figure(out / "recovery.png", 1, len(combos), figsize=size, dpi=120) as (_, axes):
+        for ax, (pair, model) in zip(axes[0], combos):
+            stages = STAGES[model]
+            ours = [r for r in main if (r["pair"], r["model"]) == (pair, model)]
+            for variant in variants:
+                cell = [r for r in ours if r["variant"] == variant]
+                ys = [np.nanmean([r["recovery"] for r in cell if r["stage"] == s] or [np.nan])
+                      for s in stages]
+                ax.plot(range(len(stages)), ys, marker="o", label=variant)
+            ax.set_xticks(range(len(stages)), stages, rotation=30, fontsize=7)
+            ax.set_title(f"{pair} / {model}", fontsize=9)
+            ax.axhline(1.0, color="gray", lw=0.5)
+            ax.set_ylabel("recovery")
+        axes[0][0].legend(fontsize=6)
 
 
 def report(saved: dict) -> str:

@@ -5,6 +5,7 @@ and new task of each scenario as tensors (the task source of a job)."""
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -20,31 +21,25 @@ from benchmarks._training import accuracy, train_minibatches
 from benchmarks.ads_zoo.settings import SCENARIOS, ScenarioConfig
 from benchmarks.ads_zoo.zoo import Arch, build_arch
 
-_DATA: dict = {}
+LOADERS = {"split_digits": lambda _: datasets.load_digits_arrays(seed=0),
+           "split_mnist": datasets.load_mnist_arrays, "permuted_mnist": datasets.load_mnist_arrays,
+           "split_fashion_mnist": datasets.load_fashion_mnist_arrays}
 
 
+@functools.cache
 def scenario_data(name: str, data_root, seed: int = 0) -> dict:
     """Old/new training tensors and old test tensors of a scenario (cached per process)."""
-    if name in _DATA:
-        return _DATA[name]
-    if name == "split_digits":
-        xtr, ytr, xte, yte = datasets.load_digits_arrays(seed=0)
-    elif name in ("split_mnist", "permuted_mnist"):
-        xtr, ytr, xte, yte = datasets.load_mnist_arrays(data_root)
-    elif name == "split_fashion_mnist":
-        xtr, ytr, xte, yte = datasets.load_fashion_mnist_arrays(data_root)
-    else:
+    if name not in LOADERS:
         raise ValueError(f"scenario must be one of {SCENARIOS}, got {name!r}")
+    xtr, ytr, xte, yte = LOADERS[name](data_root)
     if name == "permuted_mnist":
         perm = torch.randperm(xtr[0].numel(), generator=torch.Generator().manual_seed(seed))
-        shape = xtr.shape[1:]
-        new_x = xtr.reshape(len(xtr), -1)[:, perm].reshape(len(xtr), *shape)
+        new_x = xtr.reshape(len(xtr), -1)[:, perm].reshape(xtr.shape)
         data = {"old": (xtr, ytr), "new": (new_x, ytr), "old_test": (xte, yte)}
     else:
         old, new, old_test = ytr < 5, ytr >= 5, yte < 5
         data = {"old": (xtr[old], ytr[old]), "new": (xtr[new], ytr[new]), "old_test": (xte[old_test], yte[old_test])}
     data["input_shape"] = tuple(xtr.shape[1:])
-    _DATA[name] = data
     return data
 
 
@@ -66,8 +61,7 @@ class Job:
 
 
 def _samples(data: dict, cfg, g: torch.Generator):
-    """The job's old / new training subsets, old-task test subset and calibration sets, drawn from ``g``
-    in this order (the order fixes every job's samples)."""
+    """The job's train / old-task test / calibration subsets, drawn from ``g`` in this order."""
     old_x, old_y = subset(*data["old"], cfg.max_train, g)
     new_x, new_y = subset(*data["new"], cfg.max_train, g)
     test = subset(*data["old_test"], cfg.max_test, g)
@@ -96,7 +90,6 @@ def run_job(job: Job) -> dict:
         res = architecture_driven_shift(model, loss_fn, cal_old, cal_new_x, cal_new_y, lr=cfg.new_lr, steps=steps,
                                         path="logit")
     cpu_ads = time.process_time() - cpu_ads
-    unit_shift = res.unit_shift
     budget = cfg.new_lr * steps
     loss_path = distance_path(res.new_loss, res.descent_rate, budget)
     with Timer() as t_probe:
@@ -120,7 +113,7 @@ def run_job(job: Job) -> dict:
         logits_after = model(test_x)
     finite = math.isfinite(shift)
     row.update(
-        ads_logit=res.ads, ads=budget * unit_shift, ads_loss=loss_path * unit_shift,
+        ads_logit=res.ads, ads=budget * res.unit_shift, ads_loss=loss_path * res.unit_shift,
         first_order_logit=res.path_factor * res.first_order_shift, first_order_loss=loss_path * res.first_order_shift,
         ads_probe=probe.ads, first_step=first_step, realised_shift=shift if finite else None,
         diverged=not finite, decay=probe.decay, path_factor=budget, loss_path_factor=loss_path,
@@ -139,8 +132,7 @@ def run_job(job: Job) -> dict:
 
 
 def warmup() -> None:
-    """The first ``torch.func`` calls of a process pay a one-off setup cost; the worker initialiser
-    runs this so that cost stays out of the first job's timings."""
+    """A worker's first ``torch.func`` calls (a one-off setup cost), outside any job's timings."""
     net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
     x = torch.randn(4, 4)
     for path in ("logit", "probe"):

@@ -56,8 +56,7 @@ def main(argv=None) -> dict:
     scenarios = [s for s in scenarios if not is_skipped(args.skip, s)]
     if args.max_width:
         archs = [a for a in archs if a.family != "mlp" or max(a.widths) <= args.max_width]
-    if args.limit:
-        archs = archs[:args.limit]
+    archs = archs[:args.limit or None]  # --limit 0: all
     seeds = list(range(args.seeds))
     configs = {s: scenario_config(s, args.quick, args.calibration, overrides) for s in scenarios}
     jobs = [Job(s, a, seed, configs[s], args.data_root) for s in scenarios for seed in seeds for a in archs

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from benchmarks._results import saved_figure
-from benchmarks.ads_zoo.scoring import PREDICTORS, analyse
+from benchmarks.ads_zoo.scoring import PREDICTORS, STATS, analyse
 from benchmarks.ads_zoo.zoo import arch_from_dict
 
 
@@ -25,8 +25,7 @@ def plot(rows: list[dict], scenarios: list[str], path: Path) -> None:
                     if pts:
                         xs, ys = zip(*pts)
                         ax.scatter(xs, ys, s=14, marker=marker, alpha=0.7, label=family.upper())
-                ax.set_xscale("log")
-                ax.set_yscale("log")
+                ax.set(xscale="log", yscale="log")
                 ax.xaxis.set_minor_formatter(NullFormatter())
                 ax.yaxis.set_minor_formatter(NullFormatter())
                 ax.set_xlabel(label, fontsize=8)
@@ -36,8 +35,6 @@ def plot(rows: list[dict], scenarios: list[str], path: Path) -> None:
 
 
 def format_results(per_scenario: dict) -> str:
-    stats = ("spearman", "kendall", "direction_consistency", "ece_spearman", "ece_increase_spearman",
-             "spearman_mlp", "spearman_vit")
     lines = ["| scenario | predictor | Spearman | Kendall | direction consistency | ECE Spearman | ΔECE Spearman "
              "| Spearman MLPs | Spearman ViTs |", "|---|---|---|---|---|---|---|---|---|"]
     for scenario, e in per_scenario.items():
@@ -45,13 +42,11 @@ def format_results(per_scenario: dict) -> str:
             if f"{p}_spearman_mean" not in e or not math.isfinite(e[f"{p}_spearman_mean"]):
                 continue
             cells = [f"{e[f'{p}_{s}_mean']:.3f} ± {e[f'{p}_{s}_std']:.3f}" if math.isfinite(e[f"{p}_{s}_mean"])
-                     else "—" for s in stats]
+                     else "—" for s in STATS]
             lines.append(f"| {scenario} | {p} | " + " | ".join(cells) + " |")
-    lines.append("")
-    lines.append("| scenario | architectures | one-edit pairs | ADS / ground-truth time (median, total) "
-                 "| same, process CPU time (total) | family-calibrated ADS (with its 2 reference runs) "
-                 "| probe ADS / ground truth |")
-    lines.append("|---|---|---|---|---|---|---|")
+    lines += ["", "| scenario | architectures | one-edit pairs | ADS / ground-truth time (median, "
+              "total) | same, process CPU time (total) | family-calibrated ADS (with its 2 "
+              "reference runs) | probe ADS / ground truth |", "|---|---|---|---|---|---|---|"]
     for scenario, e in per_scenario.items():
         lines.append(f"| {scenario} | {e['n_archs']} | {e['n_pairs']} | {e['time_ratio_median']:.4f}, "
                      f"{e['time_ratio_total']:.4f} | {e.get('cpu_time_ratio_total', float('nan')):.4f} "

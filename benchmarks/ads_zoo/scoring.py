@@ -11,11 +11,12 @@ from benchmarks.ads_zoo.zoo import Arch, one_edit_pairs
 
 PREDICTORS = ("ads_logit", "ads_logit_calibrated", "ads_loss", "ads", "ads_probe", "ads_topology",
               "first_order_logit", "first_order_loss", "first_step", "first_step_logit", "new_loss", "n_params")
+STATS = ("spearman", "kendall", "direction_consistency", "ece_spearman", "ece_increase_spearman",
+         "spearman_mlp", "spearman_vit")  # per predictor, in the report's column order
 
 
 def add_topology_only(rows: list[dict]) -> None:
-    """``ads_topology``: per (scenario, seed, design), the median-width member's data terms times
-    each member's fan-ins (``topology_only_shift`` applied post hoc to the stored terms)."""
+    """``ads_topology`` (docs/benchmarks.md): ``topology_only_shift`` on the stored terms."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["scenario"], r["seed"], r["design"]), []).append(r)
@@ -29,20 +30,15 @@ def add_topology_only(rows: list[dict]) -> None:
 
 
 def add_first_step_logit(rows: list[dict]) -> None:
-    """``first_step_logit``: one real SGD step's measured old-logit change times the logit path
-    factor (the cheap baseline beside ADS; the docs divide it by the scenario's lr, a constant that
-    leaves every rank statistic unchanged). ``new_loss`` is stored by every job already."""
+    """``first_step_logit`` (docs/benchmarks.md); ``new_loss`` is stored by every job already."""
     for r in rows:
         ok = r.get("first_step") is not None and r.get("logit_path_factor") is not None
         r["first_step_logit"] = r["first_step"] * r["logit_path_factor"] if ok else None
 
 
 def add_family_calibrated(rows: list[dict]) -> None:
-    """``ads_logit_calibrated``: per (scenario, seed, family), the logit-path ADS rescaled by one
-    measured reference, the family member with the median ADS: ``ADS · shift_ref / ADS_ref``.
-    MLPs and ViTs move by different amounts per unit of ADS (LayerNorm bounds a ViT's logits), so
-    a pooled ranking needs one ground truth per family. The reference gets None (it is not a
-    prediction) and its ground-truth time counts in ``calibrated_time_ratio_total``."""
+    """``ads_logit_calibrated``: ``ADS · shift_ref / ADS_ref`` per (scenario, seed, family), the
+    reference (None) the member with the median ADS (docs/benchmarks.md, "benchmarks.ads_zoo")."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r.get("realised_shift") is not None and r.get("ads_logit") is not None:
@@ -115,8 +111,7 @@ def _scenario_entry(part: list[dict], seed_stats: list[dict]) -> dict:
     """A scenario's statistics (mean and std over seeds) and its cost ratios."""
     entry = {"per_seed": seed_stats, "n_archs": seed_stats[0]["n_archs"], "n_pairs": seed_stats[0]["n_pairs"]}
     for p in PREDICTORS:
-        for stat in ("spearman", "kendall", "direction_consistency", "ece_spearman", "ece_increase_spearman",
-                     "spearman_mlp", "spearman_vit"):
+        for stat in STATS:
             vals = np.array([s[p].get(stat, np.nan) for s in seed_stats if p in s], dtype=float)
             entry[f"{p}_{stat}_mean"] = float(np.nanmean(vals)) if len(vals) and np.isfinite(vals).any() else float("nan")
             entry[f"{p}_{stat}_std"] = float(np.nanstd(vals, ddof=1)) if np.isfinite(vals).sum() > 1 else 0.0

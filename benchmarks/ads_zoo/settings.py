@@ -21,21 +21,11 @@ class ScenarioConfig:
 
 
 def scenario_config(name: str, quick: bool, calibration: int, overrides: dict | None = None) -> ScenarioConfig:
-    """The training budget of a scenario; ``overrides`` (from :func:`parse_overrides`) replace fields.
-
-    Example:
-        >>> over = {"split_digits.old_epochs": 8, "old_epochs": 3, "max_train": 2000}
-        >>> scenario_config("split_mnist", False, 128, over)
-        ScenarioConfig(old_epochs=3, old_lr=0.001, batch_size=64, new_epochs=10, new_lr=0.01, max_train=2000, max_test=10000, calibration=128)
-        >>> scenario_config("split_digits", False, 128, over).old_epochs
-        8
-    """
+    """A scenario's budget, ``overrides`` (:func:`parse_overrides`) applied: its own ones win."""
     if name == "split_digits":
         cfg = ScenarioConfig(old_epochs=20 if quick else 40, old_lr=1e-3, batch_size=32, new_epochs=10,
                              new_lr=0.02, max_train=10_000, max_test=10_000, calibration=calibration)
-    else:
-        # ../shared/data holds an 8,000-image MNIST subset (≈4,000 per split task): 10 epochs on the
-        # new task give ≈600 (split) / ≈1,250 (permuted) SGD steps of ground truth
+    else:  # the MNIST budgets: docs/benchmarks.md, "benchmarks.ads_zoo"
         cfg = ScenarioConfig(old_epochs=2 if quick else 5, old_lr=1e-3, batch_size=64,
                              new_epochs=2 if quick else 10, new_lr=0.01, max_train=60_000, max_test=10_000,
                              calibration=calibration)
@@ -49,16 +39,7 @@ def scenario_config(name: str, quick: bool, calibration: int, overrides: dict | 
 
 def parse_overrides(items) -> dict:
     """``["max_train=2000", "split_digits.old_epochs=20"]`` → ``{field or scenario.field: value}``
-    (typed like the :class:`ScenarioConfig` field; ``calibration`` has its own flag).
-
-    Example:
-        >>> parse_overrides(["max_train=2000", "split_digits.new_lr=0.05"])
-        {'max_train': 2000, 'split_digits.new_lr': 0.05}
-        >>> parse_overrides(["epochs=3"])
-        Traceback (most recent call last):
-        ...
-        ValueError: unknown field 'epochs' in 'epochs=3'; choose from old_epochs, old_lr, batch_size, new_epochs, new_lr, max_train, max_test
-    """
+    (typed like the :class:`ScenarioConfig` field; ``calibration`` has its own flag)."""
     types = {f.name: f.type for f in fields(ScenarioConfig) if f.name != "calibration"}
     out = {}
     for item in items or ():

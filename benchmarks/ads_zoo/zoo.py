@@ -43,12 +43,7 @@ class Arch:
 
 
 def mlp_widths(pattern: str, depth: int, base: int) -> tuple[int, ...] | None:
-    """Hidden widths of a pattern, or None when a width leaves 16–512 or the pattern needs depth ≥ 3.
-
-    Example:
-        >>> mlp_widths("increasing", 3, 32), mlp_widths("bottleneck", 4, 256), mlp_widths("decreasing", 3, 256)
-        ((32, 64, 128), (256, 64, 64, 256), None)
-    """
+    """Hidden widths of a pattern (None: a width outside 16–512, or a bottleneck of depth < 3)."""
     if pattern == "constant":
         widths = [base] * depth
     elif pattern == "increasing":
@@ -67,13 +62,7 @@ def mlp_widths(pattern: str, depth: int, base: int) -> tuple[int, ...] | None:
 
 
 def build_zoo() -> list[Arch]:
-    """The full zoo (112 MLPs, 24 ViTs), deduplicated, in a fixed order.
-
-    Example:
-        >>> zoo = build_zoo()
-        >>> sum(a.family == "mlp" for a in zoo), sum(a.family == "vit" for a in zoo)
-        (112, 24)
-    """
+    """The full zoo (112 MLPs, 24 ViTs), deduplicated, in a fixed order."""
     archs: dict[str, Arch] = {}
     for activation in ACTIVATIONS:
         for depth in range(1, 5):
@@ -84,18 +73,16 @@ def build_zoo() -> list[Arch]:
                         continue
                     arch = Arch("mlp", activation, widths, pattern if depth > 1 else "constant", base)
                     archs.setdefault(arch.name, arch)
-    for depth, dim, heads in itertools.product((1, 2, 3), (16, 32, 64), (2, 4)):
-        arch = Arch("vit", "gelu", depth=depth, dim=dim, heads=heads, mlp_ratio=2.0)
-        archs.setdefault(arch.name, arch)
-    for ratio, dim in itertools.product((1.0, 4.0), (16, 32, 64)):
-        arch = Arch("vit", "gelu", depth=2, dim=dim, heads=2, mlp_ratio=ratio)
+    vits = [(*grid, 2.0) for grid in itertools.product((1, 2, 3), (16, 32, 64), (2, 4))]
+    vits += [(2, dim, 2, ratio) for ratio, dim in itertools.product((1.0, 4.0), (16, 32, 64))]
+    for depth, dim, heads, ratio in vits:  # (depth, d_model, heads, MLP ratio)
+        arch = Arch("vit", "gelu", depth=depth, dim=dim, heads=heads, mlp_ratio=ratio)
         archs.setdefault(arch.name, arch)
     return list(archs.values())
 
 
 def quick_zoo() -> list[Arch]:
-    """~20 architectures with one-edit pairs: ReLU MLPs of base width 32/128 up to depth 3 plus
-    the depth-4 constant ones, and four ViTs."""
+    """The ``--quick`` zoo: ~20 architectures with one-edit pairs (docs/benchmarks.md)."""
     zoo = build_zoo()
     mlps = [a for a in zoo if a.family == "mlp" and a.activation == "relu" and a.base in (32, 128)
             and (len(a.widths) <= 3 or a.pattern == "constant")]
@@ -127,14 +114,7 @@ def _one_edit(a: Arch, b: Arch) -> bool:
 
 
 def one_edit_pairs(archs: list[Arch]) -> list[tuple[int, int]]:
-    """Index pairs ``(i, j)``, ``i < j``, of architectures that differ by one edit.
-
-    Example:
-        >>> zoo = [Arch("mlp", widths=(32,)), Arch("mlp", widths=(32, 32)), Arch("mlp", widths=(64, 32)),
-        ...        Arch("mlp", widths=(128, 32))]
-        >>> one_edit_pairs(zoo)  # (0, 2): remove the 64-wide layer; (1, 3) is a ×4 edit
-        [(0, 1), (0, 2), (0, 3), (1, 2), (2, 3)]
-    """
+    """Index pairs ``(i, j)``, ``i < j``, of architectures one edit apart (docs/benchmarks.md)."""
     return [(i, j) for i, j in itertools.combinations(range(len(archs)), 2) if _one_edit(archs[i], archs[j])]
 
 
@@ -148,14 +128,7 @@ def build_arch(arch: Arch, input_shape: tuple[int, int, int], n_classes: int = 1
 
 
 def arch_from_dict(entry: dict) -> Arch:
-    """An :class:`Arch` from its saved form (``asdict`` plus ``name``; lists for tuples).
-
-    Example:
-        >>> from dataclasses import asdict
-        >>> a = quick_zoo()[0]
-        >>> arch_from_dict(asdict(a) | {"name": a.name}) == a
-        True
-    """
+    """An :class:`Arch` from its saved form (``asdict`` plus ``name``; lists for tuples)."""
     fields = {k: v for k, v in entry.items() if k in Arch.__dataclass_fields__}
     fields["widths"] = tuple(fields.get("widths", ()))
     return Arch(**fields)

@@ -2,10 +2,13 @@
 
 import json
 import math
+from dataclasses import asdict
 
 import pytest
 
 from benchmarks import ads_zoo
+from benchmarks.ads_zoo.settings import ScenarioConfig, parse_overrides, scenario_config
+from benchmarks.ads_zoo.zoo import Arch, arch_from_dict, build_zoo, mlp_widths, one_edit_pairs
 
 
 @pytest.mark.slow
@@ -46,3 +49,31 @@ def test_quick_run_writes_ranking_statistics_and_time_ratio(tmp_path):
     # --report re-analyses the saved rows: the same tables as the run printed
     text = ads_zoo.main(["--report", str(tmp_path / "results.json")])["report"]
     assert "| split_digits | ads_logit |" in text and text + "\n" == (tmp_path / "report.md").read_text()
+
+
+def test_the_zoo_its_widths_one_edit_pairs_and_saved_form():
+    assert (mlp_widths("increasing", 3, 32), mlp_widths("bottleneck", 4, 256), mlp_widths("decreasing", 3, 256)) \
+        == ((32, 64, 128), (256, 64, 64, 256), None)
+    zoo = build_zoo()
+    assert (sum(a.family == "mlp" for a in zoo), sum(a.family == "vit" for a in zoo)) == (112, 24)
+    pairs = [Arch("mlp", widths=(32,)), Arch("mlp", widths=(32, 32)), Arch("mlp", widths=(64, 32)),
+             Arch("mlp", widths=(128, 32))]
+    # (0, 2): remove the 64-wide layer; (1, 3) is a ×4 edit
+    assert one_edit_pairs(pairs) == [(0, 1), (0, 2), (0, 3), (1, 2), (2, 3)]
+    a = ads_zoo.quick_zoo()[0]
+    assert arch_from_dict(asdict(a) | {"name": a.name}) == a
+
+
+def test_scenario_budgets_and_their_overrides():
+    over = {"split_digits.old_epochs": 8, "old_epochs": 3, "max_train": 2000}
+    assert scenario_config("split_mnist", False, 128, over) == ScenarioConfig(
+        old_epochs=3, old_lr=0.001, batch_size=64, new_epochs=10, new_lr=0.01, max_train=2000, max_test=10000,
+        calibration=128)
+    assert scenario_config("split_digits", False, 128, over).old_epochs == 8
+    assert parse_overrides(["max_train=2000", "split_digits.new_lr=0.05"]) == \
+        {"max_train": 2000, "split_digits.new_lr": 0.05}
+    message = ("unknown field 'epochs' in 'epochs=3'; choose from old_epochs, old_lr, batch_size, new_epochs, "
+               "new_lr, max_train, max_test")
+    with pytest.raises(ValueError) as error:
+        parse_overrides(["epochs=3"])
+    assert str(error.value) == message

@@ -13,6 +13,7 @@ from benchmarks._cli import (
     QUICK_SEEDS,
     benchmark_parser,
     is_skipped,
+    make_executor,
     parse_args,
 )
 from tests import REPO_ROOT
@@ -45,6 +46,12 @@ def test_shared_flags_and_their_defaults():
     for bad in (["--seeds", "0"], ["--workers", "0"], ["--threads", "-1"]):
         with pytest.raises(SystemExit):
             _parse(bad)
+
+
+def test_make_executor_follows_the_flags():
+    assert type(make_executor(_parse(["--workers", "2"]))).__name__ == "LocalExecutor"
+    ex = make_executor(_parse(["--executor", "ray", "--workers", "2", "--threads", "2"]))
+    assert (type(ex).__name__, ex.num_cpus, ex.threads, ex.address) == ("RayExecutor", 4, 2, None)
 
 
 def test_skip_names_a_path_or_a_prefix():

@@ -15,7 +15,7 @@ from benchmarks._cli import (
     is_skipped,
     parse_args,
 )
-from benchmarks._results import write_results
+from benchmarks._results import format_table, rounded_floats, summarize, write_results
 from tests.benchmarks.test_cli import _parse
 from tests.study.jobs.test_cache import Job
 
@@ -88,3 +88,13 @@ def test_report_reprints_a_saved_run_without_running_it(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == result["report"]
     with pytest.raises(FileNotFoundError, match="--report"):
         bench.main(["--report", str(tmp_path / "missing.json")])
+
+
+def test_rounded_floats_summarize_and_format_table():
+    assert rounded_floats({"a": [0.123456789, 2], "b": 1.0000001}, 3) == {"a": [0.123, 2], "b": 1.0}
+    rows = [{"m": "a", "acc": 0.5}, {"m": "a", "acc": 0.7}, {"m": "b", "acc": 0.9}]
+    assert [(s["m"], round(s["acc_mean"], 2), round(s["acc_std"], 3), s["n"])
+            for s in summarize(rows, ["m"], ["acc"])] == [("a", 0.6, 0.141, 2), ("b", 0.9, 0.0, 1)]
+    table = format_table([{"m": "a", "acc_mean": 0.5, "acc_std": 0.1, "ticket_mean": None, "n": 2}],
+                         ["m"], ["acc", "ticket"], 2)
+    assert table == "| m | acc | ticket | n |\n|---|---|---|---|\n| a | 0.50 ± 0.10 | – | 2 |"

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from benchmarks.sample_counts import ALL, compare, report
+from benchmarks.sample_counts import ALL, compare, count_kwargs, report
 
 
 def _run(seed, k, values, seconds):
@@ -32,3 +32,8 @@ def test_estimator_counts_are_compared_relative_to_the_larger_reference_count():
     assert rows[1]["OptimizationReadiness_mean"] == pytest.approx(0.25) and rows[0]["OptimizationReadiness_max"] == 0.0
     text = report({"command": "cmd", "config": {"metric": metric}, "runs": rows})
     assert "| 1024 (reference) |" in text and "rel. diff." in text and "std. error" not in text
+
+
+def test_count_kwargs_set_each_metrics_own_keyword():
+    assert count_kwargs("OptimizationReadinessMetric", 64) == {"n_samples": 64, "n_batches": 32}
+    assert count_kwargs("TransportKeyMetric", ALL) == {"eval_samples": None}
