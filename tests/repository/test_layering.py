@@ -250,6 +250,18 @@ def test_there_are_benchmark_packages_to_check():
     assert {"ads_zoo", "plasticity_ranking", "scale"} <= set(BENCHMARK_PACKAGES)
 
 
+# Issue 42 asks for at most 6,142 lines (code a study can express belongs in studies/); this is the
+# size reached so far. Lower it as benchmarks shrink; raising it needs a reason in the change.
+BENCHMARK_LINE_LIMIT = 6_358
+
+
+def test_benchmarks_do_not_grow_past_their_line_budget():
+    lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in BENCHMARKS.rglob("*.py"))
+    assert lines <= BENCHMARK_LINE_LIMIT, (
+        f"benchmarks/ holds {lines} lines of Python, over its budget of {BENCHMARK_LINE_LIMIT} (issue 42): "
+        "move what a study config can express into studies/, or fold repetition")
+
+
 @pytest.mark.parametrize("name", BENCHMARK_PACKAGES)
 def test_every_benchmark_package_has_one_shape(name):
     # main.py holds main(); __main__.py only calls it; __init__.py only documents and re-exports
