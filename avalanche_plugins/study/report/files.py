@@ -11,6 +11,7 @@ printed, and a changed report function re-analyses an old run without rerunning 
 from __future__ import annotations
 
 import csv
+import gzip
 import importlib.metadata
 import json
 import os
@@ -137,12 +138,24 @@ def write_results(out_dir, *, config: dict, rows: Sequence[dict], summary: Seque
 
 
 def load_results(path) -> dict:
-    """A saved ``results.json`` (a file, or a folder holding one)."""
+    """A saved ``results.json``: a file, its gzip-compressed form ``results.json.gz`` (how large
+    kept runs live under docs/results), or a folder holding either.
+
+    Example:
+        >>> import gzip, tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> _ = (folder / "results.json.gz").write_bytes(gzip.compress(b'{"rows": []}'))
+        >>> load_results(folder)
+        {'rows': []}
+    """
     path = Path(path)
     if path.is_dir():
-        path = path / "results.json"
+        path = next((path / name for name in ("results.json", "results.json.gz") if (path / name).is_file()),
+                    path / "results.json")
     if not path.is_file():
         raise FileNotFoundError(f"--report: no results.json at {str(path)!r}")
+    if path.suffix == ".gz":
+        return json.loads(gzip.decompress(path.read_bytes()))
     return json.loads(path.read_text())
 
 
