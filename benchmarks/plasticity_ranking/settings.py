@@ -7,15 +7,16 @@ from pathlib import Path
 
 import yaml
 
-_SCORES = yaml.safe_load((Path(__file__).parent / "settings.yaml").read_text(encoding="utf-8"))
-METRICS = tuple(_SCORES["metrics"])
-METRIC_LABELS = dict(_SCORES["metrics"])
+# the scores, their labels and the learners' presets, as data beside this module
+_PRESETS = yaml.safe_load((Path(__file__).parent / "settings.yaml").read_text(encoding="utf-8"))
+METRICS = tuple(_PRESETS["metrics"])
+METRIC_LABELS = dict(_PRESETS["metrics"])
 #: metrics read "lower = more plastic": negated before ranking (PLASTICITY_DIAGNOSTICS' directions)
-NEGATED = tuple(_SCORES["negated"])
+NEGATED = tuple(_PRESETS["negated"])
 #: OR's ingredients (cheaper parts of OR) and the variants beyond the paper
-INGREDIENTS = tuple(_SCORES["ingredients"])
-VARIANTS = tuple(_SCORES["variants"])
-BASELINES = tuple(_SCORES["baselines"])
+INGREDIENTS = tuple(_PRESETS["ingredients"])
+VARIANTS = tuple(_PRESETS["variants"])
+BASELINES = tuple(_PRESETS["baselines"])
 STRATA = ("all", "dead", "live")
 DIVERGED = -1e300
 
@@ -67,7 +68,7 @@ class Setting:
 def default_settings(quick: bool, data_root=None, *, pmnist_examples: int | None = None,
                      pmnist_val: int | None = None) -> list[Setting]:
     """The learners of the full run (or the reduced ``--quick`` run), from ``settings.yaml``."""
-    mode, scr, pm = "quick" if quick else "full", _SCORES["scr"], _SCORES["pmnist"]
+    mode, scr, pm = "quick" if quick else "full", _PRESETS["scr"], _PRESETS["pmnist"]
     settings = [setting_from_dict({**scr["common"], **scr[mode], "benchmark": "scr", "data": "scr",
                                    "name": f"scr/{variant}/h{len(hidden)}", "hidden": hidden,
                                    "variant": variant}) for variant, hidden in scr["grid"][mode]]
@@ -85,7 +86,7 @@ def declining_settings(quick: bool, data_root=None, *, tasks: int | None = None,
     """The streams that lose plasticity (issue 33) on MNIST from ``data_root`` (digits without it):
     docs/benchmarks.md, "benchmarks.plasticity_ranking"."""
     data = "mnist" if data_root is not None else "digits"
-    preset = _SCORES["declining"]
+    preset = _PRESETS["declining"]
     common = {**preset["common"], **preset["quick" if quick else "full"], "data": data}
     common.update({k: v for k, v in (("n_checkpoints", tasks), ("epochs_per_task", epochs)) if v})
     if n_runs:
