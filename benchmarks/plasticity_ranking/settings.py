@@ -7,7 +7,6 @@ from pathlib import Path
 
 import yaml
 
-# the scores, their labels and the learners' presets, as data beside this module
 _PRESETS = yaml.safe_load((Path(__file__).parent / "settings.yaml").read_text(encoding="utf-8"))
 METRICS = tuple(_PRESETS["metrics"])
 METRIC_LABELS = dict(_PRESETS["metrics"])
