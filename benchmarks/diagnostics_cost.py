@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+import yaml
 
 from avalanche_plugins.study.api import load_study, plan_test_jobs
 from avalanche_plugins.study.jobs import Timer, torch_threads
@@ -24,14 +25,11 @@ from benchmarks._cli import benchmark_parser, is_skipped, parse_args
 from benchmarks._results import write_results
 
 SETTINGS = ("demo", "fashion/1", "fashion/5", "resnet18")
+STUDIES = Path(__file__).resolve().parents[1] / "studies"  # the field settings' configs beside the demo's
 DEMO = "studies/demo.yaml"
-METRICS = [  # studies/demo.yaml's diagnostics at its arguments
-    {"name": "LayerSensitivityMetric", "kwargs": {"n_samples": 64}},
-    {"name": "OptimizationReadinessMetric", "kwargs": {"n_samples": 128, "n_batches": 64}},
-    {"name": "ArchitectureDrivenShiftMetric", "kwargs": {"calibration_size": 64}},
-    {"name": "TransportKeyMetric", "kwargs": {"stages": "auto", "experiences": [0], "n_anchors": 50}},
-    "CycleAccuracyMetric",
-]
+#: studies/demo.yaml's diagnostics at its arguments (but the Grow-only one)
+METRICS = [m for m in yaml.safe_load((STUDIES / "demo.yaml").read_text(encoding="utf-8"))["metrics"]
+           if m != "NewbornGradientMetric"]
 #: the same diagnostics at the smaller sample counts of their trade-offs (``benchmarks.sample_counts``):
 #: what a run whose experiences are short against a large model (the ``resnet18`` setting) attaches
 LEAN_METRICS = [
@@ -66,24 +64,19 @@ def cifar_shaped(seed: int = 0, images: int = 5000, test_images: int = 1000, n_e
                         class_ids_from_zero_from_first_exp=True)
 
 
-def setting_config(name: str, args, counts: str = "demo") -> dict | str:
-    """The study config of a setting (a path for the demo) with the diagnostics of ``counts``
+def setting_config(name: str, args=None, counts: str = "demo") -> dict | str:
+    """The study config of a setting (a path for the demo; ``studies/diagnostics_cost_*.yaml`` at
+    the setting's epochs or ``args``' image counts) with the diagnostics of ``counts``
     (:data:`COUNTS`: the demo's arguments, or ``lean``)."""
     if name == "demo":
         return DEMO
-    training = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "batch_size": 128, "eval_batch_size": 1000}
-    if name.startswith("fashion/"):
-        scenario = {"name": "split_fashion_mnist", "benchmark": "split_fashion_mnist", "n_experiences": 5}
-        model = {"name": "cnn", "kwargs": {"widths": [16, 32]}}
-        training["epochs"] = int(name.split("/")[1])
+    family, _, epochs = name.partition("/")
+    config = yaml.safe_load((STUDIES / f"diagnostics_cost_{family}.yaml").read_text(encoding="utf-8"))
+    if epochs:
+        config["training"]["epochs"] = int(epochs)
     else:
-        scenario = {"name": "cifar_shaped", "benchmark": "benchmarks.diagnostics_cost:cifar_shaped",
-                    "kwargs": {"images": args.resnet_images, "test_images": args.resnet_test_images}}
-        model = {"name": "cifar_resnet", "kwargs": {"depth": 18}}
-        training["epochs"] = 1
-    return {"name": f"diagnostics_cost_{name.replace('/', '_')}", "seeds": 1, "reference": "Naive",
-            "scenarios": [scenario], "model": model, "training": training, "strategies": ["Naive"],
-            "metrics": COUNTS[counts]}
+        config["scenarios"][0]["kwargs"] = {"images": args.resnet_images, "test_images": args.resnet_test_images}
+    return {**config, "metrics": COUNTS[counts]}
 
 
 def _reset_peak() -> bool:

@@ -9,7 +9,6 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import yaml
@@ -129,7 +128,7 @@ def main(argv=None) -> dict:
         parser.error("--data-root: a folder holding FashionMNIST/raw")
     given = args.eval_samples or DEFAULT_COUNTS.get(args.metric, "0,1000,500,250")
     values = sorted({int(v) for v in given.split(",")} | {REFERENCE.get(args.metric, ALL)})
-    study = load_study(setting_config("fashion/1", SimpleNamespace()), seeds=args.seeds, data_root=args.data_root)
+    study = load_study(setting_config("fashion/1"), seeds=args.seeds, data_root=args.data_root)
     jobs = [dataclasses.replace(j, metrics=tuple(m for m in j.metrics if m.name == args.metric))
             for j in plan_test_jobs(study, {}) if j.strategy.name == "Naive"]
     runs = []
