@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
+
+from avalanche_plugins.study.report.stats import describe
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("split_digits", "split_mnist", "split_mnist_task", "permuted_mnist", "split_digits_online",
@@ -18,15 +19,6 @@ SCENARIOS = ("split_digits", "split_mnist", "split_mnist_task", "permuted_mnist"
 RECIPES = ROOT / "avalanche_plugins" / "study" / "recipes"
 KEPT = ROOT / "docs" / "results" / "recipes"
 DOC_HEAD = Path(__file__).with_name("recipes_head.md")  # docs/recipes.md above its tables
-
-
-def _mean_std(values) -> tuple[float, float]:
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    if not values:
-        return float("nan"), float("nan")
-    mean = sum(values) / len(values)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else float("nan")
-    return mean, std
 
 
 def recipe_from_results(saved: dict) -> tuple[dict, list[str]]:
@@ -88,9 +80,10 @@ def _table(key: str, recipe: dict, skipped: list[str]) -> str:
     lines = [f"## {key}", "", "| strategy | grid | chosen | validation ACC | test ACC ± std | Forgetting ± std | time (s) |",
              "|---|---|---|---|---|---|---|"]
     for name, entry in recipe["strategies"].items():
-        acc, forgetting, time = (_mean_std(entry["test"][m]) for m in ("acc", "forgetting", "train_s"))
+        acc, forgetting, time = (describe(entry["test"][m]) for m in ("acc", "forgetting", "train_s"))
         lines.append(f"| {name} | {grid_text(entry['grid'])} | {entry['chosen']} | {entry['validation_acc']:.3f} | "
-                     f"{acc[0]:.3f} ± {acc[1]:.3f} | {forgetting[0]:.3f} ± {forgetting[1]:.3f} | {time[0]:.1f} |")
+                     f"{acc['mean']:.3f} ± {acc['std']:.3f} | {forgetting['mean']:.3f} ± {forgetting['std']:.3f} | "
+                     f"{time['mean']:.1f} |")
     tuned = recipe["tuned_by"]
     lines += ["", f"Model `{recipe['model']['name']}` {recipe['model'].get('kwargs', {})}, training {recipe['training']}; "
               f"{len(next(iter(recipe['strategies'].values()))['test']['seeds']) if recipe['strategies'] else 0} test "

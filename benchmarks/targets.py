@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from avalanche_plugins.study.report.stats import describe
+
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = ROOT / "studies" / "targets"
 OUT = ROOT / "out" / "targets"
@@ -47,22 +49,15 @@ def _acc_stats(result: dict | None, strategy: str) -> tuple[list[dict], list[dic
     return ok, [r for r in runs if r not in ok]
 
 
-def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    mean = sum(values) / len(values)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else None
-    return mean, std
-
-
 def _diagnostics(result: dict | None, names: list[str]) -> str:
     """``"diagnostic NAME: ACC m ± s (n=k)"`` for each diagnostic strategy that ran."""
     parts = []
     for name in names:
         ok, _ = _acc_stats(result, name)
-        mean, std = _mean_std([r["acc"] for r in ok])
-        if mean is not None:
-            parts.append(f"measured {name}: ACC {mean:.3f}{f' ± {std:.3f}' if std is not None else ''} (n={len(ok)})")
+        acc = describe([r["acc"] for r in ok])
+        if ok:
+            spread = f" ± {acc['std']:.3f}" if len(ok) > 1 else ""
+            parts.append(f"measured {name}: ACC {acc['mean']:.3f}{spread} (n={len(ok)})")
     return "; ".join(parts)
 
 
@@ -78,18 +73,17 @@ def target_rows(saved: dict[str, dict]) -> list[dict]:
     for target in TARGETS:
         result = saved.get(target["config"])
         ok, failed = _acc_stats(result, target["study_strategy"])
-        mean, std = _mean_std([r["acc"] for r in ok])
-        forgetting = [r["forgetting"] for r in ok if r.get("forgetting") is not None]
+        acc, forgetting = describe([r["acc"] for r in ok]), describe([r.get("forgetting") for r in ok])
         if result is None or not (ok or failed):
             status = "not run"
         elif failed:
             status = "; ".join(f"seed {r['seed']} failed: {r.get('error')}" for r in failed)
         else:
             status = "ok"
-        gap = None if mean is None else mean - target["their_target"]
+        gap = acc["mean"] - target["their_target"]
         row = {k: target.get(k, "") for k in COLUMNS}
-        row.update(their_target=f"{target['their_target']:.2f}", our_acc_mean=_fmt(mean), our_acc_std=_fmt(std),
-                   n_seeds=str(len(ok)), our_forgetting_mean=_fmt(_mean_std(forgetting)[0]),
+        row.update(their_target=f"{target['their_target']:.2f}", our_acc_mean=_fmt(acc["mean"]),
+                   our_acc_std=_fmt(acc["std"]), n_seeds=str(len(ok)), our_forgetting_mean=_fmt(forgetting["mean"]),
                    status=status, gap=_fmt(gap, 3), config=f"studies/targets/{target['config']}.yaml",
                    source_file=f"{REPO}:{target['source_file']}",
                    explanation=" ".join(x for x in (target.get("explanation", ""),
