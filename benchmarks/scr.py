@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["VARIANTS", "SlowlyChangingRegression", "ltu_thresholds", "scr_benchmark", "scr_period"]
+__all__ = ["VARIANTS", "SlowlyChangingRegression", "ltu_thresholds", "scr_benchmark"]
 
 VARIANTS = ("bit_flip", "resample")
 
@@ -80,11 +80,6 @@ class SlowlyChangingRegression:
         random_bits = torch.randint(0, 2, (n, self.n_random), generator=g).float()
         inputs = torch.cat([self.flipping_bits(t).expand(n, -1), random_bits], dim=1)
         return inputs, self.target(inputs)
-
-
-def scr_period(t: int, *, variant: str = "bit_flip", n: int = 10_000, seed: int = 0, stream: int = 0):
-    """Inputs and targets of period ``t`` of the SCR problem with ``seed`` (convenience wrapper)."""
-    return SlowlyChangingRegression(variant=variant, examples_per_period=n, seed=seed).period(t, stream=stream)
 
 
 def scr_benchmark(n_periods: int, *, variant: str = "bit_flip", examples_per_period: int = 10_000,

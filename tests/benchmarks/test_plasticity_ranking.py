@@ -13,7 +13,7 @@ from torch import nn
 from avalanche_plugins.study.catalog.zoo import MLP
 from benchmarks import plasticity_ranking as pr
 from benchmarks.plasticity_ranking.settings import setting_from_dict
-from benchmarks.scr import SlowlyChangingRegression, ltu_thresholds, scr_benchmark, scr_period
+from benchmarks.scr import SlowlyChangingRegression, ltu_thresholds, scr_benchmark
 
 
 @pytest.mark.parametrize("variant", ["bit_flip", "resample"])
@@ -45,13 +45,13 @@ def test_scr_resample_changes_many_bits_on_average():
 
 
 def test_scr_reproducible_for_a_seed_and_different_across_seeds():
-    x1, y1 = scr_period(4, n=50, seed=7)
-    x2, y2 = scr_period(4, n=50, seed=7)
+    def period(seed, stream=0):  # a fresh problem each time: nothing carries over between draws
+        return SlowlyChangingRegression(seed=seed, examples_per_period=50).period(4, stream=stream)
+
+    (x1, y1), (x2, y2), (x3, y3) = period(7), period(7), period(8)
     assert torch.equal(x1, x2) and torch.equal(y1, y2)
-    x3, y3 = scr_period(4, n=50, seed=8)
     assert not (torch.equal(x1, x3) and torch.equal(y1, y3))
-    scr = SlowlyChangingRegression(seed=7, examples_per_period=50)
-    xv, _ = scr.period(4, stream=1)
+    xv, _ = period(7, stream=1)
     assert not torch.equal(xv, x1)  # the validation stream is an independent draw
     assert torch.equal(xv[:, :15], x1[:, :15])  # ... of the same period
 
