@@ -6,12 +6,7 @@ Method, outputs, reconstructions and costs: docs/benchmarks.md, "benchmarks.plas
 from benchmarks.plasticity_ranking.learner import MinibatchLearner, OnlineLearner
 from benchmarks.plasticity_ranking.main import main, run_benchmark
 from benchmarks.plasticity_ranking.ranking import noise_ceiling, pooled_analysis, pra_rows
-from benchmarks.plasticity_ranking.scoring import (
-    continuing_adam_gain,
-    last_hidden_features,
-    regime,
-    score_checkpoint,
-)
+from benchmarks.plasticity_ranking.scoring import last_hidden_features, regime, score_checkpoint
 from benchmarks.plasticity_ranking.settings import (
     BASELINES,
     METRICS,
@@ -23,5 +18,5 @@ from benchmarks.plasticity_ranking.settings import (
 from benchmarks.plasticity_ranking.tasks import TaskSource
 
 __all__ = ["BASELINES", "METRICS", "STRATA", "MinibatchLearner", "OnlineLearner", "Setting", "TaskSource",
-           "continuing_adam_gain", "declining_settings", "default_settings", "last_hidden_features", "main",
+           "declining_settings", "default_settings", "last_hidden_features", "main",
            "noise_ceiling", "pooled_analysis", "pra_rows", "regime", "run_benchmark", "score_checkpoint"]

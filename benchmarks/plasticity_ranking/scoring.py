@@ -68,18 +68,6 @@ def _variants(s: Setting, model, loss_fn, data, seed: int, timings: dict) -> dic
             "grad_curvature": q.curvature}
 
 
-def continuing_adam_gain(model: nn.Module, loss_fn, optimizer_state: dict, train_inputs, train_targets,
-                         val_inputs, val_targets, *, k: int, lr: float, batch_size: int, n_runs: int = 128,
-                         seed: int = 0, chunk_size: int = 1024) -> dict:
-    """``G^(k)`` for Adam *continuing* from a checkpoint's optimizer state (docs/benchmarks.md,
-    "Ground truth"): ``{"gain", "stderr", "indices", "loss_before"}``."""
-    result = rd.k_step_gain(model, loss_fn, train_inputs, train_targets, val_inputs, val_targets, k=k, lr=lr,
-                         optimizer="adam", batch_size=batch_size, n_runs=n_runs, seed=seed,
-                         chunk_size=chunk_size, adam_state=optimizer_state)
-    return {"gain": result.gain, "stderr": result.stderr, "indices": result.indices,
-            "loss_before": result.loss_before}
-
-
 def _gains(s: Setting, model: nn.Module, loss_fn, data, seed: int, timings: dict, optimizer_state: dict | None,
            time_costs: bool) -> dict:
     """The k-step gain ground truths ``gain_<optimizer>_k<k>`` (and their standard errors) of one checkpoint;
@@ -87,7 +75,7 @@ def _gains(s: Setting, model: nn.Module, loss_fn, data, seed: int, timings: dict
     x_tr, y_tr, x_val, y_val = data
     rec: dict = {}
     for name, opt, lr in s.gain_optimizers:
-        continuing = opt == "adam_continue"  # k_step_gain as continuing_adam_gain calls it
+        continuing = opt == "adam_continue"  # Adam continuing from the checkpoint's state
         if continuing and optimizer_state is None:
             raise ValueError("the adam_continue ground truth needs the checkpoint's "
                              "optimizer_state")

@@ -191,46 +191,6 @@ def test_score_checkpoint_records_the_regime_that_stratifies_the_tables():
     assert {r["n_checkpoints"] for r in rows if r["stratum"] == "live"} == {1}
 
 
-def _adam_state(model, x, y, steps):
-    """A torch.optim.Adam state after ``steps`` steps on (x, y), and the optimizer."""
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    for i in range(steps):
-        opt.zero_grad()
-        nn.MSELoss()(model(x[i:i + 1]), y[i:i + 1]).backward()
-        opt.step()
-    return opt
-
-
-def test_continuing_adam_gain_zero_state_equals_fresh_adam_and_matches_torch():
-    from avalanche_plugins.readiness import k_step_gain
-
-    torch.manual_seed(0)
-    model = MLP((6,), hidden=(5,), n_classes=1)
-    x, y = torch.randn(40, 6), torch.randn(40, 1)
-    ours = pr.continuing_adam_gain(model, nn.MSELoss(), _fresh_adam_state(model), x, y, x, y, k=4, lr=0.01, batch_size=2,
-                                   n_runs=6, seed=3)
-    ref = k_step_gain(model, nn.MSELoss(), x, y, x, y, k=4, lr=0.01, optimizer="adam", batch_size=2, n_runs=6, seed=3)
-    assert ours["gain"] == pytest.approx(ref.gain, rel=1e-5, abs=1e-7)
-    # a non-trivial state: one run replayed with torch.optim.Adam continuing from it
-    opt = _adam_state(model, x, y, steps=7)
-    state = copy.deepcopy(opt.state_dict())
-    res = pr.continuing_adam_gain(model, nn.MSELoss(), state, x, y, x, y, k=3, lr=0.01, batch_size=2, n_runs=1,
-                                  seed=5)
-    replay = copy.deepcopy(model)
-    opt2 = torch.optim.Adam(replay.parameters(), lr=0.01)
-    opt2.load_state_dict(state)
-    with torch.no_grad():
-        before = nn.MSELoss()(model(x), y).item()
-    for t in range(3):
-        index = res["indices"][0, t]
-        opt2.zero_grad()
-        nn.MSELoss()(replay(x[index]), y[index]).backward()
-        opt2.step()
-    with torch.no_grad():
-        after = nn.MSELoss()(replay(x), y).item()
-    assert res["gain"] == pytest.approx((before - after) / before, rel=1e-4, abs=1e-6)
-
-
 def _tiny_settings():
     common = dict(n_checkpoints=4, checkpoint_every=2, examples_per_task=150, n_val=120, ks=(1, 5), n_runs=8,
                   or_batches=16, n_probe=32, n_probe_jacobian=8, cost_k=(5, 10))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -93,3 +94,45 @@ def test_gain_result_is_the_mean_relative_decrease_and_its_standard_error():
     sd = math.sqrt(sum((g - 0.5) ** 2 for g in gains) / 2)
     assert res.gain == 0.5 and abs(res.stderr - sd / math.sqrt(3)) < 1e-15 and res.loss_after_mean == 1.0
     assert math.isnan(_gain_result(2.0, after[:1], k=1, n_runs=1, indices=None).stderr)
+
+
+def test_gain_adam_continues_from_a_checkpoints_optimizer_state():
+    """``adam_state`` with zero moments is a fresh Adam; a real state is continued step by step as
+    ``torch.optim.Adam`` loaded with it continues."""
+    import copy
+
+    from avalanche_plugins.readiness import k_step_gain
+    from avalanche_plugins.study.catalog.zoo import MLP
+
+    torch.manual_seed(0)
+    model = MLP((6,), hidden=(5,), n_classes=1)
+    x, y = torch.randn(40, 6), torch.randn(40, 1)
+    fresh = torch.optim.Adam(model.parameters(), lr=0.01).state_dict()
+    fresh["state"] = {i: {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+                      for i, p in enumerate(model.parameters())}
+    common = dict(k=4, lr=0.01, optimizer="adam", batch_size=2, n_runs=6, seed=3)
+    ours = k_step_gain(model, nn.MSELoss(), x, y, x, y, adam_state=fresh, **common)
+    ref = k_step_gain(model, nn.MSELoss(), x, y, x, y, **common)
+    assert ours.gain == pytest.approx(ref.gain, rel=1e-5, abs=1e-7)
+    # a non-trivial state: one run replayed with torch.optim.Adam continuing from it
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for i in range(7):
+        opt.zero_grad()
+        nn.MSELoss()(model(x[i:i + 1]), y[i:i + 1]).backward()
+        opt.step()
+    state = copy.deepcopy(opt.state_dict())
+    res = k_step_gain(model, nn.MSELoss(), x, y, x, y, k=3, lr=0.01, optimizer="adam", batch_size=2, n_runs=1,
+                      seed=5, adam_state=state)
+    replay = copy.deepcopy(model)
+    opt2 = torch.optim.Adam(replay.parameters(), lr=0.01)
+    opt2.load_state_dict(state)
+    with torch.no_grad():
+        before = nn.MSELoss()(model(x), y).item()
+    for t in range(3):
+        index = res.indices[0, t]
+        opt2.zero_grad()
+        nn.MSELoss()(replay(x[index]), y[index]).backward()
+        opt2.step()
+    with torch.no_grad():
+        after = nn.MSELoss()(replay(x), y).item()
+    assert res.gain == pytest.approx((before - after) / before, rel=1e-4, abs=1e-6)
