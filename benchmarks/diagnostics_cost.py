@@ -26,9 +26,9 @@ from benchmarks._results import write_results
 
 SETTINGS = ("demo", "fashion/1", "fashion/5", "resnet18")
 STUDIES = Path(__file__).resolve().parents[1] / "studies"  # the field settings' configs beside the demo's
-DEMO = "studies/demo.yaml"
+DEMO = STUDIES / "demo.yaml"
 #: studies/demo.yaml's diagnostics at its arguments (but the Grow-only one)
-METRICS = [m for m in yaml.safe_load((STUDIES / "demo.yaml").read_text(encoding="utf-8"))["metrics"]
+METRICS = [m for m in yaml.safe_load(DEMO.read_text(encoding="utf-8"))["metrics"]
            if m != "NewbornGradientMetric"]
 #: the same diagnostics at the smaller sample counts of their trade-offs (``benchmarks.sample_counts``):
 #: what a run whose experiences are short against a large model (the ``resnet18`` setting) attaches
@@ -64,7 +64,7 @@ def cifar_shaped(seed: int = 0, images: int = 5000, test_images: int = 1000, n_e
                         class_ids_from_zero_from_first_exp=True)
 
 
-def setting_config(name: str, args=None, counts: str = "demo") -> dict | str:
+def setting_config(name: str, args=None, counts: str = "demo") -> dict | Path:
     """The study config of a setting (a path for the demo; ``studies/diagnostics_cost_*.yaml`` at
     the setting's epochs or ``args``' image counts) with the diagnostics of ``counts``
     (:data:`COUNTS`: the demo's arguments, or ``lean``)."""

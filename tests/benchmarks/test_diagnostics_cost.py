@@ -30,4 +30,4 @@ def test_setting_config_sets_the_epochs_image_counts_and_diagnostics(counts, met
     resnet = setting_config("resnet18", SimpleNamespace(resnet_images=300, resnet_test_images=40), counts)
     assert resnet["scenarios"][0]["kwargs"] == {"images": 300, "test_images": 40}
     assert resnet["model"] == {"name": "cifar_resnet", "kwargs": {"depth": 18}} and resnet["training"]["epochs"] == 1
-    assert setting_config("demo") == "studies/demo.yaml"
+    assert setting_config("demo") == STUDIES / "demo.yaml"

@@ -139,19 +139,21 @@ def write_results(out_dir, *, config: dict, rows: Sequence[dict], summary: Seque
 
 def load_results(path) -> dict:
     """A saved ``results.json``: a file, its gzip-compressed form ``results.json.gz`` (how large
-    kept runs live under docs/results), or a folder holding either.
+    kept runs live under docs/results; a named ``results.json`` that is absent is read from its
+    ``.gz`` beside it), or a folder holding either.
 
     Example:
         >>> import gzip, tempfile
-        >>> folder = Path(tempfile.mkdtemp())
-        >>> _ = (folder / "results.json.gz").write_bytes(gzip.compress(b'{"rows": []}'))
-        >>> load_results(folder)
-        {'rows': []}
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     _ = (Path(folder) / "results.json.gz").write_bytes(gzip.compress(b'{"rows": []}'))
+        ...     load_results(folder), load_results(Path(folder) / "results.json")
+        ({'rows': []}, {'rows': []})
     """
     path = Path(path)
     if path.is_dir():
-        path = next((path / name for name in ("results.json", "results.json.gz") if (path / name).is_file()),
-                    path / "results.json")
+        path = path / "results.json"
+    if not path.is_file() and path.suffix == ".json" and path.with_name(path.name + ".gz").is_file():
+        path = path.with_name(path.name + ".gz")
     if not path.is_file():
         raise FileNotFoundError(f"--report: no results.json at {str(path)!r}")
     if path.suffix == ".gz":

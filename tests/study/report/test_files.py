@@ -18,8 +18,9 @@ def test_a_compressed_results_file_reads_back_as_the_plain_one(tmp_path):
     plain.write_text(json.dumps(SAVED))
     packed.write_bytes(gzip.compress(json.dumps(SAVED).encode(), mtime=0))
     assert load_results(plain) == load_results(packed) == SAVED
-    # a folder holding either form is read the same way
+    # a folder holding either form is read the same way, and so is the plain name of a packed file
     assert load_results(plain.parent) == load_results(packed.parent) == SAVED
+    assert load_results(packed.parent / "results.json") == SAVED
 
 
 def test_a_folder_prefers_the_plain_file_when_both_are_there(tmp_path):
