@@ -13,7 +13,7 @@ from avalanche_plugins.study.jobs import run_jobs
 from avalanche_plugins.study.report.files import print_report
 from benchmarks._cli import benchmark_parser, is_skipped, parse_args, split_list
 from benchmarks._results import write_results
-from benchmarks.scale.measure import EPOCH_IMAGES, ESTIMATORS, MODELS, Config, Job, setting_for
+from benchmarks.scale.measure import EPOCH_IMAGES, INFO, MODELS, Config, Job, setting_for
 from benchmarks.scale.report import plot, report, slopes
 from benchmarks.scale.runner import START_METHODS, ProcessExecutor
 
@@ -22,16 +22,7 @@ FULL_MODELS = ("mlp-256", "mlp-512", "mlp-1024", "mlp-2048", "mlp-4096", "resnet
 QUICK_MODELS = ("mlp-256", "mlp-512", "mlp-1024", "resnet8", "vit-d1-w64")
 CHECK_EPOCH_MODEL = "resnet18"
 PRELOAD = ("torch", "torchvision", "avalanche.training", "benchmarks.scale.measure")
-# each estimator may run this many 5,000-image epochs before it is stopped (every time target is
-# at most 1 epoch, so a stopped measurement has missed its target anyway)
-TIMEOUT_EPOCHS = {"epoch_5000": 3.0}
-DEFAULT_TIMEOUT_EPOCHS = 2.0
-# cost in 5,000-image epochs when issue 15's targets are met (a guess where there is no target);
-# only for the printed estimate
-EXPECTED_EPOCHS = {"epoch": 0.0, "epoch_5000": 1.0, "curvature_fisher": 1.0, "curvature_hessian": 0.5,
-                   "fisher_expected": 0.65, "fisher_empirical": 0.05, "readiness_sampled": 0.25,
-                   "readiness_per_sample": 0.1, "ads": 0.25, "key_channel": 0.05, "key_cross_channel": 0.05,
-                   "gauss_newton_key": 0.25, "unit_masks": 0.1, "masked_epoch": 0.05, "ewc_penalty": 0.1}
+DEFAULT_TIMEOUT_EPOCHS = 2.0  # 5,000-image epochs a measurement may run (estimators.yaml)
 PROCESS_OVERHEAD_S = 2.0
 SYNTHETIC_DATA = {"name": "synthetic CIFAR-shaped tensors", "shape": [3, 32, 32], "classes": 100, "seeded": True}
 
@@ -47,7 +38,7 @@ def config_for(args) -> Config:
 
 
 def timeout_for(estimator: str, epoch5000_s: float | None, cap: float, floor: float) -> float:
-    """Seconds ``estimator`` may run: ``TIMEOUT_EPOCHS`` × the model's 5,000-image epoch, within
+    """Seconds ``estimator`` may run: its ``timeout_epochs`` × the model's 5,000-image epoch, within
     ``[floor, cap]`` (``cap`` when the epoch is unknown).
 
     Example:
@@ -56,7 +47,7 @@ def timeout_for(estimator: str, epoch5000_s: float | None, cap: float, floor: fl
     """
     if epoch5000_s is None or not math.isfinite(epoch5000_s):
         return cap
-    return min(cap, max(floor, TIMEOUT_EPOCHS.get(estimator, DEFAULT_TIMEOUT_EPOCHS) * epoch5000_s))
+    return min(cap, max(floor, INFO[estimator].get("timeout_epochs", DEFAULT_TIMEOUT_EPOCHS) * epoch5000_s))
 
 
 def expected_seconds(job: Job, epoch5000_s: float | None, timeout: float) -> float:
@@ -65,11 +56,11 @@ def expected_seconds(job: Job, epoch5000_s: float | None, timeout: float) -> flo
     if epoch5000_s is None:
         return timeout
     ref = epoch5000_s * job.config.ref_images / EPOCH_IMAGES
-    return min(timeout, PROCESS_OVERHEAD_S + ref + EXPECTED_EPOCHS.get(job.estimator, 0.25) * epoch5000_s)
+    return min(timeout, PROCESS_OVERHEAD_S + ref + INFO[job.estimator]["expected_epochs"] * epoch5000_s)
 
 
 def _parser():
-    names = ", ".join(ESTIMATORS)
+    names = ", ".join(INFO)
     parser = benchmark_parser("scale", package.__doc__.splitlines()[0],
                               skip_help=f"estimators ({names}), models, families (mlp, resnet, vit) or MODEL/ESTIMATOR")
     parser.set_defaults(seeds=1)  # a cost benchmark: one measurement per cell unless asked
@@ -112,7 +103,7 @@ def _check_subset(parser, flag, values, allowed):
 def _check_args(parser, args, models: list[str], estimators: list[str]) -> None:
     """Refuse, before anything runs, unknown models / estimators and settings the runner cannot honour."""
     _check_subset(parser, "--models", models, list(MODELS))
-    _check_subset(parser, "--estimators", estimators, list(ESTIMATORS))
+    _check_subset(parser, "--estimators", estimators, list(INFO))
     if getattr(args, "executor", "local") != "local":  # the shared parser may offer other executors
         parser.error("benchmarks.scale runs every measurement in its own local process (timeouts, memory "
                      f"caps, peak RSS): --executor {args.executor} is not supported")
@@ -144,7 +135,7 @@ def _measurement_jobs(pairs: list[tuple[str, str]], params: dict, cfg, seeds) ->
     for m, e in pairs:
         if e == "curvature_hessian" and params.get(m, 0) > cfg.hessian_max_params:
             skipped_rows += [{"model": m, "family": MODELS[m][0], "params": params[m], "estimator": e,
-                              "what": ESTIMATORS[e][1], "setting": setting_for(Job(m, e, s, cfg)), "seed": s,
+                              "what": INFO[e]["what"], "setting": setting_for(Job(m, e, s, cfg)), "seed": s,
                               "status": "skipped", "time_s": None, "ratio": None,
                               "message": f"exact Hessian only up to {cfg.hessian_max_params / 1e6:g} M parameters"}
                              for s in seeds]
@@ -156,7 +147,7 @@ def _measurement_jobs(pairs: list[tuple[str, str]], params: dict, cfg, seeds) ->
 def _fill_context(row: dict, job, params: dict) -> None:
     """The job's context in a row whose process was killed before it reported anything."""
     row.setdefault("family", MODELS[job.model][0])
-    row.setdefault("what", ESTIMATORS[job.estimator][1])
+    row.setdefault("what", INFO[job.estimator]["what"])
     row.setdefault("setting", setting_for(job))
     if row.get("params") is None and job.model in params:
         row["params"] = params[job.model]
@@ -168,7 +159,7 @@ def main(argv=None) -> dict:
     if args.report:
         return {"report": print_report(args.report, report)}
     models = split_list(args.models) or list(QUICK_MODELS if args.quick else FULL_MODELS)
-    estimators = split_list(args.estimators) or [e for e in ESTIMATORS if not (args.quick and e == "epoch_5000")]
+    estimators = split_list(args.estimators) or [e for e in INFO if not (args.quick and e == "epoch_5000")]
     _check_args(parser, args, models, estimators)
     cap = args.timeout or (30.0 if args.quick else 600.0)
     floor = min(cap, 5.0 if args.quick else 60.0)
@@ -209,7 +200,7 @@ def main(argv=None) -> dict:
                                desc="scale: measurements", progress=not args.no_progress)
     for job, row in zip(ref_jobs + jobs, rows):  # a process killed before it reported anything
         _fill_context(row, job, params)
-    order = {name: i for i, name in enumerate(ESTIMATORS)}
+    order = {name: i for i, name in enumerate(INFO)}
     rows = sorted(rows + skipped_rows, key=lambda r: (models.index(r["model"]), order[r["estimator"]], r["seed"]))
     out = write_results(args.out, args, config={**asdict(cfg), "models": models, "estimators": estimators,
                                                 "timeout_cap_s": cap, "max_rss_gb": args.max_rss_gb,

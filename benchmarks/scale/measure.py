@@ -4,22 +4,25 @@
 from __future__ import annotations
 
 import copy
+import importlib
 import math
 import resource
 import time
 import types
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 from torch import nn
 
 from avalanche_plugins.study.catalog.zoo import MLP, TinyViT, cifar_resnet
 from avalanche_plugins.study.jobs import seed_everything
 from benchmarks.scale.runner import child_rss_gb, peak_rss_gb
 
-__all__ = ["Config", "Job", "MODELS", "ESTIMATORS", "measure", "middle_stage", "model_params", "rss_gb",
+__all__ = ["Config", "Job", "MODELS", "ESTIMATORS", "INFO", "measure", "middle_stage", "model_params", "rss_gb",
            "setting_for", "synthetic"]
 
 N_CLASSES = 100
@@ -97,28 +100,12 @@ def middle_stage(name: str) -> str:
 
 
 def setting_for(job: Job) -> str:
-    """What a measurement runs on, known before it runs (failed rows carry it too)."""
+    """What a measurement runs on, known before it runs (failed rows carry it too): its ``setting``
+    in estimators.yaml, formatted with the run's config and the model's middle stage."""
     cfg, e = job.config, job.estimator
-    if e in ("curvature_fisher", "curvature_hessian"):
-        method = e.split("_")[1]
-        n = curvature_samples(method, cfg)
-        return f"{n} samples, max_iter {cfg.hessian_max_iter}" if method == "hessian" else f"{n} samples, defaults"
-    settings = {
-        "epoch": f"5,000 × per-image time of {cfg.ref_images} images",
-        "epoch_5000": f"{cfg.check_epoch_images:,} images",
-        "fisher_expected": f"{cfg.fisher_samples} samples, defaults",
-        "fisher_empirical": f"{cfg.fisher_samples} samples, defaults",
-        "readiness_sampled": f"{cfg.readiness_samples} samples, defaults",
-        "readiness_per_sample": f"{cfg.readiness_samples} samples, defaults",
-        "ads": f"{cfg.ads_samples} old + {cfg.ads_samples} new, logit path",
-        "key_channel": f"{cfg.anchors} anchors at {middle_stage(job.model)} (activations + fit)",
-        "key_cross_channel": f"{cfg.anchors} anchors at {middle_stage(job.model)} (activations + fit)",
-        "gauss_newton_key": f"{cfg.gn_anchors} anchors at {middle_stage(job.model)}, {cfg.gn_iterations} iterations",
-        "unit_masks": "construction (consumer probe)",
-        "masked_epoch": f"{100 * cfg.masked_fraction:.0f} % units masked, {cfg.ref_images} images",
-        "ewc_penalty": f"per iteration, {cfg.ewc_experiences} experiences, median of {cfg.penalty_reps}",
-    }
-    return settings[e]
+    samples = curvature_samples(e.split("_")[1], cfg) if e.startswith("curvature_") else None
+    return INFO[e]["setting"].format(cfg=cfg, stage=middle_stage(job.model), samples=samples,
+                                     percent=100 * cfg.masked_fraction)
 
 
 def curvature_samples(method: str, cfg: Config) -> int:
@@ -190,22 +177,14 @@ def _curvature(method):
     return run
 
 
-def _fisher(kind):
+def _on_synthetic(samples: str, module: str, function: str, *leading, **options):
+    """Times ``avalanche_plugins.<module>.<function>(*leading, model, CrossEntropyLoss(), x, y,
+    **options)`` on ``getattr(config, samples)`` synthetic images (imported in the child, as every
+    estimator)."""
     def run(model, job):
-        from avalanche_plugins.layer_adaptive import fisher_diagonal
-
-        x, y = synthetic(job.config.fisher_samples, job.seed)
-        seconds, _ = _timed(lambda: fisher_diagonal(kind, model, nn.CrossEntropyLoss(), x, y))
-        return {"time_s": seconds, "samples": x.shape[0]}
-    return run
-
-
-def _readiness(estimator):
-    def run(model, job):
-        from avalanche_plugins.readiness import optimization_readiness
-
-        x, y = synthetic(job.config.readiness_samples, job.seed)
-        seconds, _ = _timed(lambda: optimization_readiness(model, nn.CrossEntropyLoss(), x, y, estimator=estimator))
+        estimate = getattr(importlib.import_module(f"avalanche_plugins.{module}"), function)
+        x, y = synthetic(getattr(job.config, samples), job.seed)
+        seconds, _ = _timed(lambda: estimate(*leading, model, nn.CrossEntropyLoss(), x, y, **options))
         return {"time_s": seconds, "samples": x.shape[0]}
     return run
 
@@ -339,24 +318,26 @@ def penalty_times(model, ewc, lae, *, anchors: int, repetitions: int) -> tuple[f
     return float(np.median(times["ewc"])), float(np.median(times["lae"]))
 
 
-# name -> (function(model, job) -> row fields, "time_s" the timed part; what it measures)
-ESTIMATORS: dict[str, tuple[object, str]] = {
-    "epoch": (_epoch("ref_images"), "training epoch, SGD, batch 64 (the reference)"),
-    "epoch_5000": (_epoch("check_epoch_images"), "one real 5,000-image training epoch (checks the extrapolation)"),
-    "curvature_fisher": (_curvature("fisher"), "layer_curvature, method fisher"),
-    "curvature_hessian": (_curvature("hessian"), "layer_curvature, method hessian (capped)"),
-    "fisher_expected": (_fisher("expected"), "fisher_diagonal expected"),
-    "fisher_empirical": (_fisher("empirical"), "fisher_diagonal empirical"),
-    "readiness_sampled": (_readiness("sampled"), "optimization_readiness sampled"),
-    "readiness_per_sample": (_readiness("per_sample"), "optimization_readiness per_sample"),
-    "ads": (run_ads, "architecture_driven_shift, metric defaults"),
-    "key_channel": (_transport("channel"), "fit_transport_key channel (closed form)"),
-    "key_cross_channel": (_transport("cross_channel"), "fit_transport_key cross_channel (closed form)"),
-    "gauss_newton_key": (run_gauss_newton, "gauss_newton_key"),
-    "unit_masks": (run_unit_masks, "UnitMasks construction"),
-    "masked_epoch": (run_masked_epoch, "masked training epoch / dense epoch"),
-    "ewc_penalty": (run_ewc_penalty, "LayerAdaptiveEWC penalty / EWCPlugin penalty"),
+# name -> function(model, job) -> row fields, "time_s" the timed part (what each is: estimators.yaml)
+ESTIMATORS: dict[str, object] = {
+    "epoch": _epoch("ref_images"),
+    "epoch_5000": _epoch("check_epoch_images"),
+    "curvature_fisher": _curvature("fisher"),
+    "curvature_hessian": _curvature("hessian"),
+    "fisher_expected": _on_synthetic("fisher_samples", "layer_adaptive", "fisher_diagonal", "expected"),
+    "fisher_empirical": _on_synthetic("fisher_samples", "layer_adaptive", "fisher_diagonal", "empirical"),
+    "readiness_sampled": _on_synthetic("readiness_samples", "readiness", "optimization_readiness", estimator="sampled"),
+    "readiness_per_sample": _on_synthetic("readiness_samples", "readiness", "optimization_readiness",
+                                          estimator="per_sample"),
+    "ads": run_ads,
+    "key_channel": _transport("channel"),
+    "key_cross_channel": _transport("cross_channel"),
+    "gauss_newton_key": run_gauss_newton,
+    "unit_masks": run_unit_masks,
+    "masked_epoch": run_masked_epoch,
+    "ewc_penalty": run_ewc_penalty,
 }
+INFO: dict[str, dict] = yaml.safe_load(Path(__file__).with_name("estimators.yaml").read_text(encoding="utf-8"))
 
 
 def measure(job: Job, report=None) -> dict:
@@ -368,7 +349,7 @@ def measure(job: Job, report=None) -> dict:
     warnings.filterwarnings("ignore")
     seed_everything(job.seed)
     family, build = MODELS[job.model]
-    fn, what = ESTIMATORS[job.estimator]
+    fn, what = ESTIMATORS[job.estimator], INFO[job.estimator]["what"]
     rss_base = rss_gb()
     model = build()
     row = {"model": job.model, "family": family, "params": model_params(model), "estimator": job.estimator,

@@ -8,29 +8,25 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["FAMILIES", "TARGETS", "MEMORY_TARGET_GB", "aggregate", "loglog_slope", "slopes", "report", "plot",
+from benchmarks.scale.measure import INFO
+
+__all__ = ["FAMILIES", "MEMORY_TARGET_GB", "aggregate", "loglog_slope", "slopes", "report", "plot",
            "main_table", "targets_table", "format_seconds"]
 
 FAMILIES = ("mlp", "resnet", "vit")
 MEMORY_TARGET_GB = 4.0
-# estimator -> (the quantity compared, its bound, how the bound reads); issue 15's targets (none
-# for the Fisher diagonals and per-sample readiness)
-TARGETS: dict[str, tuple[str | None, float | None, str]] = {
-    "epoch": (None, None, "reference"),
-    "epoch_5000": ("over_dense", None, "check: real / 5,000 × per-image"),
-    "curvature_fisher": ("ratio", 1.0, "≤ 1× epoch"),
-    "curvature_hessian": (None, None, "exact path, an option (capped)"),
-    "readiness_sampled": ("ratio", 0.25, "≤ 0.25× epoch"),
-    "ads": ("ratio", 0.25, "≤ 0.25× epoch"),
-    "key_channel": ("ratio", 0.05, "≤ 0.05× epoch"),
-    "key_cross_channel": ("ratio", 0.05, "≤ 0.05× epoch"),
-    "gauss_newton_key": ("ratio", 0.25, "≤ 0.25× epoch"),
-    "unit_masks": ("ratio", 0.1, "≤ 0.1× epoch"),
-    "masked_epoch": ("over_dense", 1.1, "≤ 1.1× dense"),
-    "ewc_penalty": ("lae_over_ewc", 1.0, "≤ 1× EWCPlugin"),
-}
-# measured at capped settings or references: no 4 GB bound
-NO_MEMORY_TARGET = ("epoch", "epoch_5000", "curvature_hessian")
+NO_TARGET = (None, None, "")
+
+
+def _target(estimator: str) -> tuple[str | None, float | None, str]:
+    """``(the row field compared, its bound, how the bound reads)``: issue 15's target of
+    ``estimator`` (estimators.yaml; none for the Fisher diagonals and per-sample readiness)."""
+    return tuple(INFO[estimator].get("target", NO_TARGET))
+
+
+def _memory_target(estimator: str) -> bool:
+    """Whether the 4 GB bound applies (not where measured at capped settings or as a reference)."""
+    return INFO[estimator].get("memory_target", True)
 
 
 def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:
@@ -142,11 +138,11 @@ def slopes_table(rows: Sequence[dict]) -> str:
 def _met(c: dict) -> str:
     if c.get("status") != "ok":
         return f"no ({c.get('status')})" if c.get("status") in ("timeout", "out_of_memory", "killed") else "—"
-    field, bound, _ = TARGETS.get(c["estimator"], (None, None, ""))
+    field, bound, _ = _target(c["estimator"])
     reasons, value = [], c.get(field) if field else None
     if bound is not None and value is not None and value > bound:
         reasons.append("time")
-    memory = c["estimator"] not in NO_MEMORY_TARGET
+    memory = _memory_target(c["estimator"])
     if memory and c.get("peak_rss_gb") is not None and c["peak_rss_gb"] > MEMORY_TARGET_GB:
         reasons.append("memory")
     shown = f" ({value:.2f}×)" if field and field != "ratio" and value is not None else ""
@@ -169,8 +165,8 @@ def targets_table(rows: Sequence[dict], model: str = "resnet18") -> str:
     lines = [f"Issue 15's targets on {model}{note} (memory: ≤ {MEMORY_TARGET_GB:g} GB peak RSS at defaults)", "",
              "| what | setting | time | ratio to 5,000-image epoch | peak RSS | target | met? |", "|---|---|---|---|---|---|---|"]
     for c in cells:
-        target = TARGETS.get(c["estimator"], (None, None, ""))[2]
-        if c["estimator"] not in NO_MEMORY_TARGET:
+        target = _target(c["estimator"])[2]
+        if _memory_target(c["estimator"]):
             target = ", ".join(t for t in (target, f"≤ {MEMORY_TARGET_GB:g} GB") if t)
         lines.append(f"| {c.get('what') or c['estimator']} | {c.get('setting') or ''} | {_time_and_ratio(c)} | "
                      f"{_num(c.get('peak_rss_gb'), '.2f', ' GB')} | {target} | {_met(c)} |")

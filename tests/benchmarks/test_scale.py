@@ -104,3 +104,21 @@ def test_ads_measurement_uses_the_metric_defaults():
 
     default = inspect.signature(ArchitectureDrivenShiftMetric).parameters["calibration_size"].default
     assert Config().ads_samples == default
+
+
+def test_estimators_yaml_describes_every_measurement_in_run_order():
+    # one table says what each measurement is (what, setting, expected cost, target); the code is ESTIMATORS
+    from benchmarks.scale.measure import ESTIMATORS, INFO, MODELS, setting_for
+
+    assert list(INFO) == list(ESTIMATORS)
+    fields = {"what", "setting", "expected_epochs", "timeout_epochs", "target", "memory_target"}
+    for name, info in INFO.items():
+        assert {"what", "setting", "expected_epochs"} <= set(info) <= fields, name
+        assert len(info.get("target", [None, None, ""])) == 3, name
+        for model in MODELS:
+            for cfg in (Config(), Config(quick=True)):
+                assert "{" not in setting_for(Job(model, name, 0, cfg))
+    assert setting_for(Job("resnet18", "masked_epoch", 0, Config())) == "50 % units masked, 128 images"
+    assert setting_for(Job("resnet8", "key_channel", 0, Config(anchors=50))) == \
+        "50 anchors at layer2 (activations + fit)"
+    assert setting_for(Job("mlp-256", "curvature_hessian", 0, Config())) == "32 samples, max_iter 10"
