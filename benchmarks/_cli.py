@@ -14,7 +14,7 @@ from avalanche_plugins.study.jobs.protocol import is_skipped, split_list
 from avalanche_plugins.study.report.files import command_line
 
 __all__ = ["DEFAULT_SEEDS", "QUICK_SEEDS", "benchmark_parser", "is_skipped", "make_executor", "parse_args",
-           "split_list"]
+           "split_list", "subset_of"]
 
 DEFAULT_SEEDS = 3
 QUICK_SEEDS = 1
@@ -57,6 +57,17 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
         args.seeds = QUICK_SEEDS if args.quick else DEFAULT_SEEDS
     args.skip = frozenset(split_list(args.skip))
     return args
+
+
+def subset_of(parser: argparse.ArgumentParser, flag: str, value: str | None, allowed: Sequence[str],
+              default: Sequence[str] = ()) -> list[str]:
+    """The comma-separated names of ``value`` (``default`` when it names none), refusing before
+    anything runs, through ``parser`` and naming ``flag``, every name not in ``allowed``."""
+    names = split_list(value) or list(default)
+    unknown = [name for name in names if name not in allowed]
+    if unknown:
+        parser.error(f"{flag} must be a subset of {', '.join(allowed)}; got {', '.join(unknown)}")
+    return names
 
 
 def make_executor(args, *, warmup=None, isolate: bool = False):

@@ -23,7 +23,7 @@ from avalanche_plugins.study.catalog.datasets import load_digits_arrays, load_mn
 from avalanche_plugins.study.catalog.zoo import build_model
 from avalanche_plugins.study.jobs import Timer, run_jobs, seed_everything
 from avalanche_plugins.study.report.files import print_report
-from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, split_list
+from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, subset_of
 from benchmarks._results import format_table, saved_figure, summarize, write_results
 from benchmarks._training import train_minibatches
 
@@ -170,10 +170,7 @@ def main(argv=None) -> dict:
     args = parse_args(parser, argv)
     if args.report:
         return {"report": print_report(args.report, report)}
-    models = split_list(args.models) if args.models else (["mlp"] if args.quick else list(MODELS))
-    bad = [m for m in models if m not in MODELS]
-    if bad:
-        parser.error(f"--models must be a subset of {MODELS}, got {bad}")
+    models = subset_of(parser, "--models", args.models, MODELS, ["mlp"] if args.quick else MODELS)
     cfg = Config(train_samples=1000 if args.quick else 4000, epochs=2 if args.quick else args.epochs,
                  exact_samples=256, fisher_samples=(32, 64, 128, 256), data_root=args.data_root,
                  reference_from=args.reference_from)

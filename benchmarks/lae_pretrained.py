@@ -25,11 +25,12 @@ from avalanche_plugins.study.jobs import Timer, run_jobs, seed_everything
 from avalanche_plugins.study.jobs.environment import quiet_deprecations
 from avalanche_plugins.study.jobs.protocol import TUNE_SEED, select_best
 from avalanche_plugins.study.report.files import print_report
-from benchmarks._cli import benchmark_parser, make_executor, parse_args, split_list
+from benchmarks._cli import benchmark_parser, make_executor, parse_args, split_list, subset_of
 from benchmarks._results import format_table, summarize, write_results
 from benchmarks._training import accuracy_evaluator
 
 METHODS = ("naive", "ewc", "lae_geometric", "lae_measured", "lae_smoothed")
+SCENARIOS = ("task", "class")  # task- or class-incremental
 FAILED = {"acc": float("nan"), "acc_pretrain_classes": float("nan"), "forgetting": float("nan")}
 _ACC = re.compile(r"^Top1_Acc_Exp/eval_phase/test_stream/(?:Task\d+/)?Exp(\d+)$")
 
@@ -269,7 +270,7 @@ def main(argv=None) -> dict:
         parser.error(f"--replay must be a number of samples >= 0, got {args.replay}")
     if args.report:
         return {"report": print_report(args.report, report)}
-    scenarios = split_list(args.scenarios)
+    scenarios = subset_of(parser, "--scenarios", args.scenarios, SCENARIOS)
     lambdas, alphas = ([float(v) for v in split_list(grid)] for grid in (args.lambdas, args.alphas))
     if args.quick:
         scenarios, lambdas, alphas = scenarios[:1], lambdas[1:3], alphas[1:2]

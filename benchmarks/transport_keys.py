@@ -33,7 +33,7 @@ from avalanche_plugins.transport import (
     stitch,
     stitched_accuracy,
 )
-from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, split_list
+from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, subset_of
 from benchmarks._results import format_table, saved_figure, summarize, write_results
 from benchmarks._training import batched_accuracy, train_minibatches
 
@@ -347,12 +347,8 @@ def main(argv=None) -> dict:
     args = parse_args(parser, argv)
     if args.report:
         return {"report": print_report(args.report, report)}
-    models = split_list(args.models) if args.models else (["cnn"] if args.quick else list(MODELS))
-    pairs = split_list(args.pairs) if args.pairs else (["split"] if args.quick else list(PAIRS))
-    for name, values, allowed in (("--models", models, MODELS), ("--pairs", pairs, PAIRS)):
-        bad = [v for v in values if v not in allowed]
-        if bad:
-            parser.error(f"{name} must be a subset of {allowed}, got {bad}")
+    models = subset_of(parser, "--models", args.models, MODELS, ["cnn"] if args.quick else MODELS)
+    pairs = subset_of(parser, "--pairs", args.pairs, PAIRS, ["split"] if args.quick else PAIRS)
     cfg = config_for(args)
     jobs = [Job(p, m, s, cfg) for p in pairs for m in models if not is_skipped(args.skip, p, m)
             for s in range(args.seeds)]

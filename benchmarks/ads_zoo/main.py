@@ -8,7 +8,7 @@ from dataclasses import asdict
 import benchmarks.ads_zoo as package
 from avalanche_plugins.study.jobs import run_jobs
 from avalanche_plugins.study.report.files import print_report
-from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, split_list
+from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, subset_of
 from benchmarks._results import write_results
 from benchmarks.ads_zoo.job import Job, run_job, warmup
 from benchmarks.ads_zoo.report import plot, report
@@ -41,10 +41,7 @@ def main(argv=None) -> dict:
         overrides = parse_overrides(args.overrides)
     except ValueError as err:
         parser.error(str(err))
-    scenarios = split_list(args.scenarios)
-    for s in scenarios:
-        if s not in SCENARIOS:
-            parser.error(f"unknown scenario {s!r}; choose from {SCENARIOS}")
+    scenarios = subset_of(parser, "--scenarios", args.scenarios, SCENARIOS)
     if args.data_root is None:
         skipped = [s for s in scenarios if s != "split_digits"]
         if skipped:

@@ -8,8 +8,9 @@ from dataclasses import asdict, replace
 
 import benchmarks.grow_prune as package
 from avalanche_plugins.study.jobs import run_jobs
+from avalanche_plugins.study.jobs.protocol import split_list
 from avalanche_plugins.study.report.files import print_report
-from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, split_list
+from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, subset_of
 from benchmarks._results import summarize, write_results
 from benchmarks.grow_prune.job import Job, run_job
 from benchmarks.grow_prune.report import (
@@ -21,14 +22,6 @@ from benchmarks.grow_prune.report import (
     share_run_configs,
 )
 from benchmarks.grow_prune.settings import METHODS, Setting, settings_for
-
-
-def _methods(value: str | None, default, parser, flag: str) -> list[str]:
-    methods = split_list(value or ",".join(default))
-    unknown = set(methods) - set(METHODS)
-    if unknown:
-        parser.error(f"{flag}: unknown {sorted(unknown)}; choose from {METHODS}")
-    return methods
 
 
 def _parser():
@@ -75,10 +68,7 @@ def _chosen_settings(args, parser) -> list[Setting]:
     """The settings of ``--settings`` / ``--skip`` with the command line's epochs, edits and optimizer."""
     settings = settings_for(args)
     if args.settings:
-        names = split_list(args.settings)
-        known = [s.name for s in settings]
-        if set(names) - set(known):
-            parser.error(f"--settings: unknown {sorted(set(names) - set(known))}; choose from {known}")
+        names = subset_of(parser, "--settings", args.settings, [s.name for s in settings])
         settings = [s for s in settings if s.name in names]
     settings = [s for s in settings if not is_skipped(args.skip, s.name)]
     for i, setting in enumerate(settings):
@@ -96,12 +86,12 @@ def _chosen_settings(args, parser) -> list[Setting]:
 def _plan(args, parser, settings: list[Setting]) -> tuple[list[Job], dict]:
     """Every timing and run job of the command, and the method lists and targets it chose."""
     default_methods = ("dense", "prune", "grow", "grow+zero_out", "grow+fresh_state") if args.quick else METHODS
-    methods = _methods(args.methods, default_methods, parser, "--methods")
-    chosen = {"methods": methods, "cnn_methods": _methods(args.cnn_methods, methods, parser, "--cnn-methods"),
-              "iid_methods": _methods(args.iid_methods, methods, parser, "--iid-methods"),
+    methods = subset_of(parser, "--methods", args.methods, METHODS, default_methods)
+    chosen = {"methods": methods, "cnn_methods": subset_of(parser, "--cnn-methods", args.cnn_methods, METHODS, methods),
+              "iid_methods": subset_of(parser, "--iid-methods", args.iid_methods, METHODS, methods),
               "compactness": [float(v) for v in split_list(args.compactness or
                                                           ("0.3" if args.quick else "0.2,0.3,0.4,0.5"))]}
-    permuted_methods = _methods(args.permuted_methods, (), parser, "--permuted-methods")
+    permuted_methods = subset_of(parser, "--permuted-methods", args.permuted_methods, METHODS)
     variant_c = [float(v) for v in split_list(args.variant_compactness)] or None
     targets = chosen["compactness"]
     seeds = [int(v) for v in split_list(args.seed_list)] if args.seed_list else range(args.seeds)

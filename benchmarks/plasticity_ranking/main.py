@@ -11,7 +11,7 @@ from pathlib import Path
 
 from avalanche_plugins.study.jobs import run_jobs
 from avalanche_plugins.study.report.files import load_results, print_report
-from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, split_list
+from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, subset_of
 from benchmarks._results import summarize, write_results
 from benchmarks.plasticity_ranking.ranking import pra_rows
 from benchmarks.plasticity_ranking.report import analysis, keep, plot_decline, plot_runs, report
@@ -84,19 +84,16 @@ def main(argv=None) -> dict:
             files = keep(load_results(args.report), args.keep, args.keep_name)
             print(f"kept {', '.join(files)} in {args.keep}")
         return {"report": print_report(args.report, report)}
-    wanted = set(split_list(args.benchmarks))
     candidates = default_settings(args.quick, args.data_root, pmnist_examples=args.pmnist_examples,
                                   pmnist_val=args.pmnist_val)
     candidates += declining_settings(args.quick, args.data_root, tasks=args.tasks, n_runs=args.n_runs,
                                      epochs=args.epochs_per_task)
+    wanted = subset_of(parser, "--benchmarks", args.benchmarks, list(dict.fromkeys(s.benchmark for s in candidates)))
     settings = [s for s in candidates if s.benchmark in wanted and not is_skipped(args.skip, *s.name.split("/"))]
-    if args.only:
-        names = set(split_list(args.only))
-        settings = [s for s in settings if s.name in names]
-        if not settings:
-            parser.error(f"--only {args.only!r} matches no setting of --benchmarks {args.benchmarks!r}")
     if not settings:
-        parser.error(f"--benchmarks selects nothing from {args.benchmarks!r}")
+        parser.error(f"--benchmarks {args.benchmarks!r} less --skip {','.join(sorted(args.skip))!r} selects nothing")
+    names = subset_of(parser, "--only", args.only, [s.name for s in settings], [s.name for s in settings])
+    settings = [s for s in settings if s.name in names]
     return run_benchmark(settings, list(range(args.seeds)), args.out, data_root=args.data_root,
                          progress=not args.no_progress, save_checkpoints=args.save_checkpoints,
                          config_extra={"args": vars(args)}, workers=args.workers, threads=args.threads, args=args)

@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 import benchmarks.scale as package
 from avalanche_plugins.study.jobs import run_jobs
 from avalanche_plugins.study.report.files import print_report
-from benchmarks._cli import benchmark_parser, is_skipped, parse_args, split_list
+from benchmarks._cli import benchmark_parser, is_skipped, parse_args, subset_of
 from benchmarks._results import write_results
 from benchmarks.scale.measure import EPOCH_IMAGES, INFO, MODELS, Config, Job, setting_for
 from benchmarks.scale.report import plot, report, slopes
@@ -94,16 +94,8 @@ def _load_average() -> float | None:
         return None
 
 
-def _check_subset(parser, flag, values, allowed):
-    bad = [v for v in values if v not in allowed]
-    if bad:
-        parser.error(f"{flag} must be a subset of {', '.join(allowed)}; got {', '.join(bad)}")
-
-
-def _check_args(parser, args, models: list[str], estimators: list[str]) -> None:
-    """Refuse, before anything runs, unknown models / estimators and settings the runner cannot honour."""
-    _check_subset(parser, "--models", models, list(MODELS))
-    _check_subset(parser, "--estimators", estimators, list(INFO))
+def _check_args(parser, args) -> None:
+    """Refuse, before anything runs, settings the runner cannot honour."""
     if getattr(args, "executor", "local") != "local":  # the shared parser may offer other executors
         parser.error("benchmarks.scale runs every measurement in its own local process (timeouts, memory "
                      f"caps, peak RSS): --executor {args.executor} is not supported")
@@ -158,9 +150,10 @@ def main(argv=None) -> dict:
     args = parse_args(parser, argv)
     if args.report:
         return {"report": print_report(args.report, report)}
-    models = split_list(args.models) or list(QUICK_MODELS if args.quick else FULL_MODELS)
-    estimators = split_list(args.estimators) or [e for e in INFO if not (args.quick and e == "epoch_5000")]
-    _check_args(parser, args, models, estimators)
+    models = subset_of(parser, "--models", args.models, list(MODELS), QUICK_MODELS if args.quick else FULL_MODELS)
+    estimators = subset_of(parser, "--estimators", args.estimators, list(INFO),
+                           [e for e in INFO if not (args.quick and e == "epoch_5000")])
+    _check_args(parser, args)
     cap = args.timeout or (30.0 if args.quick else 600.0)
     floor = min(cap, 5.0 if args.quick else 60.0)
     cfg = config_for(args)

@@ -15,6 +15,7 @@ from benchmarks._cli import (
     is_skipped,
     make_executor,
     parse_args,
+    subset_of,
 )
 from tests import REPO_ROOT
 
@@ -59,6 +60,34 @@ def test_skip_names_a_path_or_a_prefix():
     assert is_skipped({"permuted/cnn"}, "permuted", "cnn")
     assert not is_skipped({"permuted/cnn"}, "permuted", "mlp")
     assert not is_skipped({"cnn"}, "permuted", "cnn")
+
+
+def test_subset_of_takes_the_default_and_refuses_unknown_names_before_anything_runs(capsys):
+    parser = benchmark_parser("example", "example benchmark")
+    assert subset_of(parser, "--models", "cnn, mlp", ("mlp", "cnn", "vit")) == ["cnn", "mlp"]
+    assert subset_of(parser, "--models", None, ("mlp", "cnn"), ("cnn",)) == ["cnn"]
+    assert subset_of(parser, "--models", " , ", ("mlp", "cnn"), ("mlp",)) == ["mlp"]
+    with pytest.raises(SystemExit):
+        subset_of(parser, "--models", "mlp,resnet50", ("mlp", "cnn"))
+    assert "--models must be a subset of mlp, cnn; got resnet50" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("benchmarks.lae_pretrained", ["--scenarios", "task,domain"]),
+    ("benchmarks.plasticity_ranking", ["--benchmarks", "scr,cifar"]),
+    ("benchmarks.plasticity_ranking", ["--only", "scr/no_such_setting"]),
+    ("benchmarks.grow_prune", ["--methods", "grow,regrow"]),
+    ("benchmarks.transport_keys", ["--pairs", "split,class"]),
+    ("benchmarks.ads_zoo", ["--scenarios", "split_cifar"]),
+    ("benchmarks.curvature_agreement", ["--models", "resnet"]),
+])
+def test_benchmarks_refuse_names_they_do_not_have(module, argv, tmp_path, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit):
+        importlib.import_module(module).main([*argv, "--quick", "--out", str(tmp_path)])
+    assert f"{argv[0]} must be a subset of" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing ran
 
 
 def test_command_is_recorded_with_relative_paths():
