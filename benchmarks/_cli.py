@@ -14,7 +14,7 @@ from avalanche_plugins.study.jobs.protocol import is_skipped, split_list
 from avalanche_plugins.study.report.files import command_line
 
 __all__ = ["DEFAULT_SEEDS", "QUICK_SEEDS", "benchmark_parser", "is_skipped", "make_executor", "parse_args",
-           "split_list", "subset_of"]
+           "run_cached", "split_list", "subset_of"]
 
 DEFAULT_SEEDS = 3
 QUICK_SEEDS = 1
@@ -57,6 +57,15 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
         args.seeds = QUICK_SEEDS if args.quick else DEFAULT_SEEDS
     args.skip = frozenset(split_list(args.skip))
     return args
+
+
+def run_cached(args, fn, job_list, desc: str, *, executor=None, **executor_options) -> list:
+    """:func:`avalanche_plugins.study.jobs.run_jobs` the command's way: resumable from ``OUT/jobs.jsonl``,
+    on ``executor`` or the one the flags ask for (:func:`make_executor` with ``executor_options``),
+    with a progress bar unless ``--no-progress``."""
+    executor = make_executor(args, **executor_options) if executor is None else executor
+    return jobs.run_jobs(fn, job_list, cache=f"{args.out}/jobs.jsonl", executor=executor, desc=desc,
+                         progress=not getattr(args, "no_progress", False))
 
 
 def subset_of(parser: argparse.ArgumentParser, flag: str, value: str | None, allowed: Sequence[str],

@@ -21,9 +21,9 @@ from avalanche_plugins.layer_adaptive.hessian import condition_number, geometric
 from avalanche_plugins.layer_adaptive.schedules import layer_weights
 from avalanche_plugins.study.catalog.datasets import load_digits_arrays, load_mnist_arrays
 from avalanche_plugins.study.catalog.zoo import build_model
-from avalanche_plugins.study.jobs import Timer, run_jobs, seed_everything
+from avalanche_plugins.study.jobs import Timer, seed_everything
 from avalanche_plugins.study.report.files import print_report
-from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, subset_of
+from benchmarks._cli import benchmark_parser, is_skipped, parse_args, run_cached, subset_of
 from benchmarks._results import format_table, saved_figure, summarize, write_results
 from benchmarks._training import train_minibatches
 
@@ -178,8 +178,7 @@ def main(argv=None) -> dict:
     jobs = [Job(m, c, s, cfg) for m in models for c in checkpoints if not is_skipped(args.skip, m, c)
             for s in range(args.seeds)]
     start = time.perf_counter()
-    per_job = run_jobs(run_job, jobs, cache=f"{args.out}/jobs.jsonl", executor=make_executor(args),
-                       desc="curvature agreement", progress=not args.no_progress)
+    per_job = run_cached(args, run_job, jobs, "curvature agreement")
     rows = [r for job_rows in per_job for r in job_rows]
     summary = summarize(rows, ["model", "checkpoint", "estimator"], VALUES)
     out = write_results(args.out, args, config={**asdict(cfg), "seeds": args.seeds, "models": models,

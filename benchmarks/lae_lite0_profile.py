@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from avalanche_plugins.study.jobs import Timer, run_jobs
-from benchmarks._cli import benchmark_parser, make_executor, parse_args
+from avalanche_plugins.study.jobs import Timer
+from benchmarks._cli import benchmark_parser, parse_args, run_cached
 from benchmarks.lae_pretrained import dataset_samples, sgd_naive
 
 PHASES = ("pretrained", "fine_tuned")
@@ -151,7 +151,7 @@ def main(argv=None) -> None:
     out = Path(args.out)
     jobs = [Job(seed, args.data_root, args.samples, args.hessian_samples if seed < args.hessian_seeds else 0,
                 args.hessian_iter, input_size=args.input_size) for seed in range(args.seeds)]
-    rows = run_jobs(run_job, jobs, cache=out / "jobs.jsonl", executor=make_executor(args), desc="profiles")
+    rows = run_cached(args, run_job, jobs, "profiles")
     rows = [{**row, "seed": job.seed, "job": asdict(job)} for job, row in zip(jobs, rows)]
     out.mkdir(parents=True, exist_ok=True)
     text = table(rows)

@@ -21,11 +21,11 @@ from avalanche_plugins.study.catalog.datasets import (
     load_mnist_arrays,
 )
 from avalanche_plugins.study.catalog.zoo import build_model
-from avalanche_plugins.study.jobs import Timer, run_jobs, seed_everything
+from avalanche_plugins.study.jobs import Timer, seed_everything
 from avalanche_plugins.study.jobs.environment import quiet_deprecations
-from avalanche_plugins.study.jobs.protocol import TUNE_SEED, select_best
+from avalanche_plugins.study.jobs.protocol import TUNE_SEED, select_best, split_list
 from avalanche_plugins.study.report.files import print_report
-from benchmarks._cli import benchmark_parser, make_executor, parse_args, split_list, subset_of
+from benchmarks._cli import benchmark_parser, make_executor, parse_args, run_cached, subset_of
 from benchmarks._results import format_table, summarize, write_results
 from benchmarks._training import accuracy_evaluator
 
@@ -280,16 +280,11 @@ def main(argv=None) -> dict:
     seeds = list(range(args.seeds))
     executor = make_executor(args)
     start = time.perf_counter()
-
-    def run(jobs, desc):
-        return run_jobs(run_job, jobs, cache=f"{args.out}/jobs.jsonl", executor=executor, desc=desc,
-                        progress=not args.no_progress)
-
     tune_jobs = [Job("profile", sc, TUNE_SEED, True, **common) for sc in scenarios]
     tune_jobs += [Job("run", sc, TUNE_SEED, True, m, lam, a, **common) for sc in scenarios
                   for m in METHODS[1:] for lam in lambdas
                   for a in (alphas if m == "lae_geometric" else [None])]
-    tuning = run(tune_jobs, "tuning (validation)")
+    tuning = run_cached(args, run_job, tune_jobs, "tuning (validation)", executor=executor)
     best = select_best([r for r in tuning if r["kind"] == "run"], lambda r: (r["scenario"], r["method"]))
     test_jobs = [Job("profile", sc, s, False, **common) for sc in scenarios for s in seeds]
     for sc in scenarios:
@@ -299,7 +294,7 @@ def main(argv=None) -> dict:
                 continue
             lam, a = (0.0, None) if m == "naive" else (best[(sc, m)]["ewc_lambda"], best[(sc, m)]["alpha"])
             test_jobs += [Job("run", sc, s, False, m, lam, a, **common) for s in seeds]
-    test = run(test_jobs, "test")
+    test = run_cached(args, run_job, test_jobs, "test", executor=executor)
     rows = tuning + test
     wall = time.perf_counter() - start
     runs = [r for r in test if r["kind"] == "run"]

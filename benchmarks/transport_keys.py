@@ -17,7 +17,7 @@ from torch import nn
 
 from avalanche_plugins.study.catalog import datasets
 from avalanche_plugins.study.catalog.zoo import TaskHeadsNet, build_model
-from avalanche_plugins.study.jobs import Timer, run_jobs, seed_everything
+from avalanche_plugins.study.jobs import Timer, seed_everything
 from avalanche_plugins.study.report.files import print_report
 from avalanche_plugins.transport import (
     CONTROLS,
@@ -33,7 +33,7 @@ from avalanche_plugins.transport import (
     stitch,
     stitched_accuracy,
 )
-from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, subset_of
+from benchmarks._cli import benchmark_parser, is_skipped, parse_args, run_cached, subset_of
 from benchmarks._results import format_table, saved_figure, summarize, write_results
 from benchmarks._training import batched_accuracy, train_minibatches
 
@@ -353,8 +353,7 @@ def main(argv=None) -> dict:
     jobs = [Job(p, m, s, cfg) for p in pairs for m in models if not is_skipped(args.skip, p, m)
             for s in range(args.seeds)]
     start = time.perf_counter()
-    per_job = run_jobs(run_job, jobs, cache=f"{args.out}/jobs.jsonl", executor=make_executor(args),
-                       desc="transport keys", progress=not args.no_progress)
+    per_job = run_cached(args, run_job, jobs, "transport keys")
     rows = [r for job_rows in per_job for r in job_rows]
     ratios = time_ratios(rows, cfg.main_anchors)
     summary = summarize(rows, ["pair", "model", "stage", "n_anchors", "variant"],

@@ -6,9 +6,8 @@ import time
 from dataclasses import asdict
 
 import benchmarks.ads_zoo as package
-from avalanche_plugins.study.jobs import run_jobs
 from avalanche_plugins.study.report.files import print_report
-from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, subset_of
+from benchmarks._cli import benchmark_parser, is_skipped, parse_args, run_cached, subset_of
 from benchmarks._results import write_results
 from benchmarks.ads_zoo.job import Job, run_job, warmup
 from benchmarks.ads_zoo.report import plot, report
@@ -59,8 +58,7 @@ def main(argv=None) -> dict:
     jobs = [Job(s, a, seed, configs[s], args.data_root) for s in scenarios for seed in seeds for a in archs
             if not is_skipped(args.skip, s, a.family, a.name)]
     start = time.perf_counter()
-    rows = run_jobs(run_job, jobs, cache=f"{args.out}/jobs.jsonl", executor=make_executor(args, warmup=warmup),
-                    desc="architectures", progress=not args.no_progress)
+    rows = run_cached(args, run_job, jobs, "architectures", warmup=warmup)
     per_scenario = analyse(rows, archs, scenarios, seeds)
     wall = time.perf_counter() - start
     summary = [{"scenario": s, **{k: v for k, v in e.items() if k != "per_seed"}} for s, e in per_scenario.items()]

@@ -7,10 +7,9 @@ import time
 from dataclasses import asdict, replace
 
 import benchmarks.grow_prune as package
-from avalanche_plugins.study.jobs import run_jobs
 from avalanche_plugins.study.jobs.protocol import split_list
 from avalanche_plugins.study.report.files import print_report
-from benchmarks._cli import benchmark_parser, is_skipped, make_executor, parse_args, subset_of
+from benchmarks._cli import benchmark_parser, is_skipped, parse_args, run_cached, subset_of
 from benchmarks._results import summarize, write_results
 from benchmarks.grow_prune.job import Job, run_job
 from benchmarks.grow_prune.report import (
@@ -131,9 +130,7 @@ def main(argv=None) -> dict:
     settings = _chosen_settings(args, parser)
     jobs, chosen = _plan(args, parser, settings)
     start = time.perf_counter()
-    done = _merged_rows(args.merge) if args.merge else run_jobs(
-        run_job, jobs, cache=f"{args.out}/jobs.jsonl", executor=make_executor(args), desc="grow/prune",
-        progress=not args.no_progress)
+    done = _merged_rows(args.merge) if args.merge else run_cached(args, run_job, jobs, "grow/prune")
     wall = time.perf_counter() - start
     timing = [r for r in done if r.get("kind") == "timing"]
     rows = [r for r in done if r.get("kind") != "timing"]

@@ -9,9 +9,8 @@ import time
 from dataclasses import asdict, replace
 
 import benchmarks.scale as package
-from avalanche_plugins.study.jobs import run_jobs
 from avalanche_plugins.study.report.files import print_report
-from benchmarks._cli import benchmark_parser, is_skipped, parse_args, subset_of
+from benchmarks._cli import benchmark_parser, is_skipped, parse_args, run_cached, subset_of
 from benchmarks._results import write_results
 from benchmarks.scale.measure import EPOCH_IMAGES, INFO, MODELS, Config, Job, setting_for
 from benchmarks.scale.report import plot, report, slopes
@@ -175,8 +174,7 @@ def main(argv=None) -> dict:
               "10-30 s)", flush=True)
     # phase 1: the reference epoch of every model (sets the timeouts of phase 2)
     ref_jobs = [Job(m, "epoch", s, cfg) for m in models for s in seeds]
-    ref_rows = run_jobs(measure, ref_jobs, cache=f"{args.out}/jobs.jsonl", executor=executor(),
-                        desc="scale: reference epochs", progress=not args.no_progress)
+    ref_rows = run_cached(args, measure, ref_jobs, "scale: reference epochs", executor=executor())
     for row in ref_rows:
         if row.get("status") == "ok":
             epochs.setdefault(row["model"], row["epoch5000_s"])
@@ -189,8 +187,7 @@ def main(argv=None) -> dict:
     worst = sum(timeouts[(j.model, j.estimator)] + PROCESS_OVERHEAD_S for j in jobs)
     print(f"scale: {len(jobs)} measurements; expected about {expected / 60:.0f} min if every estimator meets "
           f"issue 15's targets, at most {worst / 60:.0f} min (every measurement at its timeout)", flush=True)
-    rows = ref_rows + run_jobs(measure, jobs, cache=f"{args.out}/jobs.jsonl", executor=executor(),
-                               desc="scale: measurements", progress=not args.no_progress)
+    rows = ref_rows + run_cached(args, measure, jobs, "scale: measurements", executor=executor())
     for job, row in zip(ref_jobs + jobs, rows):  # a process killed before it reported anything
         _fill_context(row, job, params)
     order = {name: i for i, name in enumerate(INFO)}

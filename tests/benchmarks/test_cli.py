@@ -15,6 +15,7 @@ from benchmarks._cli import (
     is_skipped,
     make_executor,
     parse_args,
+    run_cached,
     subset_of,
 )
 from tests import REPO_ROOT
@@ -60,6 +61,22 @@ def test_skip_names_a_path_or_a_prefix():
     assert is_skipped({"permuted/cnn"}, "permuted", "cnn")
     assert not is_skipped({"permuted/cnn"}, "permuted", "mlp")
     assert not is_skipped({"cnn"}, "permuted", "cnn")
+
+
+SQUARED = []
+
+
+def _square(x: int) -> int:
+    SQUARED.append(x)
+    return x * x
+
+
+def test_run_cached_keeps_rows_in_the_commands_job_cache_and_resumes_from_it(tmp_path):
+    args = _parse(["--out", str(tmp_path), "--no-progress"])
+    assert run_cached(args, _square, [1, 2, 3], "squares") == [1, 4, 9]
+    assert len((tmp_path / "jobs.jsonl").read_text().splitlines()) == 3 and SQUARED == [1, 2, 3]
+    assert run_cached(args, _square, [3, 4], "squares") == [9, 16]
+    assert SQUARED == [1, 2, 3, 4]  # 3 came from the cache
 
 
 def test_subset_of_takes_the_default_and_refuses_unknown_names_before_anything_runs(capsys):
