@@ -30,18 +30,10 @@ DEMO = STUDIES / "demo.yaml"
 #: studies/demo.yaml's diagnostics at its arguments (but the Grow-only one)
 METRICS = [m for m in yaml.safe_load(DEMO.read_text(encoding="utf-8"))["metrics"]
            if m != "NewbornGradientMetric"]
-#: the same diagnostics at the smaller sample counts of their trade-offs (``benchmarks.sample_counts``):
-#: what a run whose experiences are short against a large model (the ``resnet18`` setting) attaches
-LEAN_METRICS = [
-    {"name": "LayerSensitivityMetric", "kwargs": {"n_samples": 64}},
-    {"name": "OptimizationReadinessMetric", "kwargs": {"n_samples": 64, "n_batches": 32}},
-    {"name": "ArchitectureDrivenShiftMetric", "kwargs": {"calibration_size": 32}},
-    {"name": "TransportKeyMetric", "kwargs": {"stages": "auto", "experiences": [0], "n_anchors": 50, "eval_samples": 250}},
-    {"name": "CycleAccuracyMetric", "kwargs": {"eval_samples": 250}},
-]
+#: the same diagnostics at their lean counts, and each one's report column (diagnostics_cost.yaml)
+LEAN_METRICS, SHORT = (yaml.safe_load(Path(__file__).with_suffix(".yaml").read_text(encoding="utf-8"))[key]
+                       for key in ("lean_metrics", "short"))
 COUNTS = {"demo": METRICS, "lean": LEAN_METRICS}
-SHORT = {"LayerSensitivityMetric": "LS", "OptimizationReadinessMetric": "OR", "ArchitectureDrivenShiftMetric": "ADS",
-         "TransportKeyMetric": "TK", "CycleAccuracyMetric": "Cycle"}
 
 
 def cifar_shaped(seed: int = 0, images: int = 5000, test_images: int = 1000, n_experiences: int = 2,

