@@ -14,7 +14,7 @@ from benchmarks._cli import benchmark_parser, is_skipped, parse_args, run_cached
 from benchmarks._results import write_results
 from benchmarks.scale.measure import EPOCH_IMAGES, INFO, MODELS, Config, Job, setting_for
 from benchmarks.scale.report import plot, report, slopes
-from benchmarks.scale.runner import START_METHODS, ProcessExecutor
+from benchmarks.scale.runner import START_METHODS, ProcessExecutor, failure_row
 
 FULL_MODELS = ("mlp-256", "mlp-512", "mlp-1024", "mlp-2048", "mlp-4096", "resnet8", "resnet18", "resnet34",
                "vit-d1-w128", "vit-d2-w64", "vit-d2-w128", "vit-d2-w256", "vit-d4-w128")
@@ -123,25 +123,25 @@ def _measurement_jobs(pairs: list[tuple[str, str]], params: dict, cfg, seeds) ->
     """Phase 2's jobs for the wanted ``(model, estimator)`` pairs, and the rows of those skipped up front
     (the exact Hessian of a model over ``cfg.hessian_max_params``)."""
     jobs, skipped_rows = [], []
+    message = f"exact Hessian only up to {cfg.hessian_max_params / 1e6:g} M parameters"
     for m, e in pairs:
+        planned = [Job(m, e, s, cfg) for s in seeds]
         if e == "curvature_hessian" and params.get(m, 0) > cfg.hessian_max_params:
-            skipped_rows += [{"model": m, "family": MODELS[m][0], "params": params[m], "estimator": e,
-                              "what": INFO[e]["what"], "setting": setting_for(Job(m, e, s, cfg)), "seed": s,
-                              "status": "skipped", "time_s": None, "ratio": None,
-                              "message": f"exact Hessian only up to {cfg.hessian_max_params / 1e6:g} M parameters"}
-                             for s in seeds]
-            continue
-        jobs += [Job(m, e, s, cfg) for s in seeds]
+            skipped_rows += [_with_context(failure_row(job, "skipped", message), job, params) for job in planned]
+        else:
+            jobs += planned
     return jobs, skipped_rows
 
 
-def _fill_context(row: dict, job, params: dict) -> None:
-    """The job's context in a row whose process was killed before it reported anything."""
+def _with_context(row: dict, job, params: dict) -> dict:
+    """``row`` with the job's context where it lacks it (a job skipped up front, or one whose process
+    was killed before it reported anything)."""
     row.setdefault("family", MODELS[job.model][0])
     row.setdefault("what", INFO[job.estimator]["what"])
     row.setdefault("setting", setting_for(job))
     if row.get("params") is None and job.model in params:
         row["params"] = params[job.model]
+    return row
 
 
 def main(argv=None) -> dict:
@@ -189,7 +189,7 @@ def main(argv=None) -> dict:
           f"issue 15's targets, at most {worst / 60:.0f} min (every measurement at its timeout)", flush=True)
     rows = ref_rows + run_cached(args, measure, jobs, "scale: measurements", executor=executor())
     for job, row in zip(ref_jobs + jobs, rows):  # a process killed before it reported anything
-        _fill_context(row, job, params)
+        _with_context(row, job, params)
     order = {name: i for i, name in enumerate(INFO)}
     rows = sorted(rows + skipped_rows, key=lambda r: (models.index(r["model"]), order[r["estimator"]], r["seed"]))
     out = write_results(args.out, args, config={**asdict(cfg), "models": models, "estimators": estimators,
