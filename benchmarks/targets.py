@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from avalanche_plugins.study.contracts.rows import RunRow, SavedStudy
 from avalanche_plugins.study.report.stats import describe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,13 +41,11 @@ def _relative(text: str) -> str:
     return str(text).replace(str(ROOT) + "/", "").replace(str(ROOT), ".")
 
 
-def _acc_stats(result: dict | None, strategy: str) -> tuple[list[dict], list[dict]]:
+def _acc_stats(result: dict | None, strategy: str) -> tuple[list[RunRow], list[RunRow]]:
     """``(finished runs, failed runs)`` of ``strategy``'s test runs in one results.json."""
-    if result is None:
-        return [], []
-    runs = [r for r in result["runs"] if r["strategy"] == strategy and r["split"] == "test"]
-    ok = [r for r in runs if not r.get("error") and r.get("status", "ok") == "ok"]
-    return ok, [r for r in runs if r not in ok]
+    runs = [r for r in (SavedStudy.from_dict(result).runs if result is not None else ())
+            if r.split == "test" and r.strategy == strategy]
+    return [r for r in runs if r.ok], [r for r in runs if not r.ok]
 
 
 def _diagnostics(result: dict | None, names: list[str]) -> str:
@@ -54,7 +53,7 @@ def _diagnostics(result: dict | None, names: list[str]) -> str:
     parts = []
     for name in names:
         ok, _ = _acc_stats(result, name)
-        acc = describe([r["acc"] for r in ok])
+        acc = describe([r.acc for r in ok])
         if ok:
             spread = f" ± {acc['std']:.3f}" if len(ok) > 1 else ""
             parts.append(f"measured {name}: ACC {acc['mean']:.3f}{spread} (n={len(ok)})")
@@ -73,11 +72,11 @@ def target_rows(saved: dict[str, dict]) -> list[dict]:
     for target in TARGETS:
         result = saved.get(target["config"])
         ok, failed = _acc_stats(result, target["study_strategy"])
-        acc, forgetting = describe([r["acc"] for r in ok]), describe([r.get("forgetting") for r in ok])
+        acc, forgetting = describe([r.acc for r in ok]), describe([r.score("forgetting") for r in ok])
         if result is None or not (ok or failed):
             status = "not run"
         elif failed:
-            status = "; ".join(f"seed {r['seed']} failed: {r.get('error')}" for r in failed)
+            status = "; ".join(f"seed {r.seed} failed: {r.error}" for r in failed)
         else:
             status = "ok"
         gap = acc["mean"] - target["their_target"]
@@ -118,7 +117,7 @@ def write_kept(saved: dict[str, dict], rows: list[dict], kept: Path = KEPT) -> N
              "is `docs/targets.csv` in short. Data: the MNIST subset in `../shared/data` (8,000 train / 2,000 "
              "test images), not full MNIST.\n", _markdown_table(rows), "\n## Runs\n"]
     for name, result in saved.items():
-        seeds = sorted({r["seed"] for r in result["runs"] if r["split"] == "test"})
+        seeds = sorted({r.seed for r in SavedStudy.from_dict(result).runs if r.split == "test"})
         data = result.get("data") or {}
         parts.append(f"### {name}\n\n- config: `studies/targets/{name}.yaml`\n"
                      f"- command: `{_relative(result.get('command', ''))}`\n"
