@@ -43,13 +43,22 @@ def benchmark_parser(name: str, description: str, *, skip_help: str = "") -> arg
     return parser
 
 
-def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None, *,
+               unused: Sequence[str] = ()) -> argparse.Namespace:
     """Parse and resolve the shared flags: ``args.seeds`` becomes the seed count (:data:`DEFAULT_SEEDS`,
     :data:`QUICK_SEEDS` with ``--quick``; an explicit ``--seeds`` wins), ``args.skip`` a frozenset of
-    names, ``args.command`` the command line with relative paths (for ``results.json``); examples:
+    names, ``args.command`` the command line with relative paths (for ``results.json``). ``unused``
+    names the shared flags the benchmark has no use for (``quick``, ``seeds``, ``skip``, ``workers``,
+    ``executor``): left out of ``--help`` and refused when given, never ignored. Examples:
     tests/benchmarks/test_cli.py."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    hidden = {*unused, *(["address"] if "executor" in unused else [])}  # --address only joins a Ray cluster
+    for action in parser._actions:
+        action.help = argparse.SUPPRESS if action.dest in hidden else action.help
     args = parser.parse_args(argv)
+    given = [f"--{name}" for name in unused if getattr(args, name) != parser.get_default(name)]
+    if given:
+        parser.error(f"this benchmark does not take {', '.join(given)}")
     if getattr(args, "address", None) is not None and getattr(args, "executor", "local") != "ray":
         parser.error("--address needs --executor ray")
     args.command = command_line(parser.prog, argv)

@@ -160,7 +160,7 @@ def main(argv=None) -> dict:
                         help="also run the field settings with the diagnostics at LEAN_METRICS' counts")
     parser.add_argument("--resnet-images", type=int, default=5000, help="training images per experience")
     parser.add_argument("--resnet-test-images", type=int, default=1000, help="test images per experience")
-    args = parse_args(parser, argv)
+    args = parse_args(parser, argv, unused=("quick", "seeds", "workers", "executor"))
     if args.report:
         return {"report": print_report(args.report, report)}
     if args.data_root is None and not is_skipped(args.skip, "fashion"):

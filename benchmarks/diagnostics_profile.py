@@ -87,7 +87,7 @@ def main(argv=None) -> dict:
     parser = benchmark_parser("diagnostics_profile", __doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20, help="drawings per timing (median)")
     parser.add_argument("--top", type=int, default=25, help="profiled functions listed")
-    args = parse_args(parser, argv)
+    args = parse_args(parser, argv, unused=("quick", "seeds", "skip", "workers", "executor"))
     if args.report:
         return {"report": print_report(args.report, report)}
     job = naive_job(DEMO)  # diagnostics_cost's demo job

@@ -89,7 +89,7 @@ def report(saved: dict) -> str:
 
 def main(argv=None) -> dict:
     parser = benchmark_parser("lae_costs", __doc__.splitlines()[0])
-    args = parse_args(parser, argv)
+    args = parse_args(parser, argv, unused=("seeds", "skip", "workers", "executor"))
     if args.report:
         return {"report": print_report(args.report, report)}
     with Timer() as total, torch_threads(args.threads):

@@ -147,7 +147,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--hessian-iter", type=int, default=10, help="Lanczos steps per layer at most")
     parser.add_argument("--hessian-seeds", type=int, default=1, help="the first N seeds also get the exact blocks")
     parser.add_argument("--input-size", type=int, default=64)
-    args = parse_args(parser, argv)
+    args = parse_args(parser, argv, unused=("skip",))
     if args.report:
         return {"report": print_report(args.report, report)}
     if args.data_root is None:

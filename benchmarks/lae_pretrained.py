@@ -265,7 +265,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--replay", type=int, default=0, metavar="N",
                         help="replay memory (samples) beside every method, so class-incremental is not "
                              "decided by the head alone (default 0: none)")
-    args = parse_args(parser, argv)
+    args = parse_args(parser, argv, unused=("skip",))
     if args.replay < 0:
         parser.error(f"--replay must be a number of samples >= 0, got {args.replay}")
     if args.report:

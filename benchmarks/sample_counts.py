@@ -121,7 +121,7 @@ def main(argv=None) -> dict:
                         help="comma-separated sample counts (eval_samples of TransportKey / CycleAccuracy, 0: the whole "
                              "experience, default 0,1000,500,250; n_samples / calibration_size of the others, default "
                              "DEFAULT_COUNTS; the reference count is always added)")
-    args = parse_args(parser, argv)
+    args = parse_args(parser, argv, unused=("quick", "skip", "workers", "executor"))
     if args.report:
         return {"report": print_report(args.report, report)}
     if args.data_root is None:

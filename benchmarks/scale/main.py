@@ -95,9 +95,6 @@ def _load_average() -> float | None:
 
 def _check_args(parser, args) -> None:
     """Refuse, before anything runs, settings the runner cannot honour."""
-    if getattr(args, "executor", "local") != "local":  # the shared parser may offer other executors
-        parser.error("benchmarks.scale runs every measurement in its own local process (timeouts, memory "
-                     f"caps, peak RSS): --executor {args.executor} is not supported")
     if args.timeout is not None and not args.timeout > 0:
         parser.error(f"--timeout must be > 0 seconds, got {args.timeout}")
     if not args.max_rss_gb > 0:
@@ -146,7 +143,7 @@ def _with_context(row: dict, job, params: dict) -> dict:
 
 def main(argv=None) -> dict:
     parser = _parser()
-    args = parse_args(parser, argv)
+    args = parse_args(parser, argv, unused=("executor",))
     if args.report:
         return {"report": print_report(args.report, report)}
     models = subset_of(parser, "--models", args.models, list(MODELS), QUICK_MODELS if args.quick else FULL_MODELS)

@@ -79,6 +79,31 @@ def test_run_cached_keeps_rows_in_the_commands_job_cache_and_resumes_from_it(tmp
     assert SQUARED == [1, 2, 3, 4]  # 3 came from the cache
 
 
+def test_a_shared_flag_a_benchmark_does_not_use_is_hidden_and_refused_not_ignored(capsys):
+    parser = benchmark_parser("example", "example benchmark")
+    args = parse_args(parser, ["--quick"], unused=("seeds", "workers", "executor"))
+    assert args.quick and args.seeds == QUICK_SEEDS and args.workers == 1
+    usage = parser.format_help()
+    assert "--quick" in usage and not any(f in usage for f in ("--seeds", "--workers", "--executor", "--address"))
+    for argv in (["--seeds", "3"], ["--workers", "2"], ["--executor", "ray"]):
+        with pytest.raises(SystemExit):
+            parse_args(benchmark_parser("example", "example benchmark"), argv, unused=("seeds", "workers", "executor"))
+        assert f"does not take {argv[0]}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("benchmarks.lae_costs", ["--seeds", "3"]), ("benchmarks.diagnostics_profile", ["--quick"]),
+    ("benchmarks.diagnostics_cost", ["--workers", "2"]), ("benchmarks.sample_counts", ["--skip", "x"]),
+    ("benchmarks.lae_pretrained", ["--skip", "task"]), ("benchmarks.scale", ["--executor", "ray"]),
+])
+def test_benchmarks_refuse_the_shared_flags_they_would_ignore(module, argv, tmp_path, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit):
+        importlib.import_module(module).main([*argv, "--out", str(tmp_path)])
+    assert f"does not take {argv[0]}" in capsys.readouterr().err and not any(tmp_path.iterdir())
+
+
 def test_subset_of_takes_the_default_and_refuses_unknown_names_before_anything_runs(capsys):
     parser = benchmark_parser("example", "example benchmark")
     assert subset_of(parser, "--models", "cnn, mlp", ("mlp", "cnn", "vit")) == ["cnn", "mlp"]
