@@ -30,6 +30,7 @@ from benchmarks._training import train_minibatches
 MODELS = ("mlp", "cnn", "vit")
 CHECKPOINTS = ("init", "early", "trained")
 EXACT = "hessian@256"
+WEIGHTS = ("measured", "smoothed")  # the layer_weights schedules compared
 
 
 @dataclass(frozen=True)
@@ -66,13 +67,12 @@ def candidates(cfg: Config) -> dict[str, dict]:
 def _derived(s: np.ndarray) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # uniform fallbacks are part of what is compared
-        measured = layer_weights("measured", len(s), spectrum=s)
-        smoothed = layer_weights("smoothed", len(s), spectrum=s)
+        weights = {w: layer_weights(w, len(s), spectrum=s) for w in WEIGHTS}
     try:
         alpha = geometric_fit(s).alpha
     except ValueError:
         alpha = float("nan")
-    return {"kappa": condition_number(s), "alpha": alpha, "measured": measured, "smoothed": smoothed}
+    return {"kappa": condition_number(s), "alpha": alpha, **weights}
 
 
 def run_job(job: Job) -> list[dict]:
@@ -111,8 +111,7 @@ def run_job(job: Job) -> list[dict]:
             "n_layers": len(s), "seconds": seconds, "kappa": d["kappa"], "alpha_hat": d["alpha"],
             "log10_kappa_error": abs(np.log10(d["kappa"] / d_ex["kappa"])),
             "alpha_rel_error": abs(d["alpha"] / d_ex["alpha"] - 1.0),
-            "lambda_measured_max_rel_error": float(np.max(np.abs(d["measured"] / d_ex["measured"] - 1.0))),
-            "lambda_smoothed_max_rel_error": float(np.max(np.abs(d["smoothed"] / d_ex["smoothed"] - 1.0))),
+            **{f"lambda_{w}_max_rel_error": float(np.max(np.abs(d[w] / d_ex[w] - 1.0))) for w in WEIGHTS},
             "spearman_s": spearman(s, s_ex) if len(s) > 2 else float("nan"),
             "s": s.tolist(),
         })

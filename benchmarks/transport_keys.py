@@ -131,10 +131,8 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: Config, wi
                      "key_params": getattr(key, "num_parameters", 0),
                      "residual": getattr(key, "residual", float("nan"))})
 
-    refiners = {"refine": lambda key, stitched: refine_key(key, stitched, xa, steps=cfg.refine_steps,
-                                                           lr=cfg.refine_lr),
-                "gauss_newton": lambda key, stitched: gauss_newton_key(key, stitched, xa, iterations=cfg.gn_iterations,
-                                                                       damping=cfg.gn_damping)}
+    refiners = {"refine": (refine_key, {"steps": cfg.refine_steps, "lr": cfg.refine_lr}),
+                "gauss_newton": (gauss_newton_key, {"iterations": cfg.gn_iterations, "damping": cfg.gn_damping})}
     for family in ("identity", "channel", "cross_channel") if with_controls else ("channel", "cross_channel"):
         with Timer() as t:
             key = fit_transport_key(u, v, family, ridge=cfg.ridge)
@@ -142,10 +140,10 @@ def evaluate_stage(theta_a, theta_ab, stage: str, anchors, test, cfg: Config, wi
         if family == "cross_channel" and with_controls:  # the late layers under an error of this key's size
             rows.append(_noise_at_residual(theta_a, stage, v, key.residual, (xte, yte)))
         if family == "cross_channel":  # label-free refinements of a copy of the closed form
-            for name, refine in refiners.items():
+            for name, (refine, options) in refiners.items():
                 refined = copy.deepcopy(key)
                 with Timer() as t_refine:
-                    refine(refined, stitch(theta_ab, theta_a, stage, refined))
+                    refine(refined, stitch(theta_ab, theta_a, stage, refined), xa, **options)
                 record(f"cross_channel+{name}", refined, t.seconds + t_refine.seconds)
         if with_controls and family != "identity":
             for name, control in control_keys(key, u, v, family, ya, seed=0, ridge=cfg.ridge).items():

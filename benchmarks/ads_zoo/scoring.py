@@ -58,9 +58,9 @@ def statistics(rows: list[dict], archs: list[Arch]) -> dict:
     pairs = [(archs[i].name, archs[j].name) for i, j in one_edit_pairs(archs)
              if archs[i].name in by_name and archs[j].name in by_name]
     names = list(by_name)
-    shift = [by_name[n]["realised_shift"] for n in names]
-    ece = [by_name[n]["ece_after"] for n in names]
-    dece = [by_name[n]["ece_after"] - by_name[n]["ece_before"] for n in names]
+    shift = {n: by_name[n]["realised_shift"] for n in names}
+    ece = {n: by_name[n]["ece_after"] for n in names}
+    dece = {n: by_name[n]["ece_after"] - by_name[n]["ece_before"] for n in names}
     out = {"n_archs": len(names), "n_pairs": len(pairs), "n_diverged": sum(r.get("diverged", False) for r in rows)}
     for p in PREDICTORS:
         values = {n: by_name[n].get(p) for n in names}
@@ -68,18 +68,17 @@ def statistics(rows: list[dict], archs: list[Arch]) -> dict:
         if len(keep) < 3:
             continue
         v = [values[n] for n in keep]
-        s = [by_name[n]["realised_shift"] for n in keep]
+        s = [shift[n] for n in keep]
         stats = {"spearman": spearman(v, s), "kendall": kendall_tau(v, s),
-                 "ece_spearman": spearman(v, [ece[names.index(n)] for n in keep]),
-                 "ece_increase_spearman": spearman(v, [dece[names.index(n)] for n in keep])}
+                 "ece_spearman": spearman(v, [ece[n] for n in keep]),
+                 "ece_increase_spearman": spearman(v, [dece[n] for n in keep])}
         for family in ("mlp", "vit"):
             fam = [i for i, n in enumerate(keep) if by_name[n]["family"] == family]
             if len(fam) >= 3:
                 stats[f"spearman_{family}"] = spearman([v[i] for i in fam], [s[i] for i in fam])
-        ps = [(a, b) for a, b in pairs if a in values and b in values and values[a] is not None
-              and values[b] is not None]
+        ps = [(a, b) for a, b in pairs if values[a] is not None and values[b] is not None]
         try:
-            stats["direction_consistency"] = direction_consistency(ps, values, dict(zip(names, shift)))
+            stats["direction_consistency"] = direction_consistency(ps, values, shift)
         except ValueError:
             stats["direction_consistency"] = float("nan")
         out[p] = stats

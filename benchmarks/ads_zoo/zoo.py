@@ -44,19 +44,12 @@ class Arch:
 
 def mlp_widths(pattern: str, depth: int, base: int) -> tuple[int, ...] | None:
     """Hidden widths of a pattern (None: a width outside 16–512, or a bottleneck of depth < 3)."""
-    if pattern == "constant":
-        widths = [base] * depth
-    elif pattern == "increasing":
-        widths = [base * 2 ** i for i in range(depth)]
-    elif pattern == "decreasing":
-        widths = [base * 2 ** i for i in range(depth)][::-1]
-    elif pattern == "bottleneck":
-        if depth < 3:
-            return None
-        widths = [base] + [base // 4] * (depth - 2) + [base]
-    else:
+    if pattern not in PATTERNS:
         raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
-    if not all(WIDTHS[0] <= w <= WIDTHS[-1] for w in widths):
+    doubling = [base * 2 ** i for i in range(depth)]
+    widths = {"constant": [base] * depth, "increasing": doubling, "decreasing": doubling[::-1],
+              "bottleneck": [base] + [base // 4] * (depth - 2) + [base]}[pattern]
+    if (pattern == "bottleneck" and depth < 3) or not all(WIDTHS[0] <= w <= WIDTHS[-1] for w in widths):
         return None
     return tuple(widths)
 
