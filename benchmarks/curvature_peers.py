@@ -164,7 +164,7 @@ def main(argv=None) -> None:
                               skip_help="mlp, cnn, resnet18, or MODEL/hessian, MODEL/ef, MODEL/ggn")
     parser.add_argument("--repeats", type=int, default=1, help="time each measurement this often, keep the best")
     parser.add_argument("--memory", action="store_true", help="only the peak RSS of the default curvature")
-    args = parse_args(parser, argv)
+    args = parse_args(parser, argv, unused=("seeds", "workers", "executor"))
     if args.report:
         print_report(args.report, report)
         return

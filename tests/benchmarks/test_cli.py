@@ -95,6 +95,7 @@ def test_a_shared_flag_a_benchmark_does_not_use_is_hidden_and_refused_not_ignore
     ("benchmarks.lae_costs", ["--seeds", "3"]), ("benchmarks.diagnostics_profile", ["--quick"]),
     ("benchmarks.diagnostics_cost", ["--workers", "2"]), ("benchmarks.sample_counts", ["--skip", "x"]),
     ("benchmarks.lae_pretrained", ["--skip", "task"]), ("benchmarks.scale", ["--executor", "ray"]),
+    ("benchmarks.curvature_peers", ["--seeds", "2"]),
 ])
 def test_benchmarks_refuse_the_shared_flags_they_would_ignore(module, argv, tmp_path, capsys):
     import importlib
