@@ -26,10 +26,8 @@ class TaskSource:
             return
         x_tr, y_tr, x_te, y_te = arrays if arrays is not None else load_unit_arrays(setting.data, data_root)
         g = torch.Generator().manual_seed(10_000 + seed)
-        n_train = min(setting.examples_per_task, len(x_tr))
-        n_val = min(setting.n_val, len(x_te))
-        tr = torch.randperm(len(x_tr), generator=g)[:n_train]
-        va = torch.randperm(len(x_te), generator=g)[:n_val]
+        tr = torch.randperm(len(x_tr), generator=g)[:setting.examples_per_task]
+        va = torch.randperm(len(x_te), generator=g)[:setting.n_val]
         self.x_tr, self.y_tr = x_tr[tr], y_tr[tr]
         self.x_val, self.y_val = x_te[va], y_te[va]
         self.n_pixels = self.x_tr.shape[1]
