@@ -81,8 +81,7 @@ class TaskSource:
 def load_standard_arrays(data: str, data_root=None):
     """``(x_train, y_train, x_test, y_test)`` flattened as the harness loads them (MNIST standardised
     with Avalanche's mean and std; digits standardised), cached per process."""
-    arrays = load_mnist_arrays(data_root) if data == "mnist" else load_digits_arrays()
-    x_tr, y_tr, x_te, y_te = arrays
+    x_tr, y_tr, x_te, y_te = load_mnist_arrays(data_root) if data == "mnist" else load_digits_arrays()
     return x_tr.reshape(len(x_tr), -1).contiguous(), y_tr, x_te.reshape(len(x_te), -1).contiguous(), y_te
 
 
