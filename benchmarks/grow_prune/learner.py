@@ -52,27 +52,25 @@ class DelayedEditClock(CycleClock):
 
 
 def make_plugin(method: str, setting: Setting, c: float, seed: int):
-    plugin = _make_plugin(method, setting, c, seed)
-    if plugin is not None and setting.edit_epoch:
-        plugin.clock = DelayedEditClock(setting.epochs_per_cycle, setting.edit_epoch)
-    return plugin
-
-
-def _make_plugin(method: str, setting: Setting, c: float, seed: int):
     scope = "experience" if setting.n_experiences == 1 else "stream"
     if method == "dense":
         return None
     if method in ("prune", "prune+norewind"):
         fraction = 1 - c ** (1 / setting.edits)  # IMP: (1 - f)^edits = c
-        return PrunePlugin(c, prune_fraction_per_cycle=min(1.0, fraction + 1e-9),
-                           epochs_per_cycle=setting.epochs_per_cycle,
-                           rewind_to="init" if method == "prune" else None, cycle_scope=scope, seed=seed,
-                           activation=_LEAKY if setting.leaky else torch.relu)
-    seed_c = c / 2
-    activation = _LEAKY if uses_leaky(setting, method) else torch.relu
-    return GrowPlugin(c, seed_compactness=seed_c, grow_fraction_per_cycle=(c - seed_c) / setting.edits + 1e-9,
-                      epochs_per_cycle=setting.epochs_per_cycle, score="activation", threshold=0.0, cycle_scope=scope, seed=seed,
-                      activation=activation, track_newborn=True, **GROW_VARIANTS[method])
+        plugin = PrunePlugin(c, prune_fraction_per_cycle=min(1.0, fraction + 1e-9),
+                             epochs_per_cycle=setting.epochs_per_cycle,
+                             rewind_to="init" if method == "prune" else None, cycle_scope=scope, seed=seed,
+                             activation=_LEAKY if setting.leaky else torch.relu)
+    else:
+        seed_c = c / 2
+        activation = _LEAKY if uses_leaky(setting, method) else torch.relu
+        plugin = GrowPlugin(c, seed_compactness=seed_c, grow_fraction_per_cycle=(c - seed_c) / setting.edits + 1e-9,
+                            epochs_per_cycle=setting.epochs_per_cycle, score="activation", threshold=0.0,
+                            cycle_scope=scope, seed=seed, activation=activation, track_newborn=True,
+                            **GROW_VARIANTS[method])
+    if setting.edit_epoch:
+        plugin.clock = DelayedEditClock(setting.epochs_per_cycle, setting.edit_epoch)
+    return plugin
 
 
 class NewbornCourse:

@@ -64,8 +64,8 @@ class OnlineLearner:
                 total += math.log(s) - float(z[label])
                 delta = e / s
                 delta[label] -= 1.0
+            self.steps += 1
             if adam:
-                self.steps += 1
                 t = self.steps
                 step_size = lr / (1 - beta1 ** t)
                 root_c2 = math.sqrt(1 - beta2 ** t)
@@ -85,8 +85,6 @@ class OnlineLearner:
                 else:
                     W[j] -= lr * g_w
                     b[j] -= lr * g_b
-            if not adam:
-                self.steps += 1
         return total / max(len(xs), 1)
 
     def optimizer_state_dict(self) -> dict:

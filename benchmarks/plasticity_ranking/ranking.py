@@ -233,19 +233,15 @@ def verdict(values: dict, tests: dict, benchmark: str, gain: str, ks) -> dict:
         if "or" not in cells or cells["or"]["mean"] is None:
             continue
 
-        def best(group, cells=cells):
-            have = {m: cells[m]["mean"] for m in group if cells.get(m, {}).get("mean") is not None}
-            top = max(have, key=have.get) if have else None
-            return top, have.get(top)
-
-        ing, diag = best(INGREDIENTS), best(BASELINES)
-        others = [m for m in (*INGREDIENTS, *BASELINES) if cells.get(m, {}).get("mean") is not None]
         or_mean = cells["or"]["mean"]
-        beaten = [m for m in (*INGREDIENTS, *BASELINES, *VARIANTS)
-                  if cells.get(m, {}).get("mean") is not None and cells[m]["mean"] > or_mean
-                  and tests.get(k, {}).get(m, {}).get("p", math.nan) < 0.05]
-        out[k] = {"or": or_mean, "best_ingredient": ing[0], "best_ingredient_pra": ing[1],
-                  "best_diagnostic": diag[0], "best_diagnostic_pra": diag[1],
-                  "beats_all": all(or_mean > cells[m]["mean"] for m in others),
+        means = {m: cells[m]["mean"] for m in (*INGREDIENTS, *BASELINES, *VARIANTS)
+                 if cells.get(m, {}).get("mean") is not None}
+        ing = max((m for m in INGREDIENTS if m in means), key=means.get, default=None)
+        diag = max((m for m in BASELINES if m in means), key=means.get, default=None)
+        beaten = [m for m, v in means.items()
+                  if v > or_mean and tests.get(k, {}).get(m, {}).get("p", math.nan) < 0.05]
+        out[k] = {"or": or_mean, "best_ingredient": ing, "best_ingredient_pra": means.get(ing),
+                  "best_diagnostic": diag, "best_diagnostic_pra": means.get(diag),
+                  "beats_all": all(or_mean > means[m] for m in (*INGREDIENTS, *BASELINES) if m in means),
                   "significantly_beaten_by": beaten}
     return out

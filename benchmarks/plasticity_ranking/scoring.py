@@ -101,7 +101,6 @@ def score_checkpoint(setting: Setting, model: nn.Module, loss_fn, data, *, seed:
     """Every metric, ground truth and ablation value of ``model`` on one target task."""
     x_tr, y_tr, x_val, y_val = data
     s = setting
-    rec: dict = {}
     timings: dict = {}
     res = _timed(timings, "or_sampled_s", rd.optimization_readiness, model, loss_fn, x_val, y_val,
                  batch_size=s.or_batch, n_batches=s.or_batches, estimator="sampled", seed=seed)
@@ -109,9 +108,8 @@ def score_checkpoint(setting: Setting, model: nn.Module, loss_fn, data, *, seed:
     if s.per_sample_or:
         or_ps = _timed(timings, "or_per_sample_s", rd.optimization_readiness, model, loss_fn, x_val, y_val,
                        batch_size=s.or_batch, estimator="per_sample").readiness
-    rec.update(loss=res.loss, grad_norm_sq=res.grad_norm_sq, or_=res.readiness, strength=res.strength,
-               reliability=res.reliability, or_per_sample=or_ps)
-    rec["or"] = rec.pop("or_")
+    rec = {"loss": res.loss, "grad_norm_sq": res.grad_norm_sq, "strength": res.strength,
+           "reliability": res.reliability, "or_per_sample": or_ps, "or": res.readiness}
     probe = x_val[: s.n_probe]
     probe_j, probe_jy = x_val[: s.n_probe_jacobian], y_val[: s.n_probe_jacobian]
     last = last_hidden_features(model, probe)

@@ -26,10 +26,8 @@ class TaskSource:
             return
         x_tr, y_tr, x_te, y_te = arrays if arrays is not None else load_unit_arrays(setting.data, data_root)
         g = torch.Generator().manual_seed(10_000 + seed)
-        n_train = min(setting.examples_per_task, len(x_tr))
-        n_val = min(setting.n_val, len(x_te))
-        tr = torch.randperm(len(x_tr), generator=g)[:n_train]
-        va = torch.randperm(len(x_te), generator=g)[:n_val]
+        tr = torch.randperm(len(x_tr), generator=g)[:setting.examples_per_task]
+        va = torch.randperm(len(x_te), generator=g)[:setting.n_val]
         self.x_tr, self.y_tr = x_tr[tr], y_tr[tr]
         self.x_val, self.y_val = x_te[va], y_te[va]
         self.n_pixels = self.x_tr.shape[1]
@@ -83,8 +81,7 @@ class TaskSource:
 def load_standard_arrays(data: str, data_root=None):
     """``(x_train, y_train, x_test, y_test)`` flattened as the harness loads them (MNIST standardised
     with Avalanche's mean and std; digits standardised), cached per process."""
-    arrays = load_mnist_arrays(data_root) if data == "mnist" else load_digits_arrays()
-    x_tr, y_tr, x_te, y_te = arrays
+    x_tr, y_tr, x_te, y_te = load_mnist_arrays(data_root) if data == "mnist" else load_digits_arrays()
     return x_tr.reshape(len(x_tr), -1).contiguous(), y_tr, x_te.reshape(len(x_te), -1).contiguous(), y_te
 
 
