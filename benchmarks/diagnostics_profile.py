@@ -60,9 +60,7 @@ def _figure_now():
 def _callbacks(job, top: int) -> list[dict]:
     run_job(job, log_dir=None)  # warm: the profile is of a job after the first
     profile = cProfile.Profile()
-    profile.enable()
-    row = run_job(job, log_dir=None)
-    profile.disable()
+    row = profile.runcall(run_job, job, log_dir=None)
     rows = [{"part": "callbacks", "what": name, "seconds": seconds} for name, seconds in row["callback_s"].items()
             if name.endswith("Metric")]
     rows.append({"part": "callbacks", "what": "training (train_s)", "seconds": row["train_s"]})

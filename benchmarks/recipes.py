@@ -97,9 +97,9 @@ def _table(key: str, recipe: dict, skipped: list[str]) -> str:
 
 def merge_rounds(saved: dict, later: dict, part: str) -> dict:
     """``saved`` with the strategies of the tuning round ``later`` (``part``) taken from it."""
-    names = {s["name"] for s in later["config"]["strategies"]}
-    config = dict(saved["config"])
     replaced = {s["name"]: s for s in later["config"]["strategies"]}
+    names = set(replaced)
+    config = dict(saved["config"])
     config["strategies"] = [replaced.get(s["name"], s) for s in saved["config"]["strategies"]]
     chosen = {key: {**strategies, **{n: c for n, c in later["chosen"].get(key, {}).items() if n in names}}
               for key, strategies in saved["chosen"].items()}
@@ -141,7 +141,7 @@ def _kept_tables(saved: dict, folder: Path) -> str:
 def write(keys, out_root: Path = ROOT / "out" / "recipes") -> list[Path]:
     import yaml
 
-    written, tables = [], []
+    written, tables = [], {}
     for key in keys:
         saved = _load_rounds(out_root, key)
         if saved is None:
@@ -160,16 +160,12 @@ def write(keys, out_root: Path = ROOT / "out" / "recipes") -> list[Path]:
         (kept / "summary.json").write_text(json.dumps({**summary, "chosen": saved["chosen"], "not_shipped": skipped,
                                                        "rounds": saved.get("rounds", {}),
                                                        "wall_seconds": saved.get("wall_seconds")}, indent=1))
-        tables.append(_table(key, recipe, skipped))
+        tables[key] = _table(key, recipe, skipped)
         written.append(path)
     if tables:
-        existing = {}
         doc = ROOT / "docs" / "recipes.md"
-        if doc.is_file():
-            for block in doc.read_text().split("\n## ")[1:]:
-                existing[block.split("\n", 1)[0].strip()] = "## " + block.rstrip()
-        for table in tables:
-            existing[table.split("\n", 1)[0][3:].strip()] = table
+        blocks = doc.read_text().split("\n## ")[1:] if doc.is_file() else []
+        existing = {block.split("\n", 1)[0].strip(): "## " + block.rstrip() for block in blocks} | tables
         ordered = [existing[k] for k in SCENARIOS if k in existing] + [v for k, v in existing.items() if k not in SCENARIOS]
         doc.write_text(DOC_HEAD.read_text(encoding="utf-8") + "\n\n".join(ordered) + "\n")
     return written

@@ -59,8 +59,10 @@ def run_one(job, metric: str, eval_samples: int) -> dict:
     row = run_job(dataclasses.replace(job, metrics=(dataclasses.replace(spec, kwargs=kwargs),)), log_dir=None)
     if row["status"] != "ok":
         raise RuntimeError(f"{metric} eval_samples={eval_samples} seed {job.seed}: {row['status']}: {row.get('error')}")
-    return {"seed": job.seed, "eval_samples": eval_samples, "train_s": row["train_s"],
-            "metric_s": row["callback_s"][metric], "values": _values(row, metric)}
+    out = {"seed": job.seed, "eval_samples": eval_samples, "train_s": row["train_s"],
+           "metric_s": row["callback_s"][metric], "values": _values(row, metric)}
+    print(json.dumps({key: v for key, v in out.items() if key != "values"}), flush=True)
+    return out
 
 
 def _matches(name: str, prefix: str, metric: str) -> bool:
@@ -131,12 +133,8 @@ def main(argv=None) -> dict:
     study = load_study(setting_config("fashion/1"), seeds=args.seeds, data_root=args.data_root)
     jobs = [dataclasses.replace(j, metrics=tuple(m for m in j.metrics if m.name == args.metric))
             for j in plan_test_jobs(study, {}) if j.strategy.name == "Naive"]
-    runs = []
     with Timer() as total, torch_threads(args.threads):
-        for job in jobs:
-            for k in values:
-                runs.append(run_one(job, args.metric, k))
-                print(json.dumps({key: v for key, v in runs[-1].items() if key != "values"}), flush=True)
+        runs = [run_one(job, args.metric, k) for job in jobs for k in values]
     out = write_results(args.out, args, config={"metric": args.metric, "eval_samples": values, "kwargs": _kwargs(args.metric),
                                                 "threads": args.threads, "setting": "fashion/1"},
                         rows=compare(runs, args.metric), summary=[], wall_seconds=total.seconds)
