@@ -9,7 +9,6 @@ import math
 import resource
 import time
 import types
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import yaml
 from torch import nn
 
 from avalanche_plugins.study.catalog.zoo import MLP, TinyViT, cifar_resnet
-from avalanche_plugins.study.jobs import seed_everything
+from avalanche_plugins.study.jobs import init_worker, seed_everything
 from benchmarks.scale.runner import child_rss_gb, peak_rss_gb
 
 __all__ = ["Config", "Job", "MODELS", "ESTIMATORS", "INFO", "measure", "middle_stage", "model_params", "rss_gb",
@@ -345,9 +344,7 @@ def measure(job: Job, report=None) -> dict:
 
     ``report(dict)`` receives what is known before the estimator runs (model size, memory before),
     so a measurement that is killed still has them. Returns the row."""
-    torch.set_num_threads(job.config.threads)
-    warnings.filterwarnings("ignore")
-    seed_everything(job.seed)
+    init_worker(job.config.threads, job.seed)
     family, build = MODELS[job.model]
     fn, what = ESTIMATORS[job.estimator], INFO[job.estimator]["what"]
     rss_base = rss_gb()
