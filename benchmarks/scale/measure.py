@@ -353,13 +353,11 @@ def measure(job: Job, report=None) -> dict:
     out = fn(model, job)
     row["peak_rss_gb"] = peak_rss_gb()
     row.update(out)
-    if job.estimator == "epoch":
-        ref_s, ref_images = out["time_s"], out["images"]
-    else:  # the reference epoch, in this process, after the estimator
+    ref = out
+    if job.estimator != "epoch":  # the reference epoch, in this process, after the estimator
         seed_everything(job.seed)
-        x, y = synthetic(job.config.ref_images, job.seed)
-        ref_s, ref_images = train_images(build(), x, y), x.shape[0]
-    row["ref_s_per_image"] = ref_s / ref_images
+        ref = ESTIMATORS["epoch"](build(), job)
+    row["ref_s_per_image"] = ref["time_s"] / ref["images"]
     row["epoch5000_s"] = EPOCH_IMAGES * row["ref_s_per_image"]
     if job.estimator == "epoch":  # the row stands for the 5,000-image epoch; measured_s is what ran
         row["measured_s"], row["time_s"] = row["time_s"], row["epoch5000_s"]
