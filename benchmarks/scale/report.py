@@ -202,11 +202,8 @@ def report(saved: dict) -> str:
              f"{_num(_median(rows, 'rss_base_gb'), '.2f')} GB here).",
              "Every measurement\n\n" + main_table(rows),
              "Log-log slopes against parameter count (time ∝ params^slope)\n\n" + slopes_table(rows),
-             targets_table(rows)]
-    check = epoch_check(rows)
-    if check:
-        parts.append(check)
-    return "\n\n".join(parts)
+             targets_table(rows), epoch_check(rows)]
+    return "\n\n".join(part for part in parts if part)  # no epoch check: ""
 
 
 def _median(rows, key):
