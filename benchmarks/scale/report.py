@@ -130,8 +130,7 @@ def slopes_table(rows: Sequence[dict]) -> str:
     cols = [f"time {f}" for f in FAMILIES] + [f"peak RSS {f}" for f in FAMILIES]
     lines = ["| estimator | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
     for s in slopes(rows):
-        cells = [_num(s[f"time_slope_{f}"], ".2f") for f in FAMILIES]
-        cells += [_num(s[f"rss_slope_{f}"], ".2f") for f in FAMILIES]
+        cells = [_num(s[f"{kind}_slope_{f}"], ".2f") for kind in ("time", "rss") for f in FAMILIES]
         lines.append(f"| {s['estimator']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
