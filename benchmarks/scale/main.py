@@ -158,7 +158,6 @@ def main(argv=None) -> dict:
     seeds = range(args.seeds)
     start = time.perf_counter()
     load_start = _load_average()
-    epochs: dict[str, float] = {}
     timeouts: dict[tuple, float] = {}
 
     def executor():
@@ -169,12 +168,10 @@ def main(argv=None) -> dict:
     if args.start_method == "forkserver":
         print("scale: starting the measurement server (imports torch, torchvision and Avalanche once; "
               "10-30 s)", flush=True)
-    # phase 1: the reference epoch of every model (sets the timeouts of phase 2)
+    # phase 1: the reference epoch of every model (its first ok seed sets the timeouts of phase 2)
     ref_jobs = [Job(m, "epoch", s, cfg) for m in models for s in seeds]
     ref_rows = run_cached(args, measure, ref_jobs, "scale: reference epochs", executor=executor())
-    for row in ref_rows:
-        if row.get("status") == "ok":
-            epochs.setdefault(row["model"], row["epoch5000_s"])
+    epochs = {r["model"]: r["epoch5000_s"] for r in reversed(ref_rows) if r.get("status") == "ok"}
     params = {r["model"]: r["params"] for r in ref_rows if r.get("params")}
     # phase 2: every other measurement
     jobs, skipped_rows = _measurement_jobs(_wanted_pairs(args, models, estimators), params, cfg, seeds)

@@ -9,7 +9,6 @@ import math
 import resource
 import time
 import types
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import yaml
 from torch import nn
 
 from avalanche_plugins.study.catalog.zoo import MLP, TinyViT, cifar_resnet
-from avalanche_plugins.study.jobs import seed_everything
+from avalanche_plugins.study.jobs import Timer, init_worker, seed_everything
 from benchmarks.scale.runner import child_rss_gb, peak_rss_gb
 
 __all__ = ["Config", "Job", "MODELS", "ESTIMATORS", "INFO", "measure", "middle_stage", "model_params", "rss_gb",
@@ -148,12 +147,6 @@ def train_images(model: nn.Module, x: torch.Tensor, y: torch.Tensor, masks=None)
     return time.perf_counter() - start
 
 
-def _timed(fn):
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
-
-
 def _epoch(images: str):
     def run(model, job):
         x, y = synthetic(getattr(job.config, images), job.seed)
@@ -169,10 +162,10 @@ def _curvature(method):
         n = curvature_samples(method, cfg)
         extra = {"max_iter": cfg.hessian_max_iter} if method == "hessian" else {}
         x, y = synthetic(n, job.seed)
-        seconds, spec = _timed(lambda: layer_curvature(model, nn.CrossEntropyLoss(), x, y, method=method,
-                                                       **extra))
+        with Timer() as timer:
+            spec = layer_curvature(model, nn.CrossEntropyLoss(), x, y, method=method, **extra)
         kappa = float(spec.kappa)
-        return {"time_s": seconds, "samples": n, "n_layers": len(spec.names), "note": "",
+        return {"time_s": timer.seconds, "samples": n, "n_layers": len(spec.names), "note": "",
                 "kappa": kappa if math.isfinite(kappa) else None}
     return run
 
@@ -184,8 +177,9 @@ def _on_synthetic(samples: str, module: str, function: str, *leading, **options)
     def run(model, job):
         estimate = getattr(importlib.import_module(f"avalanche_plugins.{module}"), function)
         x, y = synthetic(getattr(job.config, samples), job.seed)
-        seconds, _ = _timed(lambda: estimate(*leading, model, nn.CrossEntropyLoss(), x, y, **options))
-        return {"time_s": seconds, "samples": x.shape[0]}
+        with Timer() as timer:
+            estimate(*leading, model, nn.CrossEntropyLoss(), x, y, **options)
+        return {"time_s": timer.seconds, "samples": x.shape[0]}
     return run
 
 
@@ -199,14 +193,11 @@ def run_ads(model, job):
     old_x, _ = synthetic(n, job.seed + 1)
     new_x, new_y = synthetic(n, job.seed + 2)
     steps = math.ceil(EPOCH_IMAGES / BATCH)
-
-    def run():
+    with Timer() as timer:
         architecture_driven_shift(model, nn.CrossEntropyLoss(), old_x, new_x, new_y, lr=0.01 / (1 - 0.9),
                                   steps=steps, optimizer="sgd", path="logit")
-        return model_outputs(model, old_x, None, 1024)
-
-    seconds, _ = _timed(run)
-    return {"time_s": seconds, "samples": 2 * n}
+        model_outputs(model, old_x, None, 1024)
+    return {"time_s": timer.seconds, "samples": 2 * n}
 
 
 def _stage_pair(model, job, anchors: int):
@@ -226,13 +217,12 @@ def _transport(family):
         from avalanche_plugins.transport import fit_transport_key, stage_activations
 
         theta_a, theta_ab, stage, xa = _stage_pair(model, job, job.config.anchors)
-        start = time.perf_counter()
-        with torch.no_grad():
-            u, v = stage_activations(theta_ab, stage, xa), stage_activations(theta_a, stage, xa)
-        fit_start = time.perf_counter()
-        fit_transport_key(u, v, family)
-        end = time.perf_counter()
-        return {"time_s": end - start, "fit_s": end - fit_start, "samples": xa.shape[0]}
+        with Timer() as total:
+            with torch.no_grad():
+                u, v = stage_activations(theta_ab, stage, xa), stage_activations(theta_a, stage, xa)
+            with Timer() as fit:
+                fit_transport_key(u, v, family)
+        return {"time_s": total.seconds, "fit_s": fit.seconds, "samples": xa.shape[0]}
     return run
 
 
@@ -250,16 +240,18 @@ def run_gauss_newton(model, job):
         key = fit_transport_key(stage_activations(theta_ab, stage, xa), stage_activations(theta_a, stage, xa),
                                 "cross_channel")
     stitched = stitch(theta_ab, theta_a, stage, key)
-    seconds, _ = _timed(lambda: gauss_newton_key(key, stitched, xa, iterations=cfg.gn_iterations))
-    return {"time_s": seconds, "samples": xa.shape[0]}
+    with Timer() as timer:
+        gauss_newton_key(key, stitched, xa, iterations=cfg.gn_iterations)
+    return {"time_s": timer.seconds, "samples": xa.shape[0]}
 
 
 def run_unit_masks(model, job):
     from avalanche_plugins.structural import UnitMasks
 
     x, _ = synthetic(2, job.seed)
-    seconds, masks = _timed(lambda: UnitMasks(model, x))
-    return {"time_s": seconds, "n_layers": len(masks.names)}
+    with Timer() as timer:
+        masks = UnitMasks(model, x)
+    return {"time_s": timer.seconds, "n_layers": len(masks.names)}
 
 
 def run_masked_epoch(model, job):
@@ -345,9 +337,7 @@ def measure(job: Job, report=None) -> dict:
 
     ``report(dict)`` receives what is known before the estimator runs (model size, memory before),
     so a measurement that is killed still has them. Returns the row."""
-    torch.set_num_threads(job.config.threads)
-    warnings.filterwarnings("ignore")
-    seed_everything(job.seed)
+    init_worker(job.config.threads, job.seed)
     family, build = MODELS[job.model]
     fn, what = ESTIMATORS[job.estimator], INFO[job.estimator]["what"]
     rss_base = rss_gb()
@@ -363,13 +353,11 @@ def measure(job: Job, report=None) -> dict:
     out = fn(model, job)
     row["peak_rss_gb"] = peak_rss_gb()
     row.update(out)
-    if job.estimator == "epoch":
-        ref_s, ref_images = out["time_s"], out["images"]
-    else:  # the reference epoch, in this process, after the estimator
+    ref = out
+    if job.estimator != "epoch":  # the reference epoch, in this process, after the estimator
         seed_everything(job.seed)
-        x, y = synthetic(job.config.ref_images, job.seed)
-        ref_s, ref_images = train_images(build(), x, y), x.shape[0]
-    row["ref_s_per_image"] = ref_s / ref_images
+        ref = ESTIMATORS["epoch"](build(), job)
+    row["ref_s_per_image"] = ref["time_s"] / ref["images"]
     row["epoch5000_s"] = EPOCH_IMAGES * row["ref_s_per_image"]
     if job.estimator == "epoch":  # the row stands for the 5,000-image epoch; measured_s is what ran
         row["measured_s"], row["time_s"] = row["time_s"], row["epoch5000_s"]

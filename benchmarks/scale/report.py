@@ -130,8 +130,7 @@ def slopes_table(rows: Sequence[dict]) -> str:
     cols = [f"time {f}" for f in FAMILIES] + [f"peak RSS {f}" for f in FAMILIES]
     lines = ["| estimator | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
     for s in slopes(rows):
-        cells = [_num(s[f"time_slope_{f}"], ".2f") for f in FAMILIES]
-        cells += [_num(s[f"rss_slope_{f}"], ".2f") for f in FAMILIES]
+        cells = [_num(s[f"{kind}_slope_{f}"], ".2f") for kind in ("time", "rss") for f in FAMILIES]
         lines.append(f"| {s['estimator']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -202,11 +201,8 @@ def report(saved: dict) -> str:
              f"{_num(_median(rows, 'rss_base_gb'), '.2f')} GB here).",
              "Every measurement\n\n" + main_table(rows),
              "Log-log slopes against parameter count (time ∝ params^slope)\n\n" + slopes_table(rows),
-             targets_table(rows)]
-    check = epoch_check(rows)
-    if check:
-        parts.append(check)
-    return "\n\n".join(parts)
+             targets_table(rows), epoch_check(rows)]
+    return "\n\n".join(part for part in parts if part)  # no epoch check: ""
 
 
 def _median(rows, key):

@@ -27,12 +27,9 @@ def child_rss_gb(pid: int | str) -> float | None:
     """Resident set size of process ``pid`` (or ``"self"``) from ``/proc`` (None: unreadable)."""
     try:
         with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024 / 1e9
+            return next((int(line.split()[1]) * 1024 / 1e9 for line in f if line.startswith("VmRSS:")), None)
     except (OSError, ValueError):
         return None
-    return None
 
 
 def peak_rss_gb() -> float:
