@@ -21,9 +21,7 @@ from benchmarks._training import accuracy, train_minibatches
 from benchmarks.ads_zoo.settings import SCENARIOS, ScenarioConfig
 from benchmarks.ads_zoo.zoo import Arch, build_arch
 
-LOADERS = {"split_digits": lambda _: datasets.load_digits_arrays(seed=0),
-           "split_mnist": datasets.load_mnist_arrays, "permuted_mnist": datasets.load_mnist_arrays,
-           "split_fashion_mnist": datasets.load_fashion_mnist_arrays}
+LOADERS = {name: datasets.CATALOG[name.partition("_")[2]].arrays for name in SCENARIOS}  # scenario -> arrays
 
 
 @functools.cache

@@ -29,8 +29,7 @@ def _stream(dataset: str, scenario: str, n_experiences: int, data_root, subset: 
         return data.make_stream(dataset, scenario, n_experiences=n_experiences, data_root=data_root, seed=0)
     full = data.make_stream(dataset, "permuted" if scenario == "random_labels" else scenario, n_experiences=1,
                        data_root=data_root, seed=0)
-    arrays_of = data.load_fashion_mnist_arrays if dataset == "fashion_mnist" else data.load_mnist_arrays
-    xtr, ytr, xte, yte = arrays_of(data_root)
+    xtr, ytr, xte, yte = data.CATALOG[dataset].arrays(data_root)
     if scenario == "random_labels":
         return replace(full, benchmark=_random_label_benchmark(xtr[:subset], n_experiences),
                        description=f"random-label MNIST ({n_experiences} experiences, first {subset} train images)")
