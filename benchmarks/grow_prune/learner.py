@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import torch
@@ -211,9 +210,9 @@ def time_per_epoch(setting: Setting, stream, c: float | None, repeats: int = 3) 
         strategy = Naive(model=model, optimizer=make_optimizer(setting, model.parameters()),
                          criterion=nn.CrossEntropyLoss(), train_mb_size=setting.batch_size, train_epochs=2,
                          device="cpu", plugins=plugins, evaluator=quiet_evaluator())
-        start = time.perf_counter()
-        strategy.train(stream.benchmark.train_stream[0], num_workers=0)
-        best = min(best, (time.perf_counter() - start) / 2)
+        with Timer() as timer:
+            strategy.train(stream.benchmark.train_stream[0], num_workers=0)
+        best = min(best, timer.seconds / 2)
     return best
 
 
