@@ -151,8 +151,8 @@ def run_one(setting: Setting, stream, method: str, c: float, seed: int, *, ticke
     leaky = uses_leaky(setting, method)
     model = make_model(setting, stream.n_classes, stream.input_shape, leaky)
     plugin = make_plugin(method, setting, c, seed)
-    cycles = CycleAccuracyMetric(stream.benchmark.test_stream, setting.epochs_per_cycle,
-                                 cycle_scope="experience" if setting.n_experiences == 1 else "stream")
+    scope = "experience" if setting.n_experiences == 1 else "stream"
+    cycles = CycleAccuracyMetric(stream.benchmark.test_stream, setting.epochs_per_cycle, cycle_scope=scope)
     metrics = [cycles] + ([NewbornGradientMetric(plugin)] if isinstance(plugin, GrowPlugin) else [])
     course = NewbornCourse(plugin) if isinstance(plugin, GrowPlugin) else None
     current = CurrentTaskAccuracy(stream.benchmark.test_stream) if setting.n_experiences > 1 else None
@@ -190,9 +190,7 @@ def run_one(setting: Setting, stream, method: str, c: float, seed: int, *, ticke
                 stream, optimizer_factory=lambda p: make_optimizer(setting, p),
                 train_epochs=setting.epochs, train_mb_size=setting.batch_size,
                 plugins_factory=lambda: replay(setting), seed=seed + 1000,
-                epochs_per_cycle=setting.epochs_per_cycle,
-                cycle_scope="experience" if setting.n_experiences == 1 else "stream",
-                activation=plugin.activation)
+                epochs_per_cycle=setting.epochs_per_cycle, cycle_scope=scope, activation=plugin.activation)
         row["ticket_acc"], row["ticket_taa"] = result.acc, result.taa
     return row
 
