@@ -81,12 +81,10 @@ def _reset_peak() -> bool:
 
 def _peak_mb() -> float:
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        status = Path("/proc/self/status").read_text().splitlines()
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):  # no /proc, or no VmHWM line
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def measure(job, setting: str, run: str, *, images: bool = False) -> dict:

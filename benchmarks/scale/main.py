@@ -63,9 +63,7 @@ def _parser():
     parser = benchmark_parser("scale", package.__doc__.splitlines()[0],
                               skip_help=f"estimators ({names}), models, families (mlp, resnet, vit) or MODEL/ESTIMATOR")
     parser.set_defaults(seeds=1)  # a cost benchmark: one measurement per cell unless asked
-    for action in parser._actions:
-        if action.dest == "seeds":
-            action.help = "repeat every measurement with seeds 0..N-1 (default 1)"
+    parser._option_string_actions["--seeds"].help = "repeat every measurement with seeds 0..N-1 (default 1)"
     parser.add_argument("--models", default=None,
                         help=f"comma-separated subset of {', '.join(MODELS)} (default: {', '.join(FULL_MODELS)}; "
                              f"--quick: {', '.join(QUICK_MODELS)})")

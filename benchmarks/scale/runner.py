@@ -162,17 +162,8 @@ class ProcessExecutor:
         rss = child_rss_gb(proc.pid) if proc.is_alive() else None
         if rss is not None:
             slot["peak_seen_gb"] = max(slot["peak_seen_gb"], rss)
-        if slot["result"] is not None:
-            proc.join()
-            conn.close()
-            kind, payload = slot["result"]
-            if kind == "row":
-                payload["wall_s"] = elapsed
-                return payload
-            return failure_row(job, payload["status"], payload["message"], slot["info"], wall_s=elapsed,
-                               peak_rss_gb=payload.get("peak_rss_gb"))
         seen = {"peak_rss_gb": round(slot["peak_seen_gb"], 3) if slot["peak_seen_gb"] else None}
-        if proc.is_alive():
+        if slot["result"] is None and proc.is_alive():
             if elapsed > slot["timeout"]:
                 return self._kill(slot, "timeout", f"> {slot['timeout']:.0f} s (timed out, killed)", seen, elapsed)
             if self.max_rss_gb is not None and rss is not None and rss > self.max_rss_gb:
@@ -180,6 +171,13 @@ class ProcessExecutor:
             return None
         proc.join()
         conn.close()
+        if slot["result"] is not None:
+            kind, payload = slot["result"]
+            if kind == "row":
+                payload["wall_s"] = elapsed
+                return payload
+            return failure_row(job, payload["status"], payload["message"], slot["info"], wall_s=elapsed,
+                               peak_rss_gb=payload.get("peak_rss_gb"))
         code = proc.exitcode
         status = "killed" if code is not None and code < 0 else "error"
         message = (f"killed by signal {-code} (the kernel's OOM killer, most likely)" if status == "killed"
