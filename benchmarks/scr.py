@@ -51,10 +51,9 @@ class SlowlyChangingRegression:
         if t < 0:
             raise ValueError(f"period must be >= 0, got {t}")
         while len(self._flipping) <= t:
-            previous = self._flipping[-1]
             if self.variant == "bit_flip":
                 bit = int(torch.randint(0, self.n_flipping, (1,), generator=self._flip_generator))
-                nxt = previous.clone()
+                nxt = self._flipping[-1].clone()
                 nxt[bit] = 1 - nxt[bit]
             else:
                 nxt = torch.randint(0, 2, (self.n_flipping,), generator=self._flip_generator).float()

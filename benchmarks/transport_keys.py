@@ -288,14 +288,12 @@ def time_ratios(rows: list[dict], main_anchors: int) -> dict:
             xs = [r["fit_s"] for r in selected if r["variant"] == variant]
             return float(np.mean(xs)) if xs else float("nan")
 
-        trained = mean_time("trained_stitch")
-        return {"trained_stitch_s": trained, "cross_channel_s": mean_time("cross_channel"),
-                "channel_s": mean_time("channel"), "cross_channel_refine_s": mean_time("cross_channel+refine"),
-                "trained_over_cross_channel": trained / mean_time("cross_channel"),
-                "trained_over_channel": trained / mean_time("channel"),
-                "trained_over_refined": trained / mean_time("cross_channel+refine"),
-                "gauss_newton_s": mean_time("cross_channel+gauss_newton"),
-                "trained_over_gauss_newton": trained / mean_time("cross_channel+gauss_newton")}
+        trained, cross, channel, refined, newton = (mean_time(v) for v in (
+            "trained_stitch", "cross_channel", "channel", "cross_channel+refine", "cross_channel+gauss_newton"))
+        return {"trained_stitch_s": trained, "cross_channel_s": cross, "channel_s": channel,
+                "cross_channel_refine_s": refined, "trained_over_cross_channel": trained / cross,
+                "trained_over_channel": trained / channel, "trained_over_refined": trained / refined,
+                "gauss_newton_s": newton, "trained_over_gauss_newton": trained / newton}
 
     main = [r for r in rows if r["n_anchors"] == main_anchors]
     out = ratios(main)
