@@ -41,18 +41,17 @@ def _relative(text: str) -> str:
     return str(text).replace(str(ROOT) + "/", "").replace(str(ROOT), ".")
 
 
-def _acc_stats(result: dict | None, strategy: str) -> tuple[list[RunRow], list[RunRow]]:
-    """``(finished runs, failed runs)`` of ``strategy``'s test runs in one results.json."""
-    runs = [r for r in (SavedStudy.from_dict(result).runs if result is not None else ())
-            if r.split == "test" and r.strategy == strategy]
+def _acc_stats(study: SavedStudy | None, strategy: str) -> tuple[list[RunRow], list[RunRow]]:
+    """``(finished runs, failed runs)`` of ``strategy``'s test runs in one kept run."""
+    runs = [r for r in (study.runs if study is not None else ()) if r.split == "test" and r.strategy == strategy]
     return [r for r in runs if r.ok], [r for r in runs if not r.ok]
 
 
-def _diagnostics(result: dict | None, names: list[str]) -> str:
+def _diagnostics(study: SavedStudy | None, names: list[str]) -> str:
     """``"diagnostic NAME: ACC m ± s (n=k)"`` for each diagnostic strategy that ran."""
     parts = []
     for name in names:
-        ok, _ = _acc_stats(result, name)
+        ok, _ = _acc_stats(study, name)
         acc = describe([r.acc for r in ok])
         if ok:
             spread = f" ± {acc['std']:.3f}" if len(ok) > 1 else ""
@@ -68,12 +67,12 @@ def load_runs(out: Path = OUT) -> dict[str, dict]:
 
 def target_rows(saved: dict[str, dict]) -> list[dict]:
     """The rows of ``docs/targets.csv`` from the kept runs (a target without a run is kept, empty)."""
-    rows = []
+    rows, studies = [], {name: SavedStudy.from_dict(result) for name, result in saved.items()}  # typed once
     for target in TARGETS:
-        result = saved.get(target["config"])
-        ok, failed = _acc_stats(result, target["study_strategy"])
+        study = studies.get(target["config"])
+        ok, failed = _acc_stats(study, target["study_strategy"])
         acc, forgetting = describe([r.acc for r in ok]), describe([r.score("forgetting") for r in ok])
-        if result is None or not (ok or failed):
+        if study is None or not (ok or failed):
             status = "not run"
         elif failed:
             status = "; ".join(f"seed {r.seed} failed: {r.error}" for r in failed)
@@ -86,7 +85,7 @@ def target_rows(saved: dict[str, dict]) -> list[dict]:
                    status=status, gap=_fmt(gap, 3), config=f"studies/targets/{target['config']}.yaml",
                    source_file=f"{REPO}:{target['source_file']}",
                    explanation=" ".join(x for x in (target.get("explanation", ""),
-                                                    _diagnostics(result, target.get("diagnostics", []))) if x))
+                                                    _diagnostics(study, target.get("diagnostics", []))) if x))
         rows.append(row)
     return rows
 

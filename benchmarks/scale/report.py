@@ -21,13 +21,14 @@ NO_TARGET = (None, None, "")
 
 def _target(estimator: str) -> tuple[str | None, float | None, str]:
     """``(the row field compared, its bound, how the bound reads)``: issue 15's target of
-    ``estimator`` (estimators.yaml; none for the Fisher diagonals and per-sample readiness)."""
-    return tuple(INFO[estimator].get("target", NO_TARGET))
+    ``estimator`` (estimators.yaml; none for the Fisher diagonals and per-sample readiness, nor for a
+    saved run's measurement that estimators.yaml no longer has)."""
+    return tuple(INFO.get(estimator, {}).get("target", NO_TARGET))
 
 
 def _memory_target(estimator: str) -> bool:
     """Whether the 4 GB bound applies (not where measured at capped settings or as a reference)."""
-    return INFO[estimator].get("memory_target", True)
+    return INFO.get(estimator, {}).get("memory_target", True)
 
 
 def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:

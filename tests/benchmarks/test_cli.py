@@ -72,6 +72,7 @@ def _square(x: int) -> int:
 
 
 def test_run_cached_keeps_rows_in_the_commands_job_cache_and_resumes_from_it(tmp_path):
+    SQUARED.clear()
     args = _parse(["--out", str(tmp_path), "--no-progress"])
     assert run_cached(args, _square, [1, 2, 3], "squares") == [1, 4, 9]
     assert len((tmp_path / "jobs.jsonl").read_text().splitlines()) == 3 and SQUARED == [1, 2, 3]

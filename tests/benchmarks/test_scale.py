@@ -122,3 +122,9 @@ def test_estimators_yaml_describes_every_measurement_in_run_order():
     assert setting_for(Job("resnet8", "key_channel", 0, Config(anchors=50))) == \
         "50 anchors at layer2 (activations + fit)"
     assert setting_for(Job("mlp-256", "curvature_hessian", 0, Config())) == "32 samples, max_iter 10"
+    # a saved run's report still reads a measurement estimators.yaml no longer has: no target, 4 GB bound
+    from benchmarks.scale.report import targets_table
+
+    row = {"model": "resnet18", "family": "resnet", "estimator": "renamed", "status": "ok", "time_s": 1.0,
+           "ratio": 0.5, "peak_rss_gb": 5.0, "params": 11e6}
+    assert targets_table([row]).splitlines()[-1].endswith("| ≤ 4 GB | no: memory |")
