@@ -1,13 +1,12 @@
-"""Tuning the shipped recipes, and writing them from the kept runs.
+"""Writing the shipped recipes from the kept tuning runs (``avalanche-study run studies/recipes/SCENARIO.yaml``).
 
-Commands (``tune``, ``write``) and outputs: docs/benchmarks.md, "benchmarks.recipes".
+Command (``write``) and outputs: docs/benchmarks.md, "benchmarks.recipes".
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -174,28 +173,14 @@ def write(keys, out_root: Path = ROOT / "out" / "recipes") -> list[Path]:
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.recipes", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    tune = commands.add_parser("tune", help="run the tuning study of a scenario")
-    tune.add_argument("scenario", choices=SCENARIOS)
-    tune.add_argument("--data-root", default=None)
-    tune.add_argument("--part", default=None, help="a further tuning round: studies/recipes/SCENARIO.PART.yaml")
-    tune.add_argument("--workers", type=int, default=1)
     writer = commands.add_parser("write", help="write recipes and docs/recipes.md from the kept runs")
     writer.add_argument("scenarios", nargs="*", help=f"default: all of {', '.join(SCENARIOS)}")
     args = parser.parse_args(argv)
-    unknown = [s for s in getattr(args, "scenarios", []) if s not in SCENARIOS]
+    unknown = [s for s in args.scenarios if s not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}; expected {', '.join(SCENARIOS)}")
-    if args.command == "tune":
-        name = args.scenario + (f".{args.part}" if args.part else "")
-        cmd = [sys.executable, "-m", "avalanche_plugins.study", "run", f"studies/recipes/{name}.yaml",
-               "--out", f"out/recipes/{name}", "--workers", str(args.workers)]
-        if args.data_root:
-            cmd += ["--data-root", args.data_root]
-        return subprocess.run(cmd, cwd=ROOT, check=True)
     for path in write(args.scenarios or SCENARIOS):
         print(f"wrote {path.relative_to(ROOT)}")
-    return None
-
 
 if __name__ == "__main__":
     main()
