@@ -12,7 +12,7 @@ import benchmarks.scale as package
 from avalanche_plugins.study.report.files import print_report
 from benchmarks._cli import benchmark_parser, is_skipped, parse_args, run_cached, subset_of
 from benchmarks._results import write_results
-from benchmarks.scale.measure import EPOCH_IMAGES, INFO, MODELS, Config, Job, setting_for
+from benchmarks.scale.measure import EPOCH_IMAGES, INFO, INPUTS, MODELS, Config, Job, setting_for
 from benchmarks.scale.report import plot, report, slopes
 from benchmarks.scale.runner import START_METHODS, ProcessExecutor, failure_row
 
@@ -33,7 +33,7 @@ def config_for(args) -> Config:
         cfg = replace(cfg, ref_images=64, hessian_samples=8, hessian_max_iter=3, fisher_samples=8,
                       readiness_samples=64, ads_samples=32, anchors=50, gn_anchors=10, ewc_samples=16,
                       penalty_reps=10)
-    return cfg
+    return replace(cfg, fisher_samples=args.fisher_samples) if args.fisher_samples else cfg
 
 
 def timeout_for(estimator: str, epoch5000_s: float | None, cap: float, floor: float) -> float:
@@ -70,6 +70,8 @@ def _parser():
     parser.add_argument("--estimators", default=None, help="comma-separated subset of the estimators")
     parser.add_argument("--timeout", type=float, default=None,
                         help="most seconds one measurement may run (default 600; 30 with --quick)")
+    parser.add_argument("--fisher-samples", type=int, default=None,
+                        help="samples of fisher_expected / fisher_empirical (default 32; 8 with --quick)")
     parser.add_argument("--hessian-max-params", type=float, default=3e6,
                         help="run the exact Hessian (curvature_hessian) only on models with at most this many "
                              "parameters (default 3e6; it takes hours on a ResNet-18 and is stopped at its "
@@ -95,6 +97,8 @@ def _check_args(parser, args) -> None:
     """Refuse, before anything runs, settings the runner cannot honour."""
     if args.timeout is not None and not args.timeout > 0:
         parser.error(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.fisher_samples is not None and args.fisher_samples < 1:
+        parser.error(f"--fisher-samples must be positive, got {args.fisher_samples}")
     if not args.max_rss_gb > 0:
         parser.error(f"--max-rss-gb must be > 0, got {args.max_rss_gb}")
 
@@ -188,7 +192,7 @@ def main(argv=None) -> dict:
                                                 "timeout_cap_s": cap, "max_rss_gb": args.max_rss_gb,
                                                 "start_method": args.start_method},
                         rows=rows, summary=slopes(rows), wall_seconds=time.perf_counter() - start,
-                        extra={"data": SYNTHETIC_DATA,
+                        extra={"data": {**SYNTHETIC_DATA, **{f"{m}_input": INPUTS[m] for m in models if m in INPUTS}},
                                "timeouts_s": {f"{m}/{e}": t for (m, e), t in timeouts.items()},
                                "expected_minutes": expected / 60, "params": params,
                                "load_average": {"start": load_start, "end": _load_average()}})

@@ -26,6 +26,7 @@ __all__ = ["Config", "Job", "MODELS", "ESTIMATORS", "INFO", "measure", "middle_s
 
 N_CLASSES = 100
 INPUT_SHAPE = (3, 32, 32)
+INPUTS = {"resnet18-mnist": ((1, 28, 28), 10)}  # (input shape, classes) of a model not CIFAR-100-shaped
 EPOCH_IMAGES = 5000  # one Split CIFAR-100 experience: the unit every ratio is expressed in
 BATCH = 64
 
@@ -70,11 +71,21 @@ def _vit(depth, dim):
     return lambda: TinyViT(image_size=32, patch=4, in_channels=3, n_classes=N_CLASSES, dim=dim, depth=depth, heads=4)
 
 
+def _mnist_resnet18():
+    """torchvision's ResNet-18 (7×7 stride-2 stem, max-pool), its stem taking 1 channel; 10 classes."""
+    import torchvision
+
+    model = torchvision.models.resnet18(num_classes=10)
+    model.conv1 = nn.Conv2d(1, 64, 7, 2, 3, bias=False)
+    return model
+
+
 # name -> (family, builder)
 MODELS: dict[str, tuple[str, object]] = {
     **{f"mlp-{w}": ("mlp", _mlp(w)) for w in (256, 512, 1024, 2048, 4096)},
     **{f"resnet{d}": ("resnet", (lambda d=d: cifar_resnet(d, N_CLASSES, 3))) for d in (8, 18, 34)},
     **{f"vit-d{d}-w{w}": ("vit", _vit(d, w)) for d, w in ((1, 64), (1, 128), (2, 64), (2, 128), (2, 256), (4, 128))},
+    "resnet18-mnist": ("resnet-mnist", _mnist_resnet18),  # its own family: MNIST-shaped inputs (INPUTS)
 }
 
 
@@ -92,7 +103,7 @@ def middle_stage(name: str) -> str:
     family = MODELS[name][0]
     if family == "mlp":
         return "features.1"  # after the first hidden layer
-    if family == "resnet":
+    if family.startswith("resnet"):
         return "layer2" if name == "resnet8" else "layer3"
     depth = int(name.split("-d")[1].split("-")[0])
     return f"blocks.{(depth - 1) // 2}"
@@ -116,10 +127,12 @@ def curvature_samples(method: str, cfg: Config) -> int:
     return min(n, cfg.hessian_samples) if method == "hessian" else n
 
 
-def synthetic(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` standard-normal CIFAR-shaped images and uniform labels of 100 classes (seeded)."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, *INPUT_SHAPE, generator=g), torch.randint(0, N_CLASSES, (n,), generator=g)
+def synthetic(job: Job, n: int, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` standard-normal images of the job's model's input shape and uniform labels of its
+    classes (CIFAR-100's unless ``INPUTS`` names the model), seeded with ``job.seed + offset``."""
+    shape, classes = INPUTS.get(job.model, (INPUT_SHAPE, N_CLASSES))
+    g = torch.Generator().manual_seed(job.seed + offset)
+    return torch.randn(n, *shape, generator=g), torch.randint(0, classes, (n,), generator=g)
 
 
 def rss_gb() -> float:
@@ -149,7 +162,7 @@ def train_images(model: nn.Module, x: torch.Tensor, y: torch.Tensor, masks=None)
 
 def _epoch(images: str):
     def run(model, job):
-        x, y = synthetic(getattr(job.config, images), job.seed)
+        x, y = synthetic(job, getattr(job.config, images))
         return {"time_s": train_images(model, x, y), "images": x.shape[0]}
     return run
 
@@ -161,7 +174,7 @@ def _curvature(method):
         cfg = job.config
         n = curvature_samples(method, cfg)
         extra = {"max_iter": cfg.hessian_max_iter} if method == "hessian" else {}
-        x, y = synthetic(n, job.seed)
+        x, y = synthetic(job, n)
         with Timer() as timer:
             spec = layer_curvature(model, nn.CrossEntropyLoss(), x, y, method=method, **extra)
         kappa = float(spec.kappa)
@@ -176,7 +189,7 @@ def _on_synthetic(samples: str, module: str, function: str, *leading, **options)
     estimator)."""
     def run(model, job):
         estimate = getattr(importlib.import_module(f"avalanche_plugins.{module}"), function)
-        x, y = synthetic(getattr(job.config, samples), job.seed)
+        x, y = synthetic(job, getattr(job.config, samples))
         with Timer() as timer:
             estimate(*leading, model, nn.CrossEntropyLoss(), x, y, **options)
         return {"time_s": timer.seconds, "samples": x.shape[0]}
@@ -190,8 +203,8 @@ def run_ads(model, job):
     from avalanche_plugins.ads import architecture_driven_shift, model_outputs
 
     n = job.config.ads_samples
-    old_x, _ = synthetic(n, job.seed + 1)
-    new_x, new_y = synthetic(n, job.seed + 2)
+    old_x, _ = synthetic(job, n, 1)
+    new_x, new_y = synthetic(job, n, 2)
     steps = math.ceil(EPOCH_IMAGES / BATCH)
     with Timer() as timer:
         architecture_driven_shift(model, nn.CrossEntropyLoss(), old_x, new_x, new_y, lr=0.01 / (1 - 0.9),
@@ -208,7 +221,7 @@ def _stage_pair(model, job, anchors: int):
     with torch.no_grad():
         for p in drifted.parameters():
             p.add_(0.01 * p.std().nan_to_num(0.0) * torch.randn(p.shape, generator=g))
-    anchor_images, _ = synthetic(anchors, job.seed + 4)
+    anchor_images, _ = synthetic(job, anchors, 4)
     return model.eval(), drifted.eval(), middle_stage(job.model), anchor_images
 
 
@@ -248,7 +261,7 @@ def run_gauss_newton(model, job):
 def run_unit_masks(model, job):
     from avalanche_plugins.structural import UnitMasks
 
-    x, _ = synthetic(2, job.seed)
+    x, _ = synthetic(job, 2)
     with Timer() as timer:
         masks = UnitMasks(model, x)
     return {"time_s": timer.seconds, "n_layers": len(masks.names)}
@@ -261,7 +274,7 @@ def run_masked_epoch(model, job):
     from avalanche_plugins.structural import UnitMasks
 
     cfg = job.config
-    x, y = synthetic(cfg.ref_images, job.seed)
+    x, y = synthetic(job, cfg.ref_images)
     masks = UnitMasks(model, x[:2])
     g = torch.Generator().manual_seed(job.seed + 5)
     masks.set_masks({name: torch.randperm(n, generator=g) >= round(cfg.masked_fraction * n)
@@ -281,7 +294,7 @@ def run_ewc_penalty(model, job):
     from avalanche_plugins import LayerAdaptiveEWCPlugin, quiet_evaluator
 
     cfg = job.config
-    data = [list(synthetic(cfg.ewc_samples, job.seed + 10 + e)) for e in range(cfg.ewc_experiences)]
+    data = [list(synthetic(job, cfg.ewc_samples, 10 + e)) for e in range(cfg.ewc_experiences)]
     bench = tensors_benchmark(train_tensors=data, test_tensors=data, task_labels=[0] * cfg.ewc_experiences)
     ewc, lae = EWCPlugin(ewc_lambda=1.0), LayerAdaptiveEWCPlugin(1.0)
     strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
@@ -346,7 +359,7 @@ def measure(job: Job, report=None) -> dict:
            "what": what, "setting": setting_for(job), "seed": job.seed, "threads": job.config.threads,
            "rss_base_gb": rss_base}
     with torch.no_grad():
-        model.eval()(torch.zeros(2, *INPUT_SHAPE))  # first-call overheads out of the timing
+        model.eval()(torch.zeros_like(synthetic(job, 2)[0]))  # first-call overheads out of the timing
     row["rss_before_gb"] = rss_gb()
     if report is not None:
         report(dict(row))

@@ -218,7 +218,8 @@ def plot(rows: Sequence[dict], path) -> None:
 
     cells = [c for c in aggregate(rows) if c.get("status") == "ok" and c.get("params")]
     timed_out = [c for c in aggregate(rows) if c.get("status") == "timeout" and c.get("params") and c.get("timeout_s")]
-    families = [f for f in FAMILIES if any(c["family"] == f for c in cells)] or list(FAMILIES)
+    present = {c["family"] for c in cells}  # FAMILIES' order, then any other (resnet-mnist)
+    families = [f for f in dict.fromkeys([*FAMILIES, *sorted(present)]) if f in present] or list(FAMILIES)
     estimators = list(dict.fromkeys(c["estimator"] for c in cells))
     colors = matplotlib.colormaps["tab20"](np.linspace(0, 1, max(len(estimators), 1)))
     with saved_figure(path, 2, len(families), figsize=(5 * len(families), 8), dpi=90) as (_, axes):

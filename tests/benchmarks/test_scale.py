@@ -7,6 +7,7 @@ import math
 import time
 
 import pytest
+import torch
 
 from benchmarks import scale
 from benchmarks.scale.measure import Config, Job, rss_gb
@@ -94,6 +95,29 @@ def test_tiniest_run_writes_table_csv_plot_and_report(tmp_path):
     assert (tmp_path / "scale.png").exists()
     assert scale.main(["--report", str(tmp_path / "results.json")])["report"] + "\n" == \
         (tmp_path / "report.md").read_text()
+
+
+def test_mnist_shaped_resnet18_runs_the_expected_fisher_on_its_own_inputs_and_timeout(tmp_path, capsys):
+    # the 1-channel torchvision ResNet-18 check of issue 15: MNIST-shaped tensors and --fisher-samples
+    from benchmarks.scale.measure import synthetic
+
+    x, y = synthetic(Job("resnet18-mnist", "epoch", 3, Config()), 5)
+    assert x.shape == (5, 1, 28, 28) and int(y.max()) < 10
+    x_cifar, _ = synthetic(Job("resnet8", "epoch", 3, Config()), 5, 1)
+    assert x_cifar.shape == (5, 3, 32, 32) and torch.equal(x_cifar, torch.randn(5, 3, 32, 32,
+                                                                              generator=torch.Generator().manual_seed(4)))
+    out = scale.main(["--quick", "--models", "resnet18-mnist", "--estimators", "epoch,fisher_expected",
+                      "--fisher-samples", "2", "--start-method", "fork", "--no-progress",
+                      "--out", str(tmp_path)])
+    epoch, fisher = out["rows"]
+    assert epoch["status"] == fisher["status"] == "ok" and fisher["samples"] == 2
+    assert fisher["family"] == "resnet-mnist" and fisher["setting"] == "2 samples, defaults"
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert list(saved["timeouts_s"]) == ["resnet18-mnist/fisher_expected"]
+    assert saved["data"]["resnet18-mnist_input"] == [[1, 28, 28], 10]
+    with pytest.raises(SystemExit):
+        scale.main(["--fisher-samples", "0"])
+    assert "--fisher-samples must be positive" in capsys.readouterr().err
 
 
 def test_ads_measurement_uses_the_metric_defaults():
