@@ -101,7 +101,9 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
         whole: a warning says so once, and each record holds ``n_old``, ``n_new`` and
         ``n_samples_used``.
     :param lr, steps, optimizer: ADS's step size, step budget and ``"sgd"``/``"adam"``; None
-        reads them from the strategy (module docstring).
+        reads them from the strategy (module docstring). ``lr=None`` with an optimizer whose
+        parameter groups step at different sizes is refused at the first experience, before any
+        training: ADS models one step size, so name it.
     :param path: ``"logit"`` (default; ``P = min(lr·steps, L_new / mean_b ‖J(x_b) u‖)``, the
         step length at which the new-task logits have moved, to first order, by the loss to go),
         ``"loss"`` (``P = min(lr·steps, L_new / −⟨∇L_new, u⟩)``, the step length at which the
@@ -169,10 +171,7 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
         kind = self.optimizer or ("adam" if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)) else "sgd")
         lr = self.lr
         if lr is None:
-            group = opt.param_groups[0]
-            lr = float(group["lr"])
-            if kind == "sgd" and isinstance(opt, torch.optim.SGD):
-                lr /= 1.0 - float(group.get("momentum", 0.0))
+            lr = _one_step_size(opt, fold_momentum=kind == "sgd" and isinstance(opt, torch.optim.SGD))
             if kind == "sgd" and getattr(strategy._criterion, "reduction", None) == "sum":
                 lr *= strategy.train_mb_size  # ADS steps on the mean loss; training on the minibatch sum
         steps = self.steps
@@ -208,6 +207,7 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
         check_experiences(self, boundary, _empty_experience, "ArchitectureDrivenShiftMetric")
         with self.measuring(strategy):
             preflight(self, strategy, self._probe, output_transform=self.output_transform)
+        self._training_settings(strategy)  # refuses an optimizer it cannot read before any training
         if not boundary.first:  # online: once per original experience, at its first sub-experience
             return None
         self._pending = None
@@ -295,6 +295,33 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
                                     "ADSLayerShift": dict(record["layer_shifts"]),
                                     "ADSOldECEBefore": num(record["ece_before"]),
                                     "ADSSamplesUsed": int(record["n_samples_used"])})
+
+
+def _one_step_size(optimizer, *, fold_momentum: bool) -> float:
+    """The one step size ADS models, read from ``optimizer``: the ``lr`` its parameter groups share
+    (``lr / (1 − μ)`` with SGD momentum μ when ``fold_momentum``). Groups that step at different sizes
+    (a backbone at a lower lr) are refused: reading the first group's would predict silently wrong.
+
+    Example:
+        >>> a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+        >>> sgd = torch.optim.SGD([{"params": a.parameters()}, {"params": b.parameters()}], lr=0.1, momentum=0.5)
+        >>> _one_step_size(sgd, fold_momentum=True), _one_step_size(sgd, fold_momentum=False)
+        (0.2, 0.1)
+        >>> sgd.param_groups[1]["lr"] = 0.01
+        >>> _one_step_size(sgd, fold_momentum=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: ArchitectureDrivenShiftMetric: the optimizer's parameter groups step at different sizes (0.2, 0.02 ...
+    """
+    sizes = [float(g["lr"]) / ((1.0 - float(g.get("momentum", 0.0))) if fold_momentum else 1.0)
+             for g in optimizer.param_groups if g["params"]] or [float(optimizer.param_groups[0]["lr"])]
+    if len(set(sizes)) > 1:
+        shown = ", ".join(f"{v:.3g}" for v in sizes)
+        raise ValueError(f"ArchitectureDrivenShiftMetric: the optimizer's parameter groups step at different sizes "
+                         f"({shown}{' (lr / (1 - momentum))' if fold_momentum else ''}); ADS models one step size "
+                         "for the whole network: pass ArchitectureDrivenShiftMetric(lr=...), e.g. the rate of the "
+                         "layers that move most")
+    return sizes[0]
 
 
 def _empty_experience(experience) -> str | None:

@@ -115,6 +115,33 @@ def test_multihead_adam_probe_and_run_unchanged(path_kwargs):
     assert torch.equal(*rng_after)
 
 
+def test_parameter_groups_at_different_step_sizes_are_refused_before_any_training():
+    # ADS models one step size; reading the first group's lr (a backbone at a lower rate) would predict
+    # silently wrong, so the metric refuses at the first experience, before a single step
+    stream = digits_stream()
+    torch.manual_seed(0)
+    model = build_model("mlp", stream.input_shape, stream.n_classes, hidden=(32, 16))
+    params = list(model.parameters())
+
+    def strategy(groups, metric):
+        return Naive(model=model, optimizer=torch.optim.SGD(groups, lr=0.05, momentum=0.9),
+                     criterion=nn.CrossEntropyLoss(), train_mb_size=32, train_epochs=1,
+                     evaluator=EvaluationPlugin(metric))
+
+    before = [p.detach().clone() for p in params]
+    uneven = [{"params": params[:2], "lr": 0.005}, {"params": params[2:]}]
+    with pytest.raises(ValueError, match=r"groups step at different sizes \(0.05, 0.5 \(lr / \(1 - momentum\)\)\)"):
+        strategy(uneven, ArchitectureDrivenShiftMetric()).train(stream.benchmark.train_stream[0])
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # nothing was trained
+    explicit = ArchitectureDrivenShiftMetric(lr=0.1)  # the user names the step size ADS models: accepted
+    even = ArchitectureDrivenShiftMetric()  # two groups at one rate: read as that rate
+    for metric, groups in ((explicit, uneven), (even, [{"params": params[:2]}, {"params": params[2:]}])):
+        run = strategy([dict(g) for g in groups], metric)
+        for experience in stream.benchmark.train_stream[:2]:
+            run.train(experience)
+    assert explicit.history[-1]["lr"] == 0.1 and even.history[-1]["lr"] == pytest.approx(0.05 / (1 - 0.9))
+
+
 @pytest.mark.parametrize("kwargs, argument", [
     ({"calibration_size": 0}, "calibration_size"),
     ({"lr": -1.0}, "lr"),
