@@ -103,7 +103,8 @@ def k_step_gain(model: nn.Module, loss_fn, train_inputs: torch.Tensor, train_tar
         adam_state: Adam *continuing* from a checkpoint: a ``torch.optim.Adam`` ``state_dict``
             (entries in the order of the trainable ``model.parameters()``); every run starts from
             its moments and step ``t₀``, so step ``t`` uses bias corrections ``1 − β^(t₀+t)``.
-            ``betas``/``eps`` are then read from its first parameter group.
+            ``betas``/``eps`` are then read from it; parameter groups that differ in them, or
+            entries at different steps, are refused (one Adam setting serves every run).
 
     Example:
         >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
@@ -266,6 +267,12 @@ def _load_adam_state(adam_state: dict, names: list[str], state: AdamState) -> No
     if len(entries) != len(names):
         raise ValueError(f"adam_state has {len(entries)} entries for {len(names)} trainable parameters")
     entries = [entries[i] for i in sorted(entries)]
+    settings = {(tuple(g["betas"]), float(g["eps"])) for g in adam_state["param_groups"]}
+    steps = {int(float(entry["step"])) for entry in entries}
+    if len(settings) > 1 or len(steps) > 1:
+        raise ValueError(f"adam_state: the runs continue one Adam, but its parameter groups use (betas, eps) "
+                         f"{sorted(settings)} and its entries are at steps {sorted(steps)}; give a state whose "
+                         "groups share betas and eps and whose parameters were all stepped together")
     for name, entry in zip(names, entries):
         state.first[name].copy_(entry["exp_avg"].expand_as(state.first[name]))
         state.second[name].copy_(entry["exp_avg_sq"].expand_as(state.second[name]))

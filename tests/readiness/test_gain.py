@@ -136,3 +136,13 @@ def test_gain_adam_continues_from_a_checkpoints_optimizer_state():
     with torch.no_grad():
         after = nn.MSELoss()(replay(x), y).item()
     assert res.gain == pytest.approx((before - after) / before, rel=1e-4, abs=1e-6)
+    # one Adam setting serves every run: groups that differ in betas, or entries at different steps, are refused
+    params = list(model.parameters())
+    split = torch.optim.Adam([{"params": params[:2]}, {"params": params[2:], "betas": (0.5, 0.9)}], lr=0.01)
+    nn.MSELoss()(model(x), y).backward()
+    split.step()
+    lagging = copy.deepcopy(state)
+    lagging["state"][1]["step"] = torch.tensor(2.0)
+    for bad, what in ((split.state_dict(), "betas"), (lagging, "steps")):
+        with pytest.raises(ValueError, match=f"adam_state: .*{what}"):
+            k_step_gain(model, nn.MSELoss(), x, y, x, y, k=1, lr=0.01, optimizer="adam", batch_size=2, adam_state=bad)
