@@ -97,7 +97,7 @@ def test_tiniest_run_writes_table_csv_plot_and_report(tmp_path):
         (tmp_path / "report.md").read_text()
 
 
-def test_mnist_shaped_resnet18_runs_the_expected_fisher_on_its_own_inputs_and_timeout(tmp_path, capsys):
+def test_mnist_shaped_resnet18_runs_the_expected_fisher_on_its_own_inputs(tmp_path, capsys):
     # the 1-channel torchvision ResNet-18 check of issue 15: MNIST-shaped tensors and --fisher-samples
     from benchmarks.scale.measure import synthetic
 
