@@ -207,7 +207,8 @@ class ArchitectureDrivenShiftMetric(RecordingMetric[float]):
         check_experiences(self, boundary, _empty_experience, "ArchitectureDrivenShiftMetric")
         with self.measuring(strategy):
             preflight(self, strategy, self._probe, output_transform=self.output_transform)
-        self._training_settings(strategy)  # refuses an optimizer it cannot read before any training
+        if self.lr is None:  # an optimizer it cannot read is refused now, before any training
+            self._training_settings(strategy)
         if not boundary.first:  # online: once per original experience, at its first sub-experience
             return None
         self._pending = None

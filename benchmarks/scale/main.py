@@ -9,10 +9,11 @@ import time
 from dataclasses import asdict, replace
 
 import benchmarks.scale as package
+from avalanche_plugins.study.cli import positive_int, positive_seconds
 from avalanche_plugins.study.report.files import print_report
 from benchmarks._cli import benchmark_parser, is_skipped, parse_args, run_cached, subset_of
 from benchmarks._results import write_results
-from benchmarks.scale.measure import EPOCH_IMAGES, INFO, INPUTS, MODELS, Config, Job, setting_for
+from benchmarks.scale.measure import EPOCH_IMAGES, INFO, MODELS, Config, Job, data_for, setting_for
 from benchmarks.scale.report import plot, report, slopes
 from benchmarks.scale.runner import START_METHODS, ProcessExecutor, failure_row
 
@@ -23,7 +24,6 @@ CHECK_EPOCH_MODEL = "resnet18"
 PRELOAD = ("torch", "torchvision", "avalanche.training", "benchmarks.scale.measure")
 DEFAULT_TIMEOUT_EPOCHS = 2.0  # 5,000-image epochs a measurement may run (estimators.yaml)
 PROCESS_OVERHEAD_S = 2.0
-SYNTHETIC_DATA = {"name": "synthetic CIFAR-shaped tensors", "shape": [3, 32, 32], "classes": 100, "seeded": True}
 
 
 def config_for(args) -> Config:
@@ -59,18 +59,18 @@ def expected_seconds(job: Job, epoch5000_s: float | None, timeout: float) -> flo
 
 
 def _parser():
-    names = ", ".join(INFO)
+    names, families = ", ".join(INFO), ", ".join(dict.fromkeys(family for family, _ in MODELS.values()))
     parser = benchmark_parser("scale", package.__doc__.splitlines()[0],
-                              skip_help=f"estimators ({names}), models, families (mlp, resnet, vit) or MODEL/ESTIMATOR")
+                              skip_help=f"estimators ({names}), models, families ({families}) or MODEL/ESTIMATOR")
     parser.set_defaults(seeds=1)  # a cost benchmark: one measurement per cell unless asked
     parser._option_string_actions["--seeds"].help = "repeat every measurement with seeds 0..N-1 (default 1)"
     parser.add_argument("--models", default=None,
                         help=f"comma-separated subset of {', '.join(MODELS)} (default: {', '.join(FULL_MODELS)}; "
                              f"--quick: {', '.join(QUICK_MODELS)})")
     parser.add_argument("--estimators", default=None, help="comma-separated subset of the estimators")
-    parser.add_argument("--timeout", type=float, default=None,
+    parser.add_argument("--timeout", type=positive_seconds, default=None,
                         help="most seconds one measurement may run (default 600; 30 with --quick)")
-    parser.add_argument("--fisher-samples", type=int, default=None,
+    parser.add_argument("--fisher-samples", type=positive_int, default=None,
                         help="samples of fisher_expected / fisher_empirical (default 32; 8 with --quick)")
     parser.add_argument("--hessian-max-params", type=float, default=3e6,
                         help="run the exact Hessian (curvature_hessian) only on models with at most this many "
@@ -91,16 +91,6 @@ def _load_average() -> float | None:
         return os.getloadavg()[0]
     except (AttributeError, OSError):
         return None
-
-
-def _check_args(parser, args) -> None:
-    """Refuse, before anything runs, settings the runner cannot honour."""
-    if args.timeout is not None and not args.timeout > 0:
-        parser.error(f"--timeout must be > 0 seconds, got {args.timeout}")
-    if args.fisher_samples is not None and args.fisher_samples < 1:
-        parser.error(f"--fisher-samples must be positive, got {args.fisher_samples}")
-    if not args.max_rss_gb > 0:
-        parser.error(f"--max-rss-gb must be > 0, got {args.max_rss_gb}")
 
 
 def _wanted_pairs(args, models: list[str], estimators: list[str]) -> list[tuple[str, str]]:
@@ -151,7 +141,8 @@ def main(argv=None) -> dict:
     models = subset_of(parser, "--models", args.models, list(MODELS), QUICK_MODELS if args.quick else FULL_MODELS)
     estimators = subset_of(parser, "--estimators", args.estimators, list(INFO),
                            [e for e in INFO if not (args.quick and e == "epoch_5000")])
-    _check_args(parser, args)
+    if not args.max_rss_gb > 0:  # the runner's memory cap (--timeout and --fisher-samples are typed)
+        parser.error(f"--max-rss-gb must be > 0, got {args.max_rss_gb}")
     cap = args.timeout or (30.0 if args.quick else 600.0)
     floor = min(cap, 5.0 if args.quick else 60.0)
     cfg = config_for(args)
@@ -192,7 +183,7 @@ def main(argv=None) -> dict:
                                                 "timeout_cap_s": cap, "max_rss_gb": args.max_rss_gb,
                                                 "start_method": args.start_method},
                         rows=rows, summary=slopes(rows), wall_seconds=time.perf_counter() - start,
-                        extra={"data": {**SYNTHETIC_DATA, **{f"{m}_input": INPUTS[m] for m in models if m in INPUTS}},
+                        extra={"data": data_for(models),
                                "timeouts_s": {f"{m}/{e}": t for (m, e), t in timeouts.items()},
                                "expected_minutes": expected / 60, "params": params,
                                "load_average": {"start": load_start, "end": _load_average()}})

@@ -22,11 +22,12 @@ from avalanche_plugins.study.jobs import Timer, init_worker, seed_everything
 from benchmarks.scale.runner import child_rss_gb, peak_rss_gb
 
 __all__ = ["Config", "Job", "MODELS", "ESTIMATORS", "INFO", "measure", "middle_stage", "model_params", "rss_gb",
-           "setting_for", "synthetic"]
+           "setting_for", "synthetic", "data_for"]
 
 N_CLASSES = 100
 INPUT_SHAPE = (3, 32, 32)
-INPUTS = {"resnet18-mnist": ((1, 28, 28), 10)}  # (input shape, classes) of a model not CIFAR-100-shaped
+CIFAR_INPUT = ("CIFAR", INPUT_SHAPE, N_CLASSES)  # (data it is shaped as, input shape, classes) of a model
+INPUTS = {"resnet18-mnist": ("MNIST", (1, 28, 28), 10)}  # ... where it is not CIFAR-100's
 EPOCH_IMAGES = 5000  # one Split CIFAR-100 experience: the unit every ratio is expressed in
 BATCH = 64
 
@@ -130,9 +131,16 @@ def curvature_samples(method: str, cfg: Config) -> int:
 def synthetic(job: Job, n: int, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` standard-normal images of the job's model's input shape and uniform labels of its
     classes (CIFAR-100's unless ``INPUTS`` names the model), seeded with ``job.seed + offset``."""
-    shape, classes = INPUTS.get(job.model, (INPUT_SHAPE, N_CLASSES))
+    _, shape, classes = INPUTS.get(job.model, CIFAR_INPUT)
     g = torch.Generator().manual_seed(job.seed + offset)
     return torch.randn(n, *shape, generator=g), torch.randint(0, classes, (n,), generator=g)
+
+
+def data_for(models) -> dict:
+    """``results.json``'s ``data``: the seeded tensors :func:`synthetic` draws for ``models``, per input kind."""
+    kinds = [{"name": f"synthetic {name}-shaped tensors", "shape": list(shape), "classes": classes, "seeded": True}
+             for name, shape, classes in dict.fromkeys(INPUTS.get(m, CIFAR_INPUT) for m in models)]
+    return kinds[0] if len(kinds) == 1 else {"name": "synthetic tensors", "seeded": True, "inputs": kinds}
 
 
 def rss_gb() -> float:

@@ -99,7 +99,7 @@ def test_tiniest_run_writes_table_csv_plot_and_report(tmp_path):
 
 def test_mnist_shaped_resnet18_runs_the_expected_fisher_on_its_own_inputs(tmp_path, capsys):
     # the 1-channel torchvision ResNet-18 check of issue 15: MNIST-shaped tensors and --fisher-samples
-    from benchmarks.scale.measure import synthetic
+    from benchmarks.scale.measure import data_for, synthetic
 
     x, y = synthetic(Job("resnet18-mnist", "epoch", 3, Config()), 5)
     assert x.shape == (5, 1, 28, 28) and int(y.max()) < 10
@@ -114,10 +114,16 @@ def test_mnist_shaped_resnet18_runs_the_expected_fisher_on_its_own_inputs(tmp_pa
     assert fisher["family"] == "resnet-mnist" and fisher["setting"] == "2 samples, defaults"
     saved = json.loads((tmp_path / "results.json").read_text())
     assert list(saved["timeouts_s"]) == ["resnet18-mnist/fisher_expected"]
-    assert saved["data"]["resnet18-mnist_input"] == [[1, 28, 28], 10]
-    with pytest.raises(SystemExit):
-        scale.main(["--fisher-samples", "0"])
-    assert "--fisher-samples must be positive" in capsys.readouterr().err
+    assert saved["data"] == {"name": "synthetic MNIST-shaped tensors", "shape": [1, 28, 28], "classes": 10,
+                             "seeded": True}
+    assert data_for(["mlp-256", "resnet8"]) == {"name": "synthetic CIFAR-shaped tensors",  # as before
+                                                      "shape": [3, 32, 32], "classes": 100, "seeded": True}
+    assert [d["name"] for d in data_for(["resnet8", "resnet18-mnist"])["inputs"]] == \
+        ["synthetic CIFAR-shaped tensors", "synthetic MNIST-shaped tensors"]
+    for flag in ("--fisher-samples", "--timeout"):
+        with pytest.raises(SystemExit):
+            scale.main([flag, "0"])
+        assert f"argument {flag}: must be" in capsys.readouterr().err
 
 
 def test_ads_measurement_uses_the_metric_defaults():
